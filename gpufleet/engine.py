@@ -1,0 +1,127 @@
+"""Facts + inventory -> plan, per host; apply it unless checking. Shared by provision,
+drift and bootstrap."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpufleet.connection import Connection, ConnectOptions, connect
+from gpufleet.facts import FactRequest, Facts, gather_facts
+from gpufleet.fleet import FleetOptions, Outcome, ProgressSink, TaskResult, run_fleet
+from gpufleet.inventory import Host, Inventory
+from gpufleet.plan import ApplyContext, ApplyOptions, Change, Plan, StepFailed, apply_plan
+from gpufleet.role import PlanContext, Role, RoleVars
+
+
+@dataclass
+class HostRun:
+    """What happened on one host: its facts, its plan, what was applied."""
+
+    facts: Facts | None = None
+    plan: Plan | None = None
+    applied: list[Change] = field(default_factory=list)
+    reboot_pending: str | None = None
+    rebooted: bool = False
+    log: list[str] = field(default_factory=list)
+
+
+def active_roles(host: Host, roles: Sequence[Role]) -> list[tuple[Role, RoleVars]]:
+    """The roles the inventory asks to manage on ``host``, with their variables."""
+    pairs = [(role, RoleVars(host, role.defaults)) for role in roles]
+    return [(role, v) for role, v in pairs if role.active(v)]
+
+
+def fact_request(pairs: list[tuple[Role, RoleVars]]) -> FactRequest:
+    """Everything the active roles need, for one facts round trip."""
+    request = FactRequest()
+    for role, v in pairs:
+        request = request | role.request(v)
+    return request
+
+
+def plan_host(inventory: Inventory, host: Host, pairs: list[tuple[Role, RoleVars]],
+              facts: Facts) -> Plan:
+    """Every active role's changes, in role order, reboots last."""
+    ctx = PlanContext(inventory, host)
+    changes: list[Change] = []
+    for role, v in pairs:
+        changes += role.plan(facts, v, ctx)
+    ordered = [c for c in changes if not c.pending_reboot] + \
+              [c for c in changes if c.pending_reboot]
+    return Plan(host.name, ordered)
+
+
+def gather_and_plan(inventory: Inventory, host: Host, roles: Sequence[Role],
+                    conn: Connection) -> tuple[Facts, Plan]:
+    """One facts round trip, then the plan."""
+    pairs = active_roles(host, roles)
+    facts = gather_facts(conn, fact_request(pairs))
+    return facts, plan_host(inventory, host, pairs, facts)
+
+
+@dataclass
+class RunOptions:
+    """A provisioning run's choices."""
+
+    check: bool = False
+    apply: ApplyOptions = field(default_factory=ApplyOptions)
+    fleet: FleetOptions = field(default_factory=FleetOptions)
+
+
+def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role],
+              options: RunOptions, progress: ProgressSink | None = None,
+              ) -> dict[str, Outcome[HostRun]]:
+    """Plan every host, and apply the plans unless ``options.check``."""
+    reboot_lock = threading.Lock()
+    connect_options: ConnectOptions = options.fleet.connect
+
+    def task(host: Host, conn: Connection) -> TaskResult[HostRun]:
+        run = HostRun()
+        run.facts, run.plan = gather_and_plan(inventory, host, roles, conn)
+        if options.check or run.plan.empty:
+            run.reboot_pending = _pending_reason(run.plan)
+            return TaskResult(run, changed=not run.plan.empty)
+        ctx = ApplyContext(conn, host, options.apply,
+                           reconnect=lambda: connect(host, connect_options),
+                           reboot_lock=reboot_lock)
+        try:
+            run.applied = apply_plan(run.plan, ctx)
+        except StepFailed as exc:
+            run.applied = exc.applied
+            run.log = ctx.log
+            return TaskResult(run, changed=bool(run.applied), failed=str(exc))
+        finally:
+            if ctx.conn is not conn:
+                ctx.conn.close()
+        run.log = ctx.log
+        run.reboot_pending = ctx.memo.get("reboot_pending")
+        run.rebooted = any(line.startswith("rebooted") for line in ctx.log)
+        if run.rebooted:
+            return _verify_after_reboot(inventory, host, roles, run, connect_options)
+        changed = [c for c in run.applied if not c.pending_reboot]
+        return TaskResult(run, changed=bool(changed) or run.rebooted)
+
+    return run_fleet(hosts, task, options.fleet, progress)
+
+
+def _pending_reason(plan: Plan) -> str | None:
+    for change in plan.changes:
+        if change.pending_reboot:
+            return f"{change.before} -> {change.after}"
+    return None
+
+
+def _verify_after_reboot(inventory: Inventory, host: Host, roles: Sequence[Role], run: HostRun,
+                         connect_options: ConnectOptions) -> TaskResult[HostRun]:
+    conn = connect(host, connect_options)
+    try:
+        facts, plan = gather_and_plan(inventory, host, roles, conn)
+    finally:
+        conn.close()
+    run.facts = facts
+    if not plan.empty:
+        left = ", ".join(f"{c.item} ({c.before} -> {c.after})" for c in plan.changes)
+        return TaskResult(run, changed=True, failed=f"not converged after reboot: {left}")
+    return TaskResult(run, changed=True)

@@ -1,0 +1,205 @@
+"""Every fact gpufleet gathers: a shell snippet and a pure parser of what it prints.
+
+A snippet that needs a tool checks for it and exits 127 with a reason, which
+becomes an absent fact; it never fails the gathering of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet import parsers
+from gpufleet.facts import formats
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact: the shell that produces it and the parser of its output."""
+
+    name: str
+    shell: str
+    parse: Callable[[str], Any]
+
+
+def needs(tool: str, reason: str) -> str:
+    """Snippet prefix: exit 127 with ``reason`` when ``tool`` is missing."""
+    return f"command -v {tool} >/dev/null 2>&1 || {{ echo {shlex.quote(reason)}; exit 127; }}; "
+
+
+GPU_QUERY = ",".join([
+    "index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
+    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current",
+    "pcie.link.width.max", "temperature.gpu", "power.draw", "power.limit", "clocks.sm",
+    "clocks.max.sm", "persistence_mode", "clocks_event_reasons.active",
+    "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown",
+    "clocks_event_reasons.sw_power_cap", "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
+    "remapped_rows.pending", "remapped_rows.failure", "compute_cap",
+])
+NFT_DIGEST = "nft list table inet gpufleet | sha256sum | cut -c1-64"
+IPTABLES_DIGEST = ("iptables-save -t filter | grep -E 'GPUFLEET-INPUT' | "
+                   "sed 's/\\[[0-9]*:[0-9]*\\]//' | sha256sum | cut -c1-64")
+NO_SMI = "nvidia-smi not found (no NVIDIA driver user space on this host)"
+
+TORCH_PROBE = (
+    "import json, sys\n"
+    "info = {'python': sys.version.split()[0]}\n"
+    "import torch\n"
+    "info['torch'] = torch.__version__\n"
+    "info['cuda'] = torch.version.cuda\n"
+    "try:\n"
+    "    info['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\n"
+    "except Exception:\n"
+    "    info['nccl'] = None\n"
+    "info['device_count'] = torch.cuda.device_count()\n"
+    "import torch.distributed as dist\n"
+    "info['gloo'] = dist.is_gloo_available()\n"
+    "info['nccl_available'] = dist.is_nccl_available()\n"
+    "print(json.dumps(info))\n"
+)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _int(text: str) -> int:
+    return int(text.strip())
+
+
+def _float(text: str) -> float:
+    return float(text.strip())
+
+
+def _ssh_client(text: str) -> str | None:
+    fields = text.split()
+    return fields[0] if fields else None
+
+
+def _headers(text: str) -> bool:
+    return text.strip() == "yes"
+
+
+def _interfaces(text: str) -> list[dict[str, Any]]:
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        return parsers.ip_addr_json(text)
+    return parsers.sys_class_net(text)
+
+
+BASE_FACTS: list[Fact] = [
+    Fact("hostname", "hostname", _first_line),
+    Fact("os_release", "cat /etc/os-release", parsers.os_release),
+    Fact("kernel", "uname -r", _first_line),
+    Fact("arch", "uname -m", _first_line),
+    Fact("cpus", "nproc", _int),
+    Fact("meminfo", "cat /proc/meminfo", parsers.meminfo),
+    Fact("boot_id", "cat /proc/sys/kernel/random/boot_id", _first_line),
+    Fact("uptime_s", "cut -d' ' -f1 /proc/uptime", _float),
+    Fact("clock", "date +%s.%N", _float),
+    Fact("ssh_client", "echo \"${SSH_CONNECTION:-}\"", _ssh_client),
+    Fact("disk_free", "df -Pk / /var /opt /tmp", formats.disk_free),
+    Fact("time_sync", "timedatectl show -p NTPSynchronized 2>/dev/null || "
+         "chronyc tracking 2>/dev/null || true", formats.time_sync),
+    Fact("kernel_headers", "if [ -d \"/lib/modules/$(uname -r)/build\" ]; then echo yes; "
+         "else echo no; fi", _headers),
+    Fact("gpus", needs("nvidia-smi", NO_SMI)
+         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", parsers.nvidia_smi_query),
+    Fact("gpu_topology", needs("nvidia-smi", NO_SMI) + "nvidia-smi topo -m",
+         parsers.nvidia_topo),
+    Fact("nvlink", needs("nvidia-smi", NO_SMI) + "nvidia-smi nvlink --status",
+         parsers.nvlink_status),
+    Fact("nvidia_module", "if [ -r /proc/driver/nvidia/version ]; then "
+         "cat /proc/driver/nvidia/version; else echo 'no NVIDIA kernel module loaded'; "
+         "exit 127; fi", parsers.proc_driver_version),
+    Fact("pci_gpus", "for d in /sys/bus/pci/devices/*; do "
+         "[ \"$(cat \"$d/vendor\" 2>/dev/null)\" = 0x10de ] || continue; "
+         "echo \"${d##*/} $(cat \"$d/class\") $(cat \"$d/device\") "
+         "$(cat \"$d/current_link_speed\" 2>/dev/null) x$(cat \"$d/current_link_width\" "
+         "2>/dev/null) numa=$(cat \"$d/numa_node\" 2>/dev/null)\"; done",
+         parsers.sys_pci_gpus),
+    Fact("cuda_version_json", "if [ -r /usr/local/cuda/version.json ]; then "
+         "cat /usr/local/cuda/version.json; else echo 'no /usr/local/cuda/version.json'; "
+         "exit 127; fi", parsers.cuda_version_json),
+    Fact("nvcc", "n=/usr/local/cuda/bin/nvcc; [ -x \"$n\" ] || n=$(command -v nvcc) || "
+         "{ echo 'nvcc not found'; exit 127; }; \"$n\" --version", parsers.nvcc_version),
+    Fact("interfaces", "if command -v ip >/dev/null 2>&1; then ip -j addr; else "
+         "for i in /sys/class/net/*; do echo \"${i##*/} $(cat \"$i/mtu\") "
+         "$(cat \"$i/operstate\") $(cat \"$i/address\")\"; done; fi", _interfaces),
+    Fact("port_range", "cat /proc/sys/net/ipv4/ip_local_port_range", parsers.port_range),
+    Fact("firewall",
+         "if command -v nft >/dev/null 2>&1; then "
+         "echo \"nft $(nft list tables 2>/dev/null | awk '{print $2\":\"$3}' | paste -sd, -)\"; "
+         "if nft list table inet gpufleet >/dev/null 2>&1; then "
+         f"echo \"nft_gpufleet $({NFT_DIGEST})\"; "
+         "else echo 'nft_gpufleet absent'; fi; else echo 'nft absent'; fi; "
+         "if command -v iptables-save >/dev/null 2>&1; then echo 'iptables present'; "
+         f"if iptables -n -L GPUFLEET-INPUT >/dev/null 2>&1; then "
+         f"echo \"iptables_gpufleet $({IPTABLES_DIGEST})\"; "
+         "else echo 'iptables_gpufleet absent'; fi; else echo 'iptables absent'; fi; "
+         "if command -v ufw >/dev/null 2>&1; then "
+         "echo \"ufw $(ufw status 2>/dev/null | head -n1 | awk '{print $2}')\"; fi; "
+         "if command -v firewall-cmd >/dev/null 2>&1; then "
+         "echo \"firewalld $(firewall-cmd --state 2>&1)\"; fi", formats.firewall),
+    Fact("rdma", "for d in /sys/class/infiniband/*; do [ -d \"$d\" ] || continue; "
+         "for p in \"$d\"/ports/*; do "
+         "n=$(ls \"$d/device/net\" 2>/dev/null | paste -sd, -); "
+         "echo \"${d##*/} ${p##*/} $(cat \"$p/link_layer\") "
+         "$(cut -d: -f2 \"$p/state\" | tr -d ' ') ${n:--}\"; done; done",
+         formats.rdma_devices),
+]
+
+
+def packages_fact(names: list[str]) -> Fact:
+    """dpkg's view of the named packages (version, installed, held)."""
+    args = " ".join(shlex.quote(n) for n in sorted(names))
+    return Fact("packages", needs("dpkg-query", "no dpkg on this host (not Debian/Ubuntu)")
+                + "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n' " + args
+                + " 2>/dev/null; true", parsers.dpkg_query)
+
+
+def file_fact(path: str) -> Fact:
+    """A file's existence, mode, owner and exact bytes."""
+    p = shlex.quote(path)
+    return Fact(f"file:{path}", f"if [ -f {p} ]; then echo \"present $(stat -c '%a %U:%G' {p})\"; "
+                f"base64 < {p}; else echo missing; fi",
+                lambda text: formats.file_state(path, text))
+
+
+def link_fact(path: str) -> Fact:
+    """A symbolic link's literal target."""
+    p = shlex.quote(path)
+    return Fact(f"link:{path}", f"if [ -L {p} ]; then echo \"-> $(readlink {p})\"; "
+                f"elif [ -e {p} ]; then echo notlink; else echo missing; fi", formats.link_target)
+
+
+def torch_fact(python: str) -> Fact:
+    """What torch reports under the given interpreter (version, CUDA, bundled NCCL)."""
+    p = shlex.quote(python)
+    return Fact(f"torch:{python}", f"py=$(command -v {p}) || {{ echo 'no python at '{p}; "
+                f"exit 127; }}; \"$py\" -c {shlex.quote(TORCH_PROBE)}", parsers.torch_info)
+
+
+def sysctl_fact(key: str) -> Fact:
+    """A sysctl's current value, read from /proc/sys."""
+    path = "/proc/sys/" + key.replace(".", "/")
+    return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", parsers.sysctl_value)
+
+
+def json_safe(value: Any) -> Any:
+    """Facts as JSON-compatible data (bytes become text)."""
+    return json.loads(json.dumps(value, default=_default))
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, formats.FileState):
+        return {"path": obj.path, "exists": obj.exists, "mode": obj.mode, "owner": obj.owner,
+                "bytes": len(obj.content)}
+    if isinstance(obj, (set, frozenset, tuple)):
+        return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,121 @@
+"""Parsers for the small formats that gpufleet's own fact snippets print."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.errors import ParseError
+
+
+@dataclass(frozen=True)
+class FileState:
+    """A file on a host: whether it exists, its bytes, mode and owner."""
+
+    path: str
+    exists: bool
+    content: bytes = b""
+    mode: str | None = None
+    owner: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def file_state(path: str, text: str) -> FileState:
+    """``missing`` or ``present MODE OWNER`` then the base64 of the content."""
+    head, _, body = text.partition("\n")
+    fields = head.split()
+    if fields == ["missing"]:
+        return FileState(path, False)
+    if len(fields) != 3 or fields[0] != "present":
+        raise ParseError(f"expected 'present MODE OWNER' or 'missing' for {path}, got {head!r}")
+    try:
+        content = base64.b64decode("".join(body.split()), validate=True)
+    except binascii.Error as exc:
+        raise ParseError(f"bad base64 content for {path}: {exc}") from exc
+    return FileState(path, True, content, fields[1], fields[2])
+
+
+def link_target(text: str) -> str | None:
+    """``missing`` or ``-> TARGET`` (the literal link target)."""
+    line = text.strip()
+    if line == "missing":
+        return None
+    if line.startswith("-> "):
+        return line[3:]
+    if line.startswith("notlink"):
+        return ""
+    raise ParseError(f"expected '-> TARGET', 'notlink' or 'missing', got {line[:80]!r}")
+
+
+def firewall(text: str) -> dict[str, Any]:
+    """``key value`` lines: nft, nft_gpufleet, iptables, iptables_gpufleet, ufw, firewalld."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            values[key] = value.strip()
+    if "nft" not in values or "iptables" not in values:
+        raise ParseError(f"expected nft and iptables lines, got {text[:80]!r}")
+
+    def digest(key: str) -> str | None:
+        value = values.get(key, "absent")
+        return None if value in ("absent", "") else value
+
+    nft_tables = values["nft"].split(",") if values["nft"] not in ("absent", "none", "") else []
+    return {
+        "nft_available": values["nft"] != "absent",
+        "nft_tables": [t for t in nft_tables if t],
+        "nft_gpufleet_digest": digest("nft_gpufleet"),
+        "iptables_available": values["iptables"] != "absent",
+        "iptables_gpufleet_digest": digest("iptables_gpufleet"),
+        "ufw": values.get("ufw", "absent"),
+        "firewalld": values.get("firewalld", "absent"),
+    }
+
+
+def rdma_devices(text: str) -> list[dict[str, Any]]:
+    """Lines ``DEVICE PORT LINK_LAYER STATE NETDEV[,NETDEV]`` (``-`` for none)."""
+    devices = []
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 5:
+            raise ParseError(f"expected 5 fields per RDMA port, got {line!r}")
+        dev, port, layer, state, netdevs = fields
+        devices.append({
+            "device": dev,
+            "port": int(port),
+            "link_layer": layer,
+            "state": state,
+            "netdevs": [] if netdevs == "-" else netdevs.split(","),
+        })
+    return devices
+
+
+def disk_free(text: str) -> dict[str, int]:
+    """``df -Pk`` output -> mount point -> free bytes."""
+    free: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 6 and fields[3].isdigit():
+            free[fields[5]] = int(fields[3]) * 1024
+    if not free:
+        raise ParseError(f"no filesystems in df output: {text[:80]!r}")
+    return free
+
+
+def time_sync(text: str) -> bool | None:
+    """True/False from timedatectl or chronyc output; None when neither could tell."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("NTPSynchronized="):
+            return line.split("=", 1)[1] == "yes"
+        if line.startswith("Leap status"):
+            return line.split(":", 1)[1].strip() == "Normal"
+    return None

@@ -1,0 +1,567 @@
+"""The local lab cluster: nodes in network namespaces with their own sshd and overlay root.
+
+Each node is a network namespace on a bridge the lab creates, plus a persistent
+mount and UTS namespace (bound under ``<root>/ns``) in which /etc, /var, /opt,
+/usr and /root are copy-on-write overlays of the controller's directories, /tmp,
+/run and /dev/shm are private, and its own sshd listens on the node's address.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpufleet import localcmd
+from gpufleet.errors import LabError
+from gpufleet.lab.repo import build_repo
+
+OVERLAID = ("etc", "var", "opt", "usr", "root")
+MAX_NODES = 200
+REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "mount", "umount", "sshd", "ssh-keygen",
+                  "dpkg-deb", "dpkg-scanpackages", "nft")
+INSTALL_HINT = ("install them with: apt-get install iproute2 util-linux openssh-server dpkg-dev "
+                "nftables")
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Names, addresses and paths of one lab; two labs with different names can coexist."""
+
+    name: str = "gflab"
+    root: Path = Path("/srv/gpufleet-lab")
+    subnet: str = "10.77.0"
+    inventory_dir: Path = Path("inventory/lab")
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+    @property
+    def controller_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    @property
+    def outsider_address(self) -> str:
+        return f"{self.subnet}.250"
+
+    @property
+    def outsider_netns(self) -> str:
+        return f"{self.name}-outside"
+
+    @property
+    def key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def repo(self) -> Path:
+        return self.root / "repo"
+
+    @property
+    def nsdir(self) -> Path:
+        return self.root / "ns"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.root / "nodes"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One lab node, identified by its index (node01 is index 1)."""
+
+    lab: LabConfig
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index:02d}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.lab.subnet}.{10 + self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"{self.lab.name}-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"{self.lab.name}-v{self.index}"
+
+    @property
+    def dir(self) -> Path:
+        return self.lab.nodes_dir / self.name
+
+    @property
+    def mnt_ns(self) -> Path:
+        return self.lab.nsdir / f"{self.name}.mnt"
+
+    @property
+    def uts_ns(self) -> Path:
+        return self.lab.nsdir / f"{self.name}.uts"
+
+    @property
+    def sshd_pidfile(self) -> Path:
+        return self.dir / "sshd.pid"
+
+    @property
+    def host_key_pub(self) -> Path:
+        return self.dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
+
+    def nsenter(self) -> list[str]:
+        """The command prefix that enters this node's namespaces from the controller."""
+        return ["nsenter", f"--net=/run/netns/{self.netns}", f"--mount={self.mnt_ns}",
+                f"--uts={self.uts_ns}", "--"]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What lab.status reports for one node."""
+
+    name: str
+    address: str
+    netns: bool
+    mounted: bool
+    sshd_pid: int | None
+    in_known_hosts: bool
+
+    @property
+    def up(self) -> bool:
+        return self.netns and self.mounted and self.sshd_pid is not None
+
+
+def _mounted(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mountinfo") as fh:
+        return any(line.split()[4] == target for line in fh)
+
+
+def _pid_alive(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _ns_inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _pids_in_namespaces(inodes: set[int]) -> list[int]:
+    """Every process whose net or mount namespace is one of ``inodes``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        for kind in ("net", "mnt"):
+            try:
+                link = os.readlink(f"/proc/{entry}/ns/{kind}")
+            except OSError:
+                continue
+            match = re.search(r"\[(\d+)\]", link)
+            if match and int(match.group(1)) in inodes:
+                found.append(int(entry))
+                break
+    return found
+
+
+def _kill_all(pids: Iterable[int]) -> None:
+    pids = [p for p in pids if p != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            if not pids:
+                return
+            time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def _netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+class Lab:
+    """Bring a lab up, inspect it, run commands on its nodes and tear it down."""
+
+    def __init__(self, config: LabConfig | None = None) -> None:
+        self.config = config or LabConfig()
+
+    # ---- discovery -------------------------------------------------------------------
+
+    def node(self, name: str) -> Node:
+        """The node called ``name`` (``node03`` or ``3``); LabError if the lab has none."""
+        match = re.fullmatch(r"(?:node)?0*(\d+)", name)
+        if not match:
+            raise LabError(f"no lab node named {name!r} (nodes are node01, node02, ...)")
+        node = Node(self.config, int(match.group(1)))
+        if not node.dir.is_dir():
+            raise LabError(f"no lab node named {name!r}; run `invoke lab.status` to list them")
+        return node
+
+    def nodes(self) -> list[Node]:
+        """Every node the lab has created, in index order."""
+        if not self.config.nodes_dir.is_dir():
+            return []
+        indexes = sorted(int(m.group(1)) for d in self.config.nodes_dir.iterdir()
+                         if (m := re.fullmatch(r"node(\d+)", d.name)))
+        return [Node(self.config, i) for i in indexes]
+
+    def status(self) -> list[NodeStatus]:
+        """Per-node state as seen from the controller."""
+        known = self.config.known_hosts.read_text() if self.config.known_hosts.exists() else ""
+        known_addrs = {line.split()[0] for line in known.splitlines() if line.strip()}
+        return [
+            NodeStatus(
+                name=n.name,
+                address=n.address,
+                netns=_netns_exists(n.netns),
+                mounted=_mounted(n.mnt_ns),
+                sshd_pid=_pid_alive(n.sshd_pidfile),
+                in_known_hosts=n.address in known_addrs,
+            )
+            for n in self.nodes()
+        ]
+
+    # ---- bring up --------------------------------------------------------------------
+
+    def up(self, count: int) -> list[NodeStatus]:
+        """Converge the lab to exactly ``count`` running nodes (idempotent)."""
+        self._preflight()
+        if not 1 <= count <= MAX_NODES:
+            raise LabError(f"--nodes must be between 1 and {MAX_NODES}, got {count}")
+        self._prepare_controller()
+        for node in self.nodes():
+            if node.index > count:
+                self._destroy_node(node)
+        for index in range(1, count + 1):
+            self._ensure_node(Node(self.config, index))
+        self._write_known_hosts(self.nodes())
+        self._write_inventory()
+        return self.status()
+
+    def add(self) -> Node:
+        """Create one more node, in the inventory but NOT in known_hosts (a fresh machine)."""
+        self._preflight()
+        self._prepare_controller()
+        existing = self.nodes()
+        index = (existing[-1].index + 1) if existing else 1
+        if index > MAX_NODES:
+            raise LabError(f"the lab holds at most {MAX_NODES} nodes")
+        node = Node(self.config, index)
+        self._ensure_node(node)
+        self._write_inventory()
+        return node
+
+    def reboot(self, name: str, delay: float = 0.0) -> None:
+        """Stop every process of a node and boot it again from its persistent overlay."""
+        self._preflight()
+        node = self.node(name)
+        time.sleep(delay)
+        self._stop_node(node)
+        self._boot(node)
+
+    def _preflight(self) -> None:
+        localcmd.require_root("the lab")
+        localcmd.require_tools(REQUIRED_TOOLS, INSTALL_HINT)
+
+    def _prepare_controller(self) -> None:
+        cfg = self.config
+        for path in (cfg.root, cfg.nodes_dir, cfg.nsdir):
+            path.mkdir(parents=True, exist_ok=True)
+        if not _mounted(cfg.nsdir):
+            localcmd.run(["mount", "--bind", str(cfg.nsdir), str(cfg.nsdir)])
+            localcmd.run(["mount", "--make-private", str(cfg.nsdir)])
+        if not cfg.key.exists():
+            localcmd.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                          f"gpufleet-lab-{cfg.name}", "-f", str(cfg.key)])
+        build_repo(cfg.repo)
+        if not _link_exists(cfg.bridge):
+            self._check_subnet_free()
+            localcmd.run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
+            localcmd.run(["ip", "addr", "add", f"{cfg.controller_address}/24", "dev", cfg.bridge])
+        localcmd.run(["ip", "link", "set", cfg.bridge, "up"])
+
+    def _check_subnet_free(self) -> None:
+        routes = localcmd.run(["ip", "-4", "route", "show"]).stdout
+        prefix = f"{self.config.subnet}.0/24"
+        if prefix in routes:
+            raise LabError(f"subnet {prefix} is already routed on this machine; "
+                           "choose another lab subnet")
+
+    def _ensure_node(self, node: Node) -> None:
+        if self._node_running(node):
+            return
+        self._destroy_node(node, keep_files=node.dir.is_dir())
+        self._create_netns(node)
+        self._boot(node)
+
+    def _node_running(self, node: Node) -> bool:
+        return (_netns_exists(node.netns) and _mounted(node.mnt_ns)
+                and _pid_alive(node.sshd_pidfile) is not None and node.host_key_pub.exists())
+
+    def _create_netns(self, node: Node) -> None:
+        cfg = self.config
+        localcmd.run(["ip", "netns", "add", node.netns])
+        localcmd.run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0",
+                      "netns", node.netns])
+        localcmd.run(["ip", "link", "set", node.veth, "master", cfg.bridge, "up"])
+        ns = ["ip", "-n", node.netns]
+        localcmd.run([*ns, "addr", "add", f"{node.address}/24", "dev", "eth0"])
+        localcmd.run([*ns, "link", "set", "eth0", "up"])
+        localcmd.run([*ns, "link", "set", "lo", "up"])
+
+    def _boot(self, node: Node) -> None:
+        """Create the node's mount/UTS namespaces over its overlay and start its sshd."""
+        for sub in ("tmp", *(f"upper/{d}" for d in OVERLAID), *(f"work/{d}" for d in OVERLAID)):
+            (node.dir / sub).mkdir(parents=True, exist_ok=True)
+        (node.dir / "tmp").chmod(0o1777)
+        for ns_file in (node.mnt_ns, node.uts_ns):
+            ns_file.touch()
+        script = self._boot_script(node)
+        localcmd.run(["nsenter", f"--net=/run/netns/{node.netns}", "unshare",
+                      f"--mount={node.mnt_ns}", f"--uts={node.uts_ns}", "--propagation",
+                      "private", "sh", "-ec", script], timeout=60)
+        deadline = time.monotonic() + 10
+        while _pid_alive(node.sshd_pidfile) is None:
+            if time.monotonic() > deadline:
+                raise LabError(f"{node.name}: sshd did not start (see {node.dir}/sshd.log)")
+            time.sleep(0.05)
+
+    def _boot_script(self, node: Node) -> str:
+        d = node.dir
+        q = shlex.quote
+        mounts = [
+            f"mount -t overlay overlay -o lowerdir=/{sub},upperdir={q(str(d / 'upper' / sub))},"
+            f"workdir={q(str(d / 'work' / sub))} /{sub}"
+            for sub in OVERLAID
+        ]
+        return "\n".join([
+            *mounts,
+            f"mount --bind {q(str(d / 'tmp'))} /tmp",
+            "mount -t sysfs sysfs /sys",
+            "mount -t tmpfs -o mode=0755 tmpfs /run",
+            "mkdir -p /run/sshd /run/lock",
+            "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
+            "mount -t tmpfs -o mode=0555 tmpfs /proc/driver",
+            f"cat /proc/sys/kernel/random/uuid > {q(str(d / 'boot_id'))}",
+            f"mount --bind {q(str(d / 'boot_id'))} /proc/sys/kernel/random/boot_id",
+            f"hostname {q(node.name)}",
+            self._first_boot_script(node),
+            _module_load_script(),
+            f"/usr/sbin/sshd -o ListenAddress={q(node.address)}"
+            f" -o PidFile={q(str(node.sshd_pidfile))}"
+            " -o HostKey=/etc/ssh/ssh_host_ed25519_key -o PasswordAuthentication=no"
+            " -o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password"
+            " -o UseDNS=no -o MaxStartups=200:30:400 -o MaxSessions=64"
+            f" -E {q(str(d / 'sshd.log'))}",
+        ])
+
+    def _first_boot_script(self, node: Node) -> str:
+        q = shlex.quote
+        pub = q(str(self.config.key) + ".pub")
+        repo = q(f"deb [trusted=yes] file:{self.config.repo} ./")
+        return "\n".join([
+            "if [ ! -f /etc/gpufleet-lab/node ]; then",
+            "  rm -f /etc/ssh/ssh_host_*",
+            "  ssh-keygen -q -t ed25519 -N '' -C '' -f /etc/ssh/ssh_host_ed25519_key",
+            f"  echo {q(node.name)} > /etc/hostname",
+            f"  printf '127.0.0.1 localhost\\n127.0.1.1 %s\\n' {q(node.name)} > /etc/hosts",
+            "  mkdir -p /root/.ssh && chmod 700 /root/.ssh",
+            f"  cp {pub} /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
+            "  rm -f /root/.ssh/known_hosts",
+            "  rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*",
+            f"  echo {repo} > /etc/apt/sources.list.d/gpufleet-lab.list",
+            "  rm -rf /var/lib/apt/lists/* && mkdir -p /var/lib/apt/lists/partial",
+            "  mkdir -p /etc/gpufleet-lab /usr/local/sbin",
+            f"  echo {q(node.name)} > /etc/gpufleet-lab/node",
+            f"  printf '%s\\n' {q(self._reboot_standin(node))} > /usr/local/sbin/reboot",
+            "  chmod 755 /usr/local/sbin/reboot",
+            "fi",
+        ])
+
+    def _reboot_standin(self, node: Node) -> str:
+        """/usr/local/sbin/reboot on a node: asks the controller's lab to reboot it."""
+        cfg = self.config
+        argv = [sys.executable, "-m", "gpufleet.lab", "--name", cfg.name, "--root",
+                str(cfg.root), "--subnet", cfg.subnet, "--inventory-dir",
+                str(cfg.inventory_dir.resolve()), "reboot-node", node.name]
+        return "\n".join([
+            "#!/bin/sh",
+            "# gpufleet lab stand-in for reboot: the lab stops this node and boots it again.",
+            "setsid nsenter -t 1 -m -u -n -i -- " + shlex.join(argv)
+            + " --delay 1 </dev/null >/dev/null 2>&1 &",
+        ])
+
+    # ---- tear down -------------------------------------------------------------------
+
+    def down(self, purge: bool = False) -> None:
+        """Remove every namespace, mount, process, link and bridge of the lab."""
+        localcmd.require_root("the lab")
+        localcmd.require_tools(("ip", "umount"), INSTALL_HINT)
+        cfg = self.config
+        for node in self.nodes():
+            self._destroy_node(node)
+        for name in self._stray_netns():
+            self._delete_netns(name)
+        if _link_exists(cfg.bridge):
+            localcmd.run(["ip", "link", "del", cfg.bridge])
+        if _mounted(cfg.nsdir):
+            localcmd.run(["umount", str(cfg.nsdir)])
+        for path in (cfg.nodes_dir, cfg.nsdir):
+            shutil.rmtree(path, ignore_errors=True)
+        cfg.known_hosts.unlink(missing_ok=True)
+        (cfg.inventory_dir / "hosts.yml").unlink(missing_ok=True)
+        if purge:
+            shutil.rmtree(cfg.root, ignore_errors=True)
+
+    def _stray_netns(self) -> list[str]:
+        prefix = f"{self.config.name}-"
+        run_netns = Path("/run/netns")
+        if not run_netns.is_dir():
+            return []
+        return sorted(p.name for p in run_netns.iterdir() if p.name.startswith(prefix))
+
+    def _stop_node(self, node: Node) -> None:
+        inodes = {i for i in (_ns_inode(node.mnt_ns) if _mounted(node.mnt_ns) else None,
+                              _ns_inode(Path("/run/netns", node.netns))) if i is not None}
+        if inodes:
+            _kill_all(_pids_in_namespaces(inodes))
+        for ns_file in (node.mnt_ns, node.uts_ns):
+            if _mounted(ns_file):
+                localcmd.run(["umount", str(ns_file)])
+        node.sshd_pidfile.unlink(missing_ok=True)
+
+    def _destroy_node(self, node: Node, keep_files: bool = False) -> None:
+        self._stop_node(node)
+        self._delete_netns(node.netns)
+        if _link_exists(node.veth):
+            localcmd.run(["ip", "link", "del", node.veth], check=False)
+        if not keep_files:
+            shutil.rmtree(node.dir, ignore_errors=True)
+            for ns_file in (node.mnt_ns, node.uts_ns):
+                ns_file.unlink(missing_ok=True)
+
+    def _delete_netns(self, name: str) -> None:
+        inode = _ns_inode(Path("/run/netns", name))
+        if inode is None:
+            return
+        _kill_all(_pids_in_namespaces({inode}))
+        localcmd.run(["ip", "netns", "del", name])
+
+    # ---- the outsider: an address on the lab bridge that is not in the inventory -----
+
+    def outsider(self) -> str:
+        """Ensure a namespace on the bridge outside the cluster; return its netns name."""
+        self._preflight()
+        cfg = self.config
+        name = cfg.outsider_netns
+        if not _netns_exists(name):
+            veth = f"{cfg.name}-vout"
+            localcmd.run(["ip", "netns", "add", name])
+            localcmd.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                          "netns", name])
+            localcmd.run(["ip", "link", "set", veth, "master", cfg.bridge, "up"])
+            localcmd.run(["ip", "-n", name, "addr", "add", f"{cfg.outsider_address}/24", "dev",
+                          "eth0"])
+            localcmd.run(["ip", "-n", name, "link", "set", "eth0", "up"])
+            localcmd.run(["ip", "-n", name, "link", "set", "lo", "up"])
+        return name
+
+    # ---- commands on nodes -------------------------------------------------------------
+
+    def exec_argv(self, name: str, command: str) -> list[str]:
+        """The argv that runs ``command`` through sh inside node ``name``."""
+        node = self.node(name)
+        if not _mounted(node.mnt_ns):
+            raise LabError(f"{node.name} is not running; run `invoke lab.up`")
+        return [*node.nsenter(), "sh", "-c", command]
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Take a node's link down (unreachable) or bring it back up."""
+        node = self.node(name)
+        localcmd.run(["ip", "link", "set", node.veth, "up" if up else "down"])
+
+    # ---- files the rest of gpufleet reads --------------------------------------------
+
+    def _write_known_hosts(self, nodes: list[Node]) -> None:
+        lines = []
+        for node in nodes:
+            key = node.host_key_pub.read_text().split()
+            lines.append(f"{node.address} {key[0]} {key[1]}")
+        _write_atomic(self.config.known_hosts, "\n".join(lines) + "\n")
+
+    def _write_inventory(self) -> None:
+        cfg = self.config
+        hosts = {n.name: {"ansible_host": n.address} for n in self.nodes()}
+        data = {
+            "all": {
+                "vars": {
+                    "ansible_user": "root",
+                    "ansible_ssh_private_key_file": str(cfg.key),
+                    "gpufleet_known_hosts": str(cfg.known_hosts),
+                    "gpufleet_lab_repo": str(cfg.repo),
+                },
+                "children": {"lab": {"hosts": hosts}},
+            }
+        }
+        header = ("# Generated by `invoke lab.up` for the lab cluster; do not edit.\n"
+                  "# Stack pins and role variables live in group_vars/.\n")
+        _write_atomic(cfg.inventory_dir / "hosts.yml",
+                      header + yaml.safe_dump(data, sort_keys=False))
+
+
+def _module_load_script() -> str:
+    """Stand in for loading the NVIDIA kernel module at boot: publish the installed driver
+    version in /proc/driver/nvidia/version, as the real module does."""
+    return "\n".join([
+        "drv=$(dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' 'nvidia-driver-*' "
+        "'cuda-drivers-*' 2>/dev/null | awk '$1==\"ii\" {print $2}' | head -n1)",
+        'if [ -n "$drv" ]; then',
+        "  mkdir -p /proc/driver/nvidia",
+        '  printf "NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (gpufleet lab stand-in)\\n"'
+        ' "${drv%%-*}" > /proc/driver/nvidia/version',
+        "fi",
+    ])

@@ -1,0 +1,82 @@
+"""Managed files and links: compare desired content with the host's, diff it, redact secrets."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gpufleet.facts import Facts
+from gpufleet.plan import Change, Put, Run
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+HEADER = "Managed by gpufleet (role {role}); local edits are reported as drift and replaced."
+_SECRET = re.compile(
+    r"(?i)^(?P<key>[^=:\n]*(?:password|passwd|secret|token|api[_-]?key|credential)[^=:\n]*"
+    r"\s*[=:]\s*)(?P<value>.+)$", re.MULTILINE)
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,  # noqa: S701 - configuration files, not HTML
+)
+_env.filters["shell_quote"] = shlex.quote
+
+
+def render(template: str, **values: Any) -> str:
+    """Render a template from templates/ with strict undefined variables."""
+    return _env.get_template(template).render(**values)
+
+
+def redact(text: str) -> str:
+    """Replace the values of secret-looking keys with asterisks."""
+    return _SECRET.sub(lambda m: m["key"] + "********", text)
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    """A unified diff of a file's current and desired content, secrets redacted."""
+    lines = difflib.unified_diff(redact(before).splitlines(keepends=True),
+                                 redact(after).splitlines(keepends=True),
+                                 fromfile=f"{path} (on host)", tofile=f"{path} (desired)")
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def file_change(role: str, facts: Facts, path: str, content: str, *, mode: int = 0o644,
+                owner: str = "root:root") -> Change | None:
+    """The change that makes ``path`` hold ``content`` with ``mode``/``owner``, or None."""
+    state = facts.file(path)
+    data = content.encode()
+    want_mode = f"{mode:o}"
+    if state.exists and state.content == data and state.mode == want_mode \
+            and state.owner == owner:
+        return None
+    put = Put(path, data, mode, owner)
+    if not state.exists:
+        return Change(role, f"file {path}", "create", "absent", f"{len(data)} bytes", [put],
+                      diff=unified_diff(path, "", content))
+    if state.content == data:
+        return Change(role, f"file {path}", "set mode", f"{state.mode} {state.owner}",
+                      f"{want_mode} {owner}", [put])
+    return Change(role, f"file {path}", "update", f"{len(state.content)} bytes (differs)",
+                  f"{len(data)} bytes", [put], diff=unified_diff(path, state.text, content))
+
+
+def link_change(role: str, facts: Facts, path: str, target: str) -> Change | None:
+    """The change that makes ``path`` a symbolic link to ``target``, or None."""
+    current = facts.link(path)
+    if current == target:
+        return None
+    tmp = f"{path}.gpufleet-tmp"
+    parent = shlex.quote(path.rsplit("/", 1)[0] or "/")
+    command = f"mkdir -p {parent} && ln -sfn {shlex.quote(target)} {shlex.quote(tmp)} && " \
+              f"mv -Tf {shlex.quote(tmp)} {shlex.quote(path)}"
+    before = "absent" if current is None else ("not a link" if current == "" else current)
+    return Change(role, f"link {path}", "link", before, target,
+                  [Run(command, f"point {path} at {target}")])

@@ -1,0 +1,923 @@
+"""Pure parsers: the raw text one command printed -> plain Python values.
+
+Every function takes the captured output (stdout, sometimes with stderr mixed in) and
+returns JSON-friendly values. Output that cannot be understood raises ``ParseError``
+with what was expected and a short quote of the text; nothing is guessed or defaulted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpufleet.errors import ParseError
+
+__all__ = [
+    "ParseError",
+    "apt_madison",
+    "apt_showhold",
+    "cuda_version_json",
+    "dcb_pfc",
+    "dcb_pfc_json",
+    "dpkg_query",
+    "ethtool_stats",
+    "ip_addr_json",
+    "meminfo",
+    "mlnx_qos",
+    "nccl_tests",
+    "nccl_tests_avg_busbw",
+    "nvcc_version",
+    "nvidia_smi_query",
+    "nvidia_topo",
+    "nvidia_version_from_package",
+    "nvlink_status",
+    "os_release",
+    "pause_and_discard_counters",
+    "port_range",
+    "proc_driver_version",
+    "sys_class_net",
+    "sys_pci_gpus",
+    "sysctl_value",
+    "torch_info",
+    "xid_events",
+]
+
+_QUOTE_LIMIT = 72
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_PRIORITIES = range(8)
+
+
+def _is_capture_note(line: str) -> bool:
+    """Say whether a line is a capture annotation: a ``#`` comment or a ``$ command`` prompt."""
+    stripped = line.lstrip()
+    return stripped.startswith("#") or stripped.startswith("$ ")
+
+
+def _output_lines(text: str) -> list[str]:
+    """Return the non-blank lines of ``text`` that are not capture annotations."""
+    return [line for line in text.splitlines() if line.strip() and not _is_capture_note(line)]
+
+
+def _quote(text: str) -> str:
+    """Quote the first meaningful line of ``text``, shortened, for an error message."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    meaningful = [line for line in lines if not _is_capture_note(line)] or lines
+    if not meaningful:
+        return "empty output"
+    piece = meaningful[0]
+    if len(piece) > _QUOTE_LIMIT:
+        piece = piece[: _QUOTE_LIMIT - 3] + "..."
+    return repr(piece)
+
+
+def _error(source: str, expected: str, got: str) -> ParseError:
+    """Build a ParseError naming the source, what was expected and what was found."""
+    return ParseError(f"{source}: expected {expected}, got {_quote(got)}")
+
+
+def _int(source: str, value: str, line: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise _error(source, "an integer", line) from None
+
+
+def _float(source: str, value: str, line: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise _error(source, "a number", line) from None
+
+
+def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "[")) -> Any:
+    """Decode the first JSON value that starts a line with one of ``openers``.
+
+    Lines printed before it (warnings, a ``$ command`` line) are skipped.
+    """
+    lines = text.splitlines()
+    candidates = [i for i, line in enumerate(lines) if line.lstrip().startswith(openers)]
+    for index in candidates:
+        try:
+            value, _ = json.JSONDecoder().raw_decode("\n".join(lines[index:]).lstrip())
+        except json.JSONDecodeError:
+            continue
+        return value
+    if candidates:
+        raise _error(source, "valid JSON", lines[candidates[0]])
+    raise _error(source, "a JSON document", text)
+
+
+# --------------------------------------------------------------------------- RDMA / QoS
+
+_QOS_TRUST = re.compile(r"^Priority trust state:\s*(\S*)\s*$")
+_QOS_DSCP = re.compile(r"^\s*prio:(\d+)\s+dscp:([\d,\s]*)$")
+_QOS_PFC_HEADER = re.compile(r"^\s*priority((?:\s+\d+)+)\s*$")
+_QOS_PFC_ENABLED = re.compile(r"^\s*enabled\b(.*)$")
+_QOS_TC = re.compile(
+    r"^tc:\s*(\d+)\s+(?:ratelimit:\s*[^,]*,\s*)?tsa:\s*([A-Za-z_]+)(?:,\s*bw:\s*(\d+)\s*%)?\s*$"
+)
+_QOS_TC_PRIORITY = re.compile(r"^\s*priority:\s*(\d+)\s*$")
+
+
+def mlnx_qos(text: str) -> dict[str, Any]:
+    """Parse ``mlnx_qos -i IFACE`` output.
+
+    Returns ``trust`` ("pcp" or "dscp"), ``pfc_enabled`` (sorted priorities with PFC on),
+    ``dscp2prio`` (dscp -> priority, empty under pcp trust) and ``tc`` (tc -> ``tsa``,
+    ``bw`` percent or None, ``priorities``). Old and current layouts are accepted; when
+    the text holds several reports (e.g. a script that ran mlnx_qos twice) the last wins.
+    """
+    lines = text.splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith("DCBX mode:")]
+    if starts:
+        lines = lines[starts[-1] :]
+
+    trust: str | None = None
+    dscp2prio: dict[int, int] = {}
+    header: list[int] | None = None
+    enabled_line: str | None = None
+    tcs: dict[int, dict[str, Any]] = {}
+    current: list[int] | None = None
+
+    for line in lines:
+        if match := _QOS_TRUST.match(line):
+            trust = match.group(1)
+        elif match := _QOS_DSCP.match(line):
+            _qos_add_dscp(dscp2prio, int(match.group(1)), match.group(2), line)
+        elif match := _QOS_PFC_HEADER.match(line):
+            header = [int(token) for token in match.group(1).split()]
+        elif _QOS_PFC_ENABLED.match(line):
+            enabled_line = line
+        elif match := _QOS_TC.match(line):
+            tc = int(match.group(1))
+            if tc in tcs:
+                raise _error("mlnx_qos", "each tc listed once", line)
+            bw = match.group(3)
+            current = []
+            tcs[tc] = {"tsa": match.group(2), "bw": int(bw) if bw else None, "priorities": current}
+            continue
+        elif current is not None and (match := _QOS_TC_PRIORITY.match(line)):
+            current.append(int(match.group(1)))
+            continue
+        current = None
+
+    report = "\n".join(lines)
+    if trust is None:
+        raise _error("mlnx_qos", "a 'Priority trust state:' line", report)
+    if trust not in ("pcp", "dscp"):
+        raise _error("mlnx_qos", "trust state 'pcp' or 'dscp'", f"Priority trust state: {trust}")
+    if enabled_line is None:
+        raise _error("mlnx_qos", "a PFC 'enabled' row", report)
+    return {
+        "trust": trust,
+        "pfc_enabled": _qos_pfc_enabled(enabled_line, header),
+        "dscp2prio": dict(sorted(dscp2prio.items())) if trust == "dscp" else {},
+        "tc": dict(sorted(tcs.items())),
+    }
+
+
+def _qos_add_dscp(mapping: dict[int, int], prio: int, values: str, line: str) -> None:
+    """Record one ``prio:N dscp:a,b,c,`` line, refusing contradictory or out-of-range values."""
+    if prio not in _PRIORITIES:
+        raise _error("mlnx_qos", "a priority 0..7 in the dscp2prio mapping", line)
+    for token in filter(None, (part.strip() for part in values.split(","))):
+        dscp = _int("mlnx_qos", token, line)
+        if not 0 <= dscp <= 63:
+            raise _error("mlnx_qos", "dscp values 0..63", line)
+        if mapping.get(dscp, prio) != prio:
+            raise _error("mlnx_qos", f"dscp {dscp} mapped to a single priority", line)
+        mapping[dscp] = prio
+
+
+def _qos_pfc_enabled(line: str, header: list[int] | None) -> list[int]:
+    """Read the 0/1 flags of the PFC ``enabled`` row against its ``priority`` header."""
+    flags = line.split()[1:]
+    priorities = header if header is not None else list(_PRIORITIES)
+    if len(flags) != len(priorities) or any(flag not in ("0", "1") for flag in flags):
+        raise _error("mlnx_qos", f"{len(priorities)} PFC flags of 0 or 1", line)
+    return sorted(prio for prio, flag in zip(priorities, flags, strict=True) if flag == "1")
+
+
+_ON_OFF = {"on": True, "off": False}
+
+
+def dcb_pfc(text: str) -> dict[str, Any]:
+    """Parse ``dcb [-s] pfc show dev IFACE`` text output.
+
+    Returns ``pfc_cap``, ``delay``, ``prio_pfc`` (sorted priorities with PFC on), plus
+    ``macsec_bypass`` and, with ``-s``, ``requests``/``indications`` (prio -> count)
+    when printed. Error text such as "Attribute not found" raises ParseError.
+    """
+    result: dict[str, Any] = {}
+    for line in _output_lines(text):
+        tokens = line.split()
+        key = tokens[0]
+        if key == "prio-pfc":
+            flags = _dcb_mapping(line, tokens[1:], _dcb_on_off)
+            result["prio_pfc"] = sorted(prio for prio, on in flags.items() if on)
+        elif key in ("requests", "indications"):
+            result[key] = _dcb_mapping(line, tokens[1:], _dcb_count)
+        elif key in ("pfc-cap", "macsec-bypass", "delay"):
+            if len(tokens) % 2:
+                raise _error("dcb pfc", "'name value' pairs", line)
+            for name, value in zip(tokens[::2], tokens[1::2], strict=True):
+                if name == "macsec-bypass":
+                    result["macsec_bypass"] = _dcb_on_off(value, line)
+                elif name in ("pfc-cap", "delay"):
+                    result[name.replace("-", "_")] = _int("dcb pfc", value, line)
+                else:
+                    raise _error("dcb pfc", "pfc-cap, macsec-bypass or delay", line)
+    missing = [name for name in ("pfc_cap", "delay", "prio_pfc") if name not in result]
+    if missing:
+        raise _error("dcb pfc", f"fields {', '.join(missing)}", text)
+    return result
+
+
+def _dcb_on_off(value: str, line: str) -> bool:
+    if value not in _ON_OFF:
+        raise _error("dcb pfc", "on or off", line)
+    return _ON_OFF[value]
+
+
+def _dcb_count(value: str, line: str) -> int:
+    return _int("dcb pfc", value, line)
+
+
+def _dcb_mapping(
+    line: str, pairs: list[str], convert: Callable[[str, str], bool | int]
+) -> dict[int, Any]:
+    """Read ``P:VALUE`` pairs for all eight priorities."""
+    mapping: dict[int, Any] = {}
+    for pair in pairs:
+        prio, sep, value = pair.partition(":")
+        if not sep or not prio.isdigit():
+            raise _error("dcb pfc", "PRIO:VALUE pairs", line)
+        mapping[int(prio)] = convert(value, line)
+    if sorted(mapping) != list(_PRIORITIES):
+        raise _error("dcb pfc", "one value for each priority 0..7", line)
+    return mapping
+
+
+def dcb_pfc_json(text: str) -> dict[str, Any]:
+    """Parse ``dcb -j [-s] pfc show dev IFACE`` into the same shape as :func:`dcb_pfc`.
+
+    ``prio_pfc``, ``requests`` and ``indications`` are accepted as a list indexed by
+    priority (what iproute2 prints), a list of one-entry ``{prio: value}`` objects, or
+    an object keyed by priority.
+    """
+    document = _json_document("dcb -j pfc", text)
+    if isinstance(document, list) and len(document) == 1:
+        document = document[0]
+    if not isinstance(document, dict):
+        raise _error("dcb -j pfc", "a JSON object", text)
+    missing = [key for key in ("pfc_cap", "delay", "prio_pfc") if key not in document]
+    if missing:
+        raise _error("dcb -j pfc", f"keys {', '.join(missing)}", text)
+
+    result: dict[str, Any] = {
+        "pfc_cap": _json_int(document["pfc_cap"], "pfc_cap", text),
+        "delay": _json_int(document["delay"], "delay", text),
+    }
+    flags = _json_prio_map(document["prio_pfc"], "prio_pfc", text)
+    result["prio_pfc"] = sorted(prio for prio, on in flags.items() if _json_bool(on, text))
+    if "macsec_bypass" in document:
+        result["macsec_bypass"] = _json_bool(document["macsec_bypass"], text)
+    for key in ("requests", "indications"):
+        if key in document:
+            counts = _json_prio_map(document[key], key, text)
+            result[key] = {prio: _json_int(value, key, text) for prio, value in counts.items()}
+    return result
+
+
+def _json_int(value: Any, key: str, text: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _error("dcb -j pfc", f"an integer for {key}", text)
+    return value
+
+
+def _json_bool(value: Any, text: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in _ON_OFF:
+        return _ON_OFF[value]
+    raise _error("dcb -j pfc", "true/false or on/off", text)
+
+
+def _json_prio_map(value: Any, key: str, text: str) -> dict[int, Any]:
+    """Normalise a per-priority JSON value (list, list of objects, or object) to prio -> value."""
+    items: list[tuple[Any, Any]]
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        items = [next(iter(item.items())) for item in value if len(item) == 1]
+        if len(items) != len(value):
+            raise _error("dcb -j pfc", f"one-entry objects in {key}", text)
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    else:
+        raise _error("dcb -j pfc", f"a list or object for {key}", text)
+    mapping: dict[int, Any] = {}
+    for raw, item in items:
+        prio = int(raw) if isinstance(raw, str) and raw.isdigit() else raw
+        if isinstance(prio, bool) or not isinstance(prio, int) or prio not in _PRIORITIES:
+            raise _error("dcb -j pfc", f"priorities 0..7 in {key}", text)
+        mapping[prio] = item
+    if sorted(mapping) != list(_PRIORITIES):
+        raise _error("dcb -j pfc", f"one value for each priority 0..7 in {key}", text)
+    return mapping
+
+
+# --------------------------------------------------------------------------- nccl-tests
+
+_NCCL_LEAD = ["size", "count", "type", "redop"]
+_NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+
+
+def nccl_tests(text: str) -> list[dict[str, Any]]:
+    """Parse the result table of an nccl-tests binary (``all_reduce_perf`` etc.).
+
+    One dict per size row: ``size``, ``count``, ``type``, ``redop``, ``root`` (None when
+    the build prints no root column) and ``out_of_place``/``in_place`` with ``time_us``,
+    ``algbw``, ``busbw`` and ``wrong`` (None when not checked or when the build prints an
+    ``error`` column, whose value is then kept as ``error``). Columns are located from
+    the ``# size count ...`` header, so NCCL log lines and comments are skipped.
+    """
+    layout: tuple[bool, list[str]] | None = None
+    rows: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            names = stripped.lstrip("#").split()
+            if names[:2] == _NCCL_LEAD[:2]:
+                layout = _nccl_layout(names, line)
+            continue
+        tokens = stripped.split()
+        if len(tokens) < 2 or not (tokens[0].isdigit() and tokens[1].isdigit()):
+            continue
+        if layout is None:
+            raise _error("nccl-tests", "the '# size count type ...' header before data", line)
+        rows.append(_nccl_row(tokens, layout, line))
+    if not rows:
+        raise _error("nccl-tests", "at least one result row", text)
+    return rows
+
+
+def _nccl_layout(names: list[str], line: str) -> tuple[bool, list[str]]:
+    """Return (has root column, per-half column names) from a header row."""
+    if names[:4] != _NCCL_LEAD:
+        raise _error("nccl-tests", "columns size, count, type, redop", line)
+    has_root = len(names) > 4 and names[4] == "root"
+    rest = names[5 if has_root else 4 :]
+    if rest and rest[-1] == "timestamp":
+        rest = rest[:-1]
+    half = rest[: len(rest) // 2]
+    valid = (
+        len(rest) % 2 == 0
+        and rest[len(half) :] == half
+        and len(half) >= 4
+        and half[0] in ("time", "cputime")
+        and half[1:3] == ["algbw", "busbw"]
+        and half[3] in ("#wrong", "error")
+    )
+    if not valid:
+        raise _error("nccl-tests", "time, algbw, busbw, #wrong|error for both halves", line)
+    return has_root, half
+
+
+def _nccl_row(tokens: list[str], layout: tuple[bool, list[str]], line: str) -> dict[str, Any]:
+    has_root, half = layout
+    lead = 5 if has_root else 4
+    if len(tokens) < lead + 2 * len(half):
+        raise _error("nccl-tests", f"{lead + 2 * len(half)} columns", line)
+    row: dict[str, Any] = {
+        "size": int(tokens[0]),
+        "count": int(tokens[1]),
+        "type": tokens[2],
+        "redop": tokens[3],
+        "root": _int("nccl-tests", tokens[4], line) if has_root else None,
+    }
+    for index, key in enumerate(("out_of_place", "in_place")):
+        cells = tokens[lead + index * len(half) : lead + (index + 1) * len(half)]
+        result: dict[str, Any] = {
+            "time_us": _float("nccl-tests", cells[0], line),
+            "algbw": _float("nccl-tests", cells[1], line),
+            "busbw": _float("nccl-tests", cells[2], line),
+            "wrong": None,
+        }
+        checked = cells[3] != "N/A"
+        if half[3] == "error":
+            result["error"] = _float("nccl-tests", cells[3], line) if checked else None
+        elif checked:
+            result["wrong"] = int(_float("nccl-tests", cells[3], line))
+        row[key] = result
+    return row
+
+
+def nccl_tests_avg_busbw(text: str) -> float | None:
+    """Return the value of the ``# Avg bus bandwidth : X`` line, or None when absent."""
+    value: float | None = None
+    for line in text.splitlines():
+        if match := _NCCL_AVG.match(line.strip()):
+            value = _float("nccl-tests", match.group(1), line)
+    return value
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+_SMI_NONE = frozenset({"[N/A]", "N/A", "[Not Supported]", "Not Supported"})
+_SMI_BOOL = {
+    "Enabled": True,
+    "Disabled": False,
+    "Active": True,
+    "Not Active": False,
+    "Yes": True,
+    "No": False,
+}
+_SMI_TEXT = frozenset({"name", "uuid", "serial", "driver_version", "vbios_version", "pci.bus_id"})
+_SMI_FIELD = re.compile(r"^[a-z][a-z0-9_.]*$")
+_SMI_UNIT = re.compile(r"\s*\[[^\]]*\]\s*$")
+_HEX = re.compile(r"^0x[0-9a-fA-F]+$")
+_INT = re.compile(r"^-?\d+$")
+_FLOAT = re.compile(r"^-?\d+\.\d+$")
+
+
+def nvidia_smi_query(text: str) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv,nounits`` output with its header.
+
+    Keys are the header names without unit suffixes (``memory.total``), with
+    ``clocks_throttle_reasons.`` renamed ``clocks_event_reasons.``. Values become int,
+    float, bool (Enabled/Active/Yes), int for 0x bitmasks and None for N/A; identity
+    fields (name, uuid, serial, versions, bus id) stay strings. "No devices were found"
+    gives an empty list.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines == ["No devices were found"]:
+        return []
+    if not lines:
+        raise _error("nvidia-smi query", "a CSV header line", text)
+    keys = [_smi_key(name) for name in lines[0].split(",")]
+    if not all(_SMI_FIELD.match(key) for key in keys):
+        raise _error("nvidia-smi query", "a CSV header line of field names", lines[0])
+    rows: list[dict[str, Any]] = []
+    for line in lines[1:]:
+        values = [value.strip() for value in line.split(",")]
+        if len(values) != len(keys):
+            raise _error("nvidia-smi query", f"{len(keys)} comma-separated values", line)
+        rows.append({key: _smi_value(key, value) for key, value in zip(keys, values, strict=True)})
+    return rows
+
+
+def _smi_key(name: str) -> str:
+    key = _SMI_UNIT.sub("", name.strip())
+    if key.startswith("clocks_throttle_reasons."):
+        key = "clocks_event_reasons." + key.removeprefix("clocks_throttle_reasons.")
+    return key
+
+
+def _smi_value(key: str, value: str) -> Any:
+    if value in _SMI_NONE:
+        return None
+    if key in _SMI_TEXT or key.startswith("inforom."):
+        return value
+    if value in _SMI_BOOL:
+        return _SMI_BOOL[value]
+    return _number(value)
+
+
+def _number(value: str) -> int | float | str:
+    """Convert a 0x bitmask, integer or decimal to a number; leave anything else as text."""
+    if _HEX.match(value):
+        return int(value, 16)
+    if _INT.match(value):
+        return int(value)
+    if _FLOAT.match(value):
+        return float(value)
+    return value
+
+
+_TOPO_EXTRA = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_TOPO_GPU = re.compile(r"^GPU\d+$")
+_TOPO_NIC_LEGEND = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
+
+
+def nvidia_topo(text: str) -> dict[str, Any]:
+    """Parse ``nvidia-smi topo -m`` (ANSI escapes allowed).
+
+    Returns ``gpus`` (row labels such as "GPU0"), ``matrix`` (``matrix[a][b]`` -> "NV18",
+    "PIX", "X"..., NIC rows and columns included), ``cpu_affinity`` and
+    ``numa_affinity`` per GPU (None for N/A), and ``nics`` (NIC0 -> mlx5_0) from the
+    NIC Legend when printed. Empty fields between the affinity columns are ignored.
+    """
+    lines = [line for line in _ANSI.sub("", text).splitlines() if not _is_capture_note(line)]
+    start = next(
+        (
+            index
+            for index, line in enumerate(lines)
+            if not line.split("\t")[0].strip()
+            and any(_TOPO_GPU.match(field.strip()) for field in line.split("\t"))
+        ),
+        None,
+    )
+    if start is None:
+        raise _error("nvidia-smi topo -m", "a header row of GPU columns", text)
+    columns = [field.strip() for field in lines[start].split("\t") if field.strip()]
+    devices = [name for name in columns if name not in _TOPO_EXTRA]
+    extras = [name for name in columns if name in _TOPO_EXTRA]
+    if columns != devices + extras:
+        raise _error("nvidia-smi topo -m", "device columns before affinity columns", lines[start])
+
+    matrix: dict[str, dict[str, str]] = {}
+    cpu_affinity: dict[str, str | None] = {}
+    numa_affinity: dict[str, str | None] = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        fields = [field.strip() for field in line.split("\t")]
+        label, cells = fields[0], fields[1 : 1 + len(devices)]
+        if label not in devices or len(cells) != len(devices):
+            raise _error("nvidia-smi topo -m", f"a row with {len(devices)} device cells", line)
+        matrix[label] = dict(zip(devices, cells, strict=True))
+        tail = [field for field in fields[1 + len(devices) :] if field]
+        if len(tail) > len(extras):
+            raise _error("nvidia-smi topo -m", f"at most {len(extras)} affinity fields", line)
+        values = dict(zip(extras, tail, strict=False))
+        if "CPU Affinity" in values:
+            cpu_affinity[label] = _not_applicable(values["CPU Affinity"])
+        if "NUMA Affinity" in values:
+            numa_affinity[label] = _not_applicable(values["NUMA Affinity"])
+    if not matrix:
+        raise _error("nvidia-smi topo -m", "matrix rows after the header", lines[start])
+
+    nics: dict[str, str] = {}
+    legend = next((i for i, line in enumerate(lines) if line.strip() == "NIC Legend:"), None)
+    if legend is not None:
+        for line in lines[legend + 1 :]:
+            if match := _TOPO_NIC_LEGEND.match(line):
+                nics[match.group(1)] = match.group(2)
+    return {
+        "gpus": [label for label in matrix if _TOPO_GPU.match(label)],
+        "matrix": matrix,
+        "cpu_affinity": cpu_affinity,
+        "numa_affinity": numa_affinity,
+        "nics": nics,
+    }
+
+
+def _not_applicable(value: str) -> str | None:
+    return None if value == "N/A" else value
+
+
+_NVLINK_GPU = re.compile(r"^GPU (\d+):")
+_NVLINK_LINK = re.compile(r"^\s*Link (\d+):\s*(.*?)\s*$")
+_NVLINK_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GB/s$")
+_NVLINK_ALL_INACTIVE = re.compile(r"all links are inactive", re.IGNORECASE)
+
+
+def nvlink_status(text: str) -> dict[int, list[float | None]]:
+    """Parse ``nvidia-smi nvlink -s``: GPU index -> per-link GB/s, None for ``<inactive>``.
+
+    A GPU reported with "Unable to retrieve NVLink information as all links are inActive"
+    gets an empty list. Empty output raises: it does not tell "no NVLink" from "not run".
+    """
+    result: dict[int, list[float | None]] = {}
+    current: list[float | None] | None = None
+    for line in text.splitlines():
+        if match := _NVLINK_GPU.match(line):
+            current = result.setdefault(int(match.group(1)), [])
+        elif match := _NVLINK_LINK.match(line):
+            if current is None or int(match.group(1)) != len(current):
+                raise _error("nvidia-smi nvlink -s", "links numbered from 0 under a GPU line", line)
+            state = match.group(2)
+            speed = _NVLINK_SPEED.match(state)
+            if speed:
+                current.append(float(speed.group(1)))
+            elif state == "<inactive>":
+                current.append(None)
+            else:
+                raise _error("nvidia-smi nvlink -s", "'N GB/s' or '<inactive>'", line)
+        elif current is not None and not current and _NVLINK_ALL_INACTIVE.search(line):
+            continue
+        elif line.strip():
+            raise _error("nvidia-smi nvlink -s", "'GPU N:' or 'Link N:' lines", line)
+    if not result:
+        raise _error("nvidia-smi nvlink -s", "at least one 'GPU N:' line", text)
+    return result
+
+
+# --------------------------------------------------------------------------- versions
+
+_PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+_NVCC_VERSION = re.compile(r"Cuda compilation tools, release [\d.]+, V(\d+(?:\.\d+)+)")
+_PACKAGE_VERSION = re.compile(r"^(?:\d+:)?(\d+(?:\.\d+)+)(?:[-~+].*)?$")
+
+
+def proc_driver_version(text: str) -> str:
+    """Return the kernel module version from ``/proc/driver/nvidia/version``."""
+    if match := _PROC_VERSION.search(text):
+        return match.group(1)
+    raise _error("/proc/driver/nvidia/version", "'Kernel Module  X.Y.Z'", text)
+
+
+def cuda_version_json(text: str) -> str:
+    """Return ``cuda.version`` from the toolkit's ``version.json``."""
+    document = _json_document("cuda version.json", text, ("{",))
+    cuda = document.get("cuda") if isinstance(document, dict) else None
+    version = cuda.get("version") if isinstance(cuda, dict) else None
+    if not isinstance(version, str):
+        raise _error("cuda version.json", "a cuda.version string", text)
+    return version
+
+
+def nvcc_version(text: str) -> str:
+    """Return the full nvcc version ("13.0.88") from ``nvcc --version``."""
+    if match := _NVCC_VERSION.search(text):
+        return match.group(1)
+    raise _error("nvcc --version", "'Cuda compilation tools, release X, VX.Y.Z'", text)
+
+
+def nvidia_version_from_package(version: str) -> str:
+    """Return the upstream version of a package version: "1:550.54.15-1" -> "550.54.15"."""
+    if match := _PACKAGE_VERSION.match(version.strip()):
+        return match.group(1)
+    raise _error("package version", "[EPOCH:]X.Y[.Z][-REVISION]", version)
+
+
+def torch_info(text: str) -> dict[str, Any]:
+    """Parse the torch probe's JSON; a Python traceback raises with its last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        raise ParseError(f"torch probe: expected JSON, got traceback {lines[-1]!r}")
+    document = _json_document("torch probe", text, ("{",))
+    if not isinstance(document, dict) or "torch" not in document:
+        raise _error("torch probe", "a JSON object with a 'torch' key", text)
+    return document
+
+
+# --------------------------------------------------------------------------- OS facts
+
+_OS_RELEASE_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_MEMINFO_LINE = re.compile(r"^([A-Za-z0-9_()]+):\s+(\d+)(\s+kB)?\s*$")
+
+
+def os_release(text: str) -> dict[str, str]:
+    """Parse ``/etc/os-release`` into KEY -> value with shell quoting removed."""
+    result: dict[str, str] = {}
+    for line in _output_lines(text):
+        match = _OS_RELEASE_LINE.match(line.strip())
+        if not match:
+            raise _error("os-release", "KEY=value lines", line)
+        result[match.group(1)] = _unquote(match.group(2).strip())
+    if not result:
+        raise _error("os-release", "KEY=value lines", text)
+    return result
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1]
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r"\\([\\\"$`])", r"\1", value[1:-1])
+    return value
+
+
+def meminfo(text: str) -> dict[str, int]:
+    """Parse ``/proc/meminfo``: kB values become bytes, unitless counts stay as they are."""
+    result: dict[str, int] = {}
+    for line in _output_lines(text):
+        match = _MEMINFO_LINE.match(line.strip())
+        if not match:
+            raise _error("/proc/meminfo", "'Name:   N kB' lines", line)
+        value = int(match.group(2))
+        result[match.group(1)] = value * 1024 if match.group(3) else value
+    if "MemTotal" not in result:
+        raise _error("/proc/meminfo", "a MemTotal line", text)
+    return result
+
+
+def ip_addr_json(text: str) -> list[dict[str, Any]]:
+    """Parse ``ip -j addr``: ``name``, ``mtu``, ``state``, ``mac`` (None if the link has none)
+    and ``addresses`` ("a.b.c.d/nn" and IPv6 "addr/nn" in printed order)."""
+    document = _json_document("ip -j addr", text, ("[",))
+    if not isinstance(document, list):
+        raise _error("ip -j addr", "a JSON list of interfaces", text)
+    interfaces: list[dict[str, Any]] = []
+    for link in document:
+        if not isinstance(link, dict) or "ifname" not in link or "mtu" not in link:
+            raise _error("ip -j addr", "interfaces with ifname and mtu", json.dumps(link))
+        addresses = [
+            f"{info['local']}/{info['prefixlen']}"
+            for info in link.get("addr_info", [])
+            if "local" in info and "prefixlen" in info
+        ]
+        interfaces.append(
+            {
+                "name": link["ifname"],
+                "mtu": link["mtu"],
+                "state": link.get("operstate"),
+                "mac": link.get("address"),
+                "addresses": addresses,
+            }
+        )
+    return interfaces
+
+
+def sys_class_net(text: str) -> list[dict[str, Any]]:
+    """Parse the gatherer's /sys/class/net fallback, used when ``ip`` is missing.
+
+    One line per interface: ``NAME MTU OPERSTATE [MAC]`` (the contents of ``mtu``,
+    ``operstate`` and ``address`` under /sys/class/net/NAME; MAC absent when that file
+    is empty). Returns the :func:`ip_addr_json` shape with the state upper-cased as
+    ``ip`` prints it and ``addresses`` empty, since sysfs does not list them.
+    """
+    interfaces: list[dict[str, Any]] = []
+    for line in _output_lines(text):
+        fields = line.split()
+        if len(fields) not in (3, 4) or not fields[1].isdigit():
+            raise _error("/sys/class/net", "'NAME MTU OPERSTATE [MAC]' lines", line)
+        interfaces.append(
+            {
+                "name": fields[0],
+                "mtu": int(fields[1]),
+                "state": fields[2].upper(),
+                "mac": fields[3] if len(fields) == 4 else None,
+                "addresses": [],
+            }
+        )
+    return interfaces
+
+
+def sysctl_value(text: str) -> str:
+    """Return a sysctl value (``sysctl -n KEY`` or the /proc/sys file) with runs of
+    whitespace, tabs included, made one space. A sysctl/cat error message raises."""
+    if text.lstrip().startswith(("sysctl: ", "cat: ")):
+        raise _error("sysctl value", "a value", text)
+    return " ".join(text.split())
+
+
+_PORT_RANGE = re.compile(r"^(?:net\.ipv4\.ip_local_port_range\s*=\s*)?(\d+)\s+(\d+)$")
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """Parse ``net.ipv4.ip_local_port_range`` in ``sysctl`` or ``sysctl -n`` form."""
+    match = _PORT_RANGE.match(text.strip())
+    if not match:
+        raise _error("ip_local_port_range", "'LOW HIGH'", text)
+    low, high = int(match.group(1)), int(match.group(2))
+    if not 0 < low <= high <= 65535:
+        raise _error("ip_local_port_range", "0 < LOW <= HIGH <= 65535", text)
+    return low, high
+
+
+# --------------------------------------------------------------------------- packages
+
+_NO_PACKAGE = "dpkg-query: no packages found matching"
+_PACKAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9+.\-]*(?::[a-z0-9\-]+)?$")
+
+
+def dpkg_query(text: str) -> dict[str, dict[str, Any]]:
+    """Parse ``dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n'``.
+
+    Returns package -> ``version`` (None when empty), ``status``, ``installed`` (state
+    word is "installed") and ``hold`` (selection is "hold"). The "no packages found
+    matching" notices dpkg-query prints for unknown names are skipped.
+    """
+    packages: dict[str, dict[str, Any]] = {}
+    for line in _output_lines(text):
+        if line.startswith(_NO_PACKAGE):
+            continue
+        fields = line.split("\t")
+        status = fields[2].split() if len(fields) == 3 else []
+        if len(status) != 3 or not fields[0]:
+            raise _error("dpkg-query", "'PACKAGE<TAB>VERSION<TAB>WANT FLAG STATE' lines", line)
+        packages[fields[0]] = {
+            "version": fields[1] or None,
+            "status": " ".join(status),
+            "installed": status[2] == "installed",
+            "hold": status[0] == "hold",
+        }
+    return packages
+
+
+def apt_showhold(text: str) -> set[str]:
+    """Parse ``apt-mark showhold``: the set of held package names."""
+    held: set[str] = set()
+    for line in _output_lines(text):
+        name = line.strip()
+        if not _PACKAGE_NAME.match(name):
+            raise _error("apt-mark showhold", "one package name per line", line)
+        held.add(name)
+    return held
+
+
+def apt_madison(text: str) -> dict[str, list[str]]:
+    """Parse ``apt-cache madison PKG...``: package -> versions in printed order, deduplicated.
+
+    ``N:``/``W:`` notices (e.g. "Unable to locate package") are skipped, so an unknown
+    package is simply absent.
+    """
+    versions: dict[str, list[str]] = {}
+    for line in _output_lines(text):
+        if line.startswith(("N: ", "W: ")):
+            continue
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) != 3 or not fields[0] or not fields[1]:
+            raise _error("apt-cache madison", "'PACKAGE | VERSION | SOURCE' lines", line)
+        known = versions.setdefault(fields[0], [])
+        if fields[1] not in known:
+            known.append(fields[1])
+    return versions
+
+
+# --------------------------------------------------------------------------- health
+
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):"
+    r"\s*(\d+),\s*(.*?)\s*$"
+)
+_XID_CONTEXT = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")
+_LOG_TOOL_ERROR = re.compile(r"^(?:dmesg|journalctl): ")
+
+
+def xid_events(text: str) -> list[dict[str, Any]]:
+    """Extract ``NVRM: Xid`` events from kernel log text (dmesg or journal format).
+
+    Each event is ``pci`` ("0000:3b:00"), ``xid`` (int) and ``message`` (the text after
+    the pid/name fields). A dmesg/journalctl error (e.g. no permission to read the
+    log) raises, since an unreadable log is not an empty one.
+    """
+    events: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if _LOG_TOOL_ERROR.match(line.strip()):
+            raise _error("kernel log", "kernel log lines", line)
+        if match := _XID.search(line):
+            events.append(
+                {
+                    "pci": match.group(1).lower(),
+                    "xid": int(match.group(2)),
+                    "message": _XID_CONTEXT.sub("", match.group(3)),
+                }
+            )
+    return events
+
+
+_PAUSE_OR_DISCARD = re.compile(r"pause|discard", re.IGNORECASE)
+
+
+def ethtool_stats(text: str) -> dict[str, int]:
+    """Parse ``ethtool -S IFACE`` into counter -> value."""
+    stats: dict[str, int] = {}
+    for line in _output_lines(text):
+        stripped = line.strip()
+        if stripped == "NIC statistics:":
+            continue
+        name, sep, value = stripped.rpartition(":")
+        if not sep or not name or not value.strip().isdigit():
+            raise _error("ethtool -S", "'name: N' counter lines", line)
+        stats[name.strip()] = int(value)
+    if not stats:
+        raise _error("ethtool -S", "at least one counter", text)
+    return stats
+
+
+def pause_and_discard_counters(stats: Mapping[str, int]) -> dict[str, int]:
+    """Pick the counters whose names mention pause or discard (``rx_prio3_pause``...)."""
+    return {name: value for name, value in stats.items() if _PAUSE_OR_DISCARD.search(name)}
+
+
+_SYS_PCI = re.compile(
+    r"^(\S+)\s+(0x[0-9a-fA-F]{6})\s+(0x[0-9a-fA-F]{4})\s+(?:(.*?)\s+)?x(\d*)\s+numa=(-?\d*)$"
+)
+_GT_PER_S = re.compile(r"^(\d+(?:\.\d+)?) GT/s\b")
+_GPU_CLASSES = ("0x0300", "0x0302")
+
+
+def sys_pci_gpus(text: str) -> list[dict[str, Any]]:
+    """Parse the gatherer's sysfs PCI listing and keep the GPUs (class 0x0300xx/0x0302xx).
+
+    Lines read ``ADDRESS CLASS DEVICE LINK_SPEED xWIDTH numa=N``. Returns ``address``,
+    ``class`` and ``device`` (lower-case hex strings), ``link_speed`` (GT/s as float),
+    ``width`` (lanes) and ``numa``; each of the last three is None when sysfs gave no
+    value (Unknown speed, a missing file, numa_node -1).
+    """
+    gpus: list[dict[str, Any]] = []
+    for line in _output_lines(text):
+        match = _SYS_PCI.match(line.strip())
+        if not match:
+            raise _error("sysfs PCI", "'ADDRESS CLASS DEVICE SPEED xWIDTH numa=N' lines", line)
+        address, pci_class, device, speed, width, numa = match.groups()
+        if not pci_class.lower().startswith(_GPU_CLASSES):
+            continue
+        rate = _GT_PER_S.match(speed or "")
+        gpus.append(
+            {
+                "address": address.lower(),
+                "class": pci_class.lower(),
+                "device": device.lower(),
+                "link_speed": float(rate.group(1)) if rate else None,
+                "width": int(width) if width else None,
+                "numa": int(numa) if numa and int(numa) >= 0 else None,
+            }
+        )
+    return gpus

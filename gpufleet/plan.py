@@ -1,0 +1,168 @@
+"""The plan model: the changes that take a host from its facts to its desired state.
+
+Provisioning applies a plan, drift reports it, bootstrap applies and certifies it:
+one computation, three uses. A change names a resource with its value before and
+after, and the steps that make it so; a step shared by several changes (one apt
+transaction for two packages) runs once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpufleet.connection import Connection
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory import Host
+
+
+@dataclass
+class ApplyOptions:
+    """Choices that change how a plan is applied."""
+
+    reboot: bool = False
+    lock_timeout_s: int = 300
+    reboot_timeout_s: int = 900
+
+
+@dataclass
+class ApplyContext:
+    """What steps see while applying on one host."""
+
+    conn: Connection
+    host: Host
+    options: ApplyOptions
+    reconnect: Callable[[], Connection]
+    reboot_lock: threading.Lock
+    memo: dict[str, Any] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+
+class Step(Protocol):
+    """One action on a host."""
+
+    def describe(self) -> str: ...
+    def apply(self, ctx: ApplyContext) -> None: ...
+
+
+@dataclass(eq=False)
+class Run:
+    """Run a shell command that must succeed."""
+
+    command: str
+    description: str
+    timeout: float = 600.0
+
+    def describe(self) -> str:
+        return self.description
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.conn.run(self.command, timeout=self.timeout).check(self.description)
+
+
+@dataclass(eq=False)
+class Put:
+    """Write a file atomically, keeping a backup of the previous content."""
+
+    path: str
+    content: bytes
+    mode: int = 0o644
+    owner: str = "root:root"
+
+    def describe(self) -> str:
+        return f"write {self.path}"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.conn.put(self.path, self.content, mode=self.mode, owner=self.owner)
+
+
+@dataclass
+class Change:
+    """One resource that differs from its desired state, and how to fix it."""
+
+    role: str
+    resource: str
+    action: str
+    before: str | None
+    after: str | None
+    steps: list[Step] = field(default_factory=list)
+    diff: str | None = None
+    pending_reboot: bool = False
+
+    @property
+    def item(self) -> str:
+        """A stable identifier for history and metrics: ``role/resource``."""
+        return f"{self.role}/{self.resource}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "resource": self.resource,
+            "item": self.item,
+            "action": self.action,
+            "desired": self.after,
+            "actual": self.before,
+            "diff": self.diff,
+            "reboot_required": self.pending_reboot,
+        }
+
+
+@dataclass
+class Plan:
+    """The ordered changes for one host."""
+
+    host: str
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes
+
+    @property
+    def reboot_required(self) -> bool:
+        return any(c.pending_reboot for c in self.changes)
+
+    def steps(self) -> list[tuple[Change, Step]]:
+        """Each step once, with the first change that asked for it, in plan order."""
+        seen: set[int] = set()
+        ordered: list[tuple[Change, Step]] = []
+        for change in self.changes:
+            for step in change.steps:
+                if id(step) not in seen:
+                    seen.add(id(step))
+                    ordered.append((change, step))
+        return ordered
+
+
+class StepFailed(GpufleetError):
+    """A step failed while applying; says which change, and what was applied before it."""
+
+    def __init__(self, change: Change, step: Step, error: Exception,
+                 applied: list[Change]) -> None:
+        super().__init__(f"{change.item}: {step.describe()}: {error}")
+        self.change = change
+        self.applied = applied
+
+
+def apply_plan(plan: Plan, ctx: ApplyContext) -> list[Change]:
+    """Apply every step in order; return the changes whose steps all ran.
+
+    Stops at the first failing step: later changes may depend on it, and a
+    half-converged host is reported as failed, never hidden.
+    """
+    finished: set[int] = set()
+
+    def applied() -> list[Change]:
+        return [c for c in plan.changes
+                if c.steps and all(id(s) in finished for s in c.steps)]
+
+    for change, step in plan.steps():
+        try:
+            step.apply(ctx)
+        except GpufleetError as exc:
+            raise StepFailed(change, step, exc, applied()) from exc
+        finished.add(id(step))
+        ctx.log.append(f"{change.item}: {step.describe()}")
+    return applied()

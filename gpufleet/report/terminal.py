@@ -1,0 +1,118 @@
+"""Terminal output: progress while hosts run, plans with diffs, and the recap."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpufleet.fleet import Outcome, summarize
+from gpufleet.plan import Change, Plan
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red bold",
+                "unreachable": "red bold", "skipped": "dim"}
+ACTION_MARK = {"install": "+", "create": "+", "reboot": "!", "reload": "~"}
+
+
+def console(stream: TextIO | None = None) -> Console:
+    """A console that writes plain text when not on a terminal."""
+    return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+
+
+class TerminalProgress:
+    """A progress bar on a terminal, one plain line per finished host otherwise."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.out = console(stream or sys.stderr)
+        self.total = 0
+        self.done = 0
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if self.out.is_terminal:
+            self._bar = Progress(TextColumn(f"{self.label}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.out, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=total)
+
+    def host_done(self, outcome: Outcome[object]) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.advance(self._task)
+            if outcome.status in ("failed", "unreachable"):
+                self._bar.console.print(f"[red]{outcome.host}: {outcome.status}[/red]")
+            return
+        self.out.print(f"[{self.done}/{self.total}] {outcome.host} {outcome.status} "
+                       f"({outcome.duration:.1f}s)")
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _mark(change: Change) -> str:
+    if change.pending_reboot:
+        return "!"
+    return ACTION_MARK.get(change.action, "~")
+
+
+def change_line(change: Change) -> str:
+    """One readable line: what, where, from what, to what."""
+    note = "reboot required" if change.pending_reboot else change.action
+    return (f"{_mark(change)} {change.role:<9} {change.resource:<44} "
+            f"{change.before} -> {change.after}  ({note})")
+
+
+def print_plan(out: Console, plan: Plan, diff: bool) -> None:
+    """A host's plan, with unified diffs when asked."""
+    for change in plan.changes:
+        style = "magenta" if change.pending_reboot else "yellow"
+        out.print(f"  [{style}]{escape(change_line(change))}[/{style}]")
+        if diff and change.diff:
+            for line in change.diff.rstrip("\n").splitlines():
+                color = "green" if line.startswith("+") else "red" if line.startswith("-") \
+                    else "dim"
+                out.print(f"      [{color}]{escape(line)}[/{color}]")
+
+
+def print_recap(out: Console, outcomes: dict[str, Outcome[Any]],
+                notes: dict[str, str] | None = None) -> None:
+    """Per-host status like Ansible's recap, with errors and notes."""
+    out.print("[bold]RECAP[/bold]")
+    width = max((len(h) for h in outcomes), default=4)
+    for name, outcome in outcomes.items():
+        style = STATUS_STYLE[outcome.status]
+        extra = (notes or {}).get(name, "")
+        line = f"  {name:<{width}}  [{style}]{outcome.status:<11}[/{style}] " \
+               f"{outcome.duration:6.1f}s"
+        if extra:
+            line += f"  [magenta]{escape(extra)}[/magenta]"
+        out.print(line)
+        if outcome.error:
+            out.print(f"  {'':<{width}}  [red]{escape(outcome.error)}[/red]")
+    counts = summarize(outcomes)
+    out.print("  " + "  ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+def facts_table(outcomes: dict[str, Outcome[Any]]) -> Table:
+    """The key facts of each host in one table."""
+    table = Table(show_lines=False, pad_edge=False)
+    for col in ("host", "status", "os", "kernel", "cpus", "mem GiB", "gpus", "driver",
+                "cuda", "nccl (pkg)", "torch", "firewall"):
+        table.add_column(col, overflow="fold")
+    for name, outcome in outcomes.items():
+        summary = outcome.value if isinstance(outcome.value, dict) else {}
+        if outcome.status in ("failed", "unreachable") or not summary:
+            table.add_row(name, outcome.status, escape(outcome.error or ""), *[""] * 9)
+            continue
+        table.add_row(name, outcome.status, *(escape(str(summary.get(k) or "-")) for k in (
+            "os", "kernel", "cpus", "mem_gib", "gpus", "driver", "cuda", "nccl", "torch",
+            "firewall")))
+    return table

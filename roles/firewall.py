@@ -1,0 +1,292 @@
+"""Firewall: SSH, the rendezvous port and NCCL's port range open to the cluster only.
+
+nftables by default (gpufleet owns only ``table inet gpufleet``), iptables as the
+alternative (only the ``GPUFLEET-INPUT`` chain and its jump from INPUT). Every
+ruleset is syntax-checked before it is loaded, loaded atomically, and guarded: a
+rollback armed on the node restores the previous rules after N seconds unless the
+controller confirms over a NEW SSH connection that it can still get in.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar
+
+from gpufleet.errors import GpufleetError
+from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
+from gpufleet.managed import HEADER, file_change, link_change, render
+from gpufleet.plan import ApplyContext, Change
+from gpufleet.role import PlanContext, RoleVars, VarError
+from roles.nccl_env import parse_range
+
+STATE_DIR = "/etc/gpufleet"
+STATE_FILE = f"{STATE_DIR}/firewall.state"
+UNIT_PATH = "/etc/systemd/system/gpufleet-firewall.service"
+UNIT_LINK = "/etc/systemd/system/multi-user.target.wants/gpufleet-firewall.service"
+GUARD_PIDFILE = "/run/gpufleet-firewall-guard.pid"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The commands one firewall backend needs."""
+
+    name: str
+    path: str
+    check: str
+    load: str
+    snapshot: str
+    restore: str
+    digest: str
+    exec_start: str
+
+
+def _backend(name: str, path: str) -> Backend:
+    p = shlex.quote(path)
+    rollback = shlex.quote(f"{STATE_DIR}/firewall.rollback")
+    if name == "nftables":
+        return Backend(
+            name, path,
+            check="nft -c -f {staged}",
+            load="nft -f {staged}",
+            snapshot=(f"{{ echo 'table inet gpufleet'; echo 'delete table inet gpufleet'; "
+                      f"nft list table inet gpufleet 2>/dev/null; }} > {rollback}"),
+            restore=f"nft -f {rollback}",
+            digest=NFT_DIGEST,
+            exec_start=f"/usr/sbin/nft -f {p}",
+        )
+    jump = ("iptables -C INPUT -j GPUFLEET-INPUT 2>/dev/null || "
+            "iptables -I INPUT 1 -j GPUFLEET-INPUT")
+    return Backend(
+        name, path,
+        check="iptables-restore --test --noflush < {staged}",
+        load=f"iptables-restore --noflush < {{staged}} && {{ {jump}; }}",
+        snapshot=(f"if iptables -n -L GPUFLEET-INPUT >/dev/null 2>&1; then "
+                  f"{{ echo '*filter'; echo ':GPUFLEET-INPUT - [0:0]'; echo '-F GPUFLEET-INPUT'; "
+                  f"iptables-save -t filter | grep '^-A GPUFLEET-INPUT'; echo COMMIT; }} "
+                  f"> {rollback}; else echo none > {rollback}; fi"),
+        restore=(f"if [ \"$(cat {rollback})\" = none ]; then "
+                 "iptables -D INPUT -j GPUFLEET-INPUT 2>/dev/null; "
+                 "iptables -F GPUFLEET-INPUT 2>/dev/null; iptables -X GPUFLEET-INPUT 2>/dev/null; "
+                 f"true; else iptables-restore --noflush < {rollback}; fi"),
+        digest=IPTABLES_DIGEST,
+        exec_start=f"/bin/sh -c 'iptables-restore --noflush < {path} && ({jump})'",
+    )
+
+
+@cache
+def _resolve(address: str) -> tuple[str, ...]:
+    try:
+        return (str(ipaddress.ip_network(address, strict=False)),)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return ()
+    return tuple(sorted({str(info[4][0]) for info in infos}))
+
+
+def _split_families(networks: list[str]) -> dict[str, list[str]]:
+    families: dict[str, list[str]] = {"ipv4": [], "ipv6": []}
+    for net in sorted(set(networks), key=lambda n: (":" in n, n)):
+        parsed = ipaddress.ip_network(net, strict=False)
+        family = "ipv4" if parsed.version == 4 else "ipv6"
+        text = str(parsed.network_address) if parsed.num_addresses == 1 else str(parsed)
+        families[family].append(text)
+    return families
+
+
+@dataclass(eq=False)
+class GuardedLoad:
+    """Check, arm the rollback, load, confirm over a new connection, then commit."""
+
+    backend: Backend
+    content: bytes
+    guard_s: int
+
+    def describe(self) -> str:
+        return f"load {self.backend.name} ruleset (guarded, {self.guard_s}s rollback)"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        b = self.backend
+        staged = f"{b.path}.new"
+        q = shlex.quote(staged)
+        ctx.conn.put(staged, self.content, mode=0o600, backup=False)
+        ctx.conn.run(b.check.format(staged=q), timeout=60).check(
+            f"syntax check of the {b.name} ruleset")
+        ctx.conn.run(f"mkdir -p {STATE_DIR} && {b.snapshot}", timeout=60).check(
+            "saving the current ruleset for rollback")
+        guard = (f"sleep {self.guard_s}; {b.restore}; "
+                 f"echo \"$(date +%s) rolled back\" > {STATE_DIR}/firewall.guard-fired")
+        armed = ctx.conn.run(
+            f"rm -f {STATE_DIR}/firewall.guard-fired; "
+            f"setsid sh -c {shlex.quote(guard)} </dev/null >/dev/null 2>&1 & "
+            f"echo $! | tee {GUARD_PIDFILE}", timeout=30).check("arming the rollback guard")
+        pid = armed.stdout.strip()
+        armed_at = time.monotonic()
+        ctx.conn.run(b.load.format(staged=q), timeout=60).check(f"loading the {b.name} ruleset")
+        self._confirm(ctx, pid, armed_at)
+        ctx.conn.run(f"mv -f {q} {shlex.quote(b.path)}", timeout=30).check("committing ruleset")
+        digest = ctx.conn.run(b.digest, timeout=60).check("digest of the live ruleset")
+        state = {"backend": b.name, "live_sha256": digest.stdout.strip()}
+        ctx.conn.put(STATE_FILE, (json.dumps(state, sort_keys=True) + "\n").encode())
+
+    def _confirm(self, ctx: ApplyContext, pid: str, armed_at: float) -> None:
+        fresh = ctx.reconnect()
+        try:
+            fresh.run(f"kill {shlex.quote(pid)}", timeout=15).check("disarming the guard")
+        except GpufleetError as exc:
+            fresh.close()
+            remaining = self.guard_s - (time.monotonic() - armed_at)
+            time.sleep(max(0.0, remaining) + 2)
+            raise GpufleetError(
+                f"after loading the new ruleset a new SSH connection failed ({exc}); the "
+                f"guard restored the previous ruleset after {self.guard_s}s") from exc
+        fresh.close()
+
+
+class FirewallRole:
+    name = "firewall"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "firewall_enabled": False,
+        "firewall_backend": "nftables",
+        "firewall_policy": "drop",
+        "firewall_rendezvous_port": 29500,
+        "firewall_port_range": "49152-65535",
+        "firewall_open_tcp_ports": [],
+        "firewall_cluster_group": "all",
+        "firewall_extra_cidrs": [],
+        "firewall_ssh_cidrs": [],
+        "firewall_allow_controller": True,
+        "firewall_guard_seconds": 30,
+        "firewall_ruleset_path": None,
+    }
+
+    def active(self, v: RoleVars) -> bool:
+        return v.boolean("firewall_enabled")
+
+    def backend(self, v: RoleVars) -> Backend:
+        name = v.string("firewall_backend")
+        if name not in ("nftables", "iptables"):
+            raise VarError(f"host {v.host.name}: firewall_backend must be nftables or "
+                           f"iptables, got {name!r}")
+        default = f"{STATE_DIR}/firewall.{'nft' if name == 'nftables' else 'rules'}"
+        return _backend(name, v.opt_string("firewall_ruleset_path") or default)
+
+    def request(self, v: RoleVars) -> FactRequest:
+        return FactRequest(files=frozenset({self.backend(v).path, STATE_FILE, UNIT_PATH}),
+                           links=frozenset({UNIT_LINK}))
+
+    def cluster_sources(self, v: RoleVars, ctx: PlanContext) -> list[str]:
+        """The cluster's own addresses (from the inventory) plus the extra CIDRs."""
+        group = v.string("firewall_cluster_group")
+        if group not in ctx.inventory.groups:
+            raise VarError(f"host {v.host.name}: firewall_cluster_group {group!r} is not a "
+                           "group of the inventory")
+        sources: list[str] = []
+        for name in sorted(ctx.inventory.groups[group]):
+            host = ctx.inventory.hosts[name]
+            resolved = _resolve(host.address)
+            if not resolved:
+                raise VarError(f"host {v.host.name}: cannot resolve the address of cluster "
+                               f"host {name} ({host.address}) for the firewall")
+            sources += resolved
+        return sources + [self._cidr(v, c, "firewall_extra_cidrs")
+                          for c in v.items("firewall_extra_cidrs")]
+
+    def _cidr(self, v: RoleVars, text: Any, key: str) -> str:
+        try:
+            return str(ipaddress.ip_network(str(text), strict=False))
+        except ValueError:
+            raise VarError(f"host {v.host.name}: {key} entry {text!r} is not an address or "
+                           "CIDR") from None
+
+    def render(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> str:
+        """The ruleset this host should run."""
+        policy = v.string("firewall_policy")
+        if policy not in ("drop", "accept"):
+            raise VarError(f"host {v.host.name}: firewall_policy must be drop or accept")
+        cluster = self.cluster_sources(v, ctx)
+        ssh = cluster + [self._cidr(v, c, "firewall_ssh_cidrs")
+                         for c in v.items("firewall_ssh_cidrs")]
+        controller = facts.get("ssh_client")
+        if v.boolean("firewall_allow_controller") and controller:
+            ssh.append(self._cidr(v, controller, "ssh_client"))
+        low, high = parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
+        ports = [(str(v.integer("firewall_rendezvous_port")), cluster),
+                 (f"{low}-{high}", cluster),
+                 (str(v.host.port), ssh)]
+        ports += [(str(int(p)), cluster) for p in v.items("firewall_open_tcp_ports")]
+        header = HEADER.format(role=self.name)
+        if v.string("firewall_backend") == "nftables":
+            return self._render_nft(header, policy, ports)
+        rules = [f"-p tcp -s {src} --dport {port.replace('-', ':')} -j ACCEPT"
+                 for port, sources in ports for src in sorted(set(sources))]
+        return render("iptables.rules.j2", header=header, policy=policy, rules=rules)
+
+    def _render_nft(self, header: str, policy: str, ports: list[tuple[str, list[str]]]) -> str:
+        sets: list[tuple[str, str, list[str]]] = []
+        rules: list[str] = []
+        names: dict[tuple[str, ...], str] = {}
+        for port, sources in ports:
+            for family, elements in _split_families(sources).items():
+                if not elements:
+                    continue
+                key = (family, *elements)
+                if key not in names:
+                    names[key] = f"src{len(names)}_{family[-1]}"
+                    sets.append((names[key], family, elements))
+                proto = "ip" if family == "ipv4" else "ip6"
+                rules.append(f"tcp dport {port} {proto} saddr @{names[key]} accept")
+        return render("nftables.nft.j2", header=header, policy=policy, sets=sets, rules=rules)
+
+    def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
+        backend = self.backend(v)
+        content = self.render(facts, v, ctx)
+        load = GuardedLoad(backend, content.encode(), v.integer("firewall_guard_seconds"))
+        changes: list[Change] = []
+        ruleset = file_change(self.name, facts, backend.path, content, mode=0o600)
+        if ruleset is not None:
+            ruleset.steps = [load]
+            changes.append(ruleset)
+        else:
+            live = self._live_problem(facts, backend)
+            if live:
+                changes.append(Change(self.name, f"live ruleset ({backend.name})", "reload",
+                                      live, "as rendered", [load]))
+        unit = render("gpufleet-firewall.service.j2", header=HEADER.format(role=self.name),
+                      exec_start=backend.exec_start)
+        for change in (file_change(self.name, facts, UNIT_PATH, unit),
+                       link_change(self.name, facts, UNIT_LINK, "../gpufleet-firewall.service")):
+            if change:
+                changes.append(change)
+        return changes
+
+    def _live_problem(self, facts: Facts, backend: Backend) -> str | None:
+        """Why the live ruleset is not the one gpufleet loaded, or None when it is."""
+        fw = facts.get("firewall")
+        if fw is None:
+            return f"unknown ({facts.why_absent('firewall')})"
+        key = "nft_gpufleet_digest" if backend.name == "nftables" else "iptables_gpufleet_digest"
+        live = fw.get(key)
+        if live is None:
+            return "not loaded (gpufleet's rules are missing)"
+        state = facts.file(STATE_FILE)
+        try:
+            recorded = json.loads(state.text).get("live_sha256") if state.exists else None
+        except json.JSONDecodeError:
+            recorded = None
+        if recorded != live:
+            return "changed since gpufleet loaded it"
+        return None
+
+
+ROLE = FirewallRole()

@@ -1,0 +1,111 @@
+"""NCCL configuration: /etc/nccl.conf, an environment file for launchers, and the local
+port range that keeps NCCL's ephemeral ports inside the firewall's open range.
+
+Linux defaults to 32768-60999, so without this NCCL picks ports outside
+49152-65535 and hangs behind a firewall that opens only that range.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gpufleet.facts import FactRequest, Facts
+from gpufleet.managed import HEADER, file_change, render
+from gpufleet.plan import Change, Run
+from gpufleet.role import PlanContext, RoleVars, VarError
+
+PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
+_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def parse_range(text: str, host: str, key: str) -> tuple[int, int]:
+    """(low, high) from ``49152-65535`` or ``49152 65535``; VarError when impossible."""
+    parts = re.split(r"[-\s:]+", str(text).strip())
+    try:
+        low, high = (int(p) for p in parts)
+    except ValueError:
+        raise VarError(f"host {host}: {key} must be a port range like 49152-65535, "
+                       f"got {text!r}") from None
+    if not 1 <= low <= high <= 65535:
+        raise VarError(f"host {host}: {key} {text!r} is not a valid port range")
+    return low, high
+
+
+class NcclEnvRole:
+    name = "nccl_env"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "nccl_env": None,
+        "gloo_socket_ifname": None,
+        "nccl_conf_path": "/etc/nccl.conf",
+        "nccl_env_file": "/etc/default/gpufleet-nccl",
+        "nccl_profile_script": "/etc/profile.d/gpufleet-nccl.sh",
+        "nccl_sysctl_file": "/etc/sysctl.d/60-gpufleet-nccl.conf",
+        "nccl_local_port_range": None,
+        "firewall_port_range": "49152-65535",
+    }
+
+    def active(self, v: RoleVars) -> bool:
+        return v.get("nccl_env") is not None
+
+    def settings(self, v: RoleVars) -> dict[str, str]:
+        """NCCL_* settings exactly as the inventory sets them, validated."""
+        settings = {}
+        for key, value in v.mapping("nccl_env").items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            if not _ENV_KEY.match(str(key)):
+                raise VarError(f"host {v.host.name}: nccl_env key {key!r} is not a valid "
+                               "environment variable name")
+            if any(ch in text for ch in "\n\r\0"):
+                raise VarError(f"host {v.host.name}: nccl_env {key} contains a line break")
+            settings[str(key)] = text
+        return settings
+
+    def port_range(self, v: RoleVars) -> str:
+        """The local port range: the inventory's, else the firewall's open range."""
+        own = v.opt_string("nccl_local_port_range")
+        low, high = parse_range(own or v.string("firewall_port_range"), v.host.name,
+                                "nccl_local_port_range" if own else "firewall_port_range")
+        open_low, open_high = parse_range(v.string("firewall_port_range"), v.host.name,
+                                          "firewall_port_range")
+        if not (open_low <= low and high <= open_high):
+            raise VarError(f"host {v.host.name}: nccl_local_port_range {low}-{high} lies "
+                           f"outside firewall_port_range {open_low}-{open_high}; NCCL would "
+                           "pick ports the firewall closes")
+        return f"{low} {high}"
+
+    def request(self, v: RoleVars) -> FactRequest:
+        files = {v.string(k) for k in ("nccl_conf_path", "nccl_env_file", "nccl_profile_script",
+                                    "nccl_sysctl_file")}
+        return FactRequest(files=frozenset(files), sysctls=frozenset({PORT_RANGE_KEY}))
+
+    def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
+        header = HEADER.format(role=self.name)
+        settings = self.settings(v)
+        env = dict(settings)
+        gloo = v.opt_string("gloo_socket_ifname") or settings.get("NCCL_SOCKET_IFNAME")
+        if gloo:
+            env["GLOO_SOCKET_IFNAME"] = gloo
+        port_range = self.port_range(v)
+        env_file = v.string("nccl_env_file")
+        files = [
+            (v.string("nccl_conf_path"), render("nccl.conf.j2", header=header, settings=settings)),
+            (env_file, render("nccl-env.j2", header=header, settings=env)),
+            (v.string("nccl_profile_script"), render("nccl-profile.sh.j2", header=header,
+                                                  env_file=env_file)),
+            (v.string("nccl_sysctl_file"), render("sysctl-nccl.conf.j2", header=header,
+                                               sysctls={PORT_RANGE_KEY: port_range})),
+        ]
+        changes = [c for path, content in files
+                   if (c := file_change(self.name, facts, path, content)) is not None]
+        live = facts.sysctl(PORT_RANGE_KEY)
+        if live != port_range:
+            command = f"sysctl -q -w {PORT_RANGE_KEY}={shlex.quote(port_range)}"
+            changes.append(Change(self.name, f"sysctl {PORT_RANGE_KEY}", "set", live,
+                                  port_range, [Run(command, f"sysctl {PORT_RANGE_KEY}")]))
+        return changes
+
+
+ROLE = NcclEnvRole()

@@ -1,0 +1,147 @@
+"""PyTorch at an exact version in a virtual environment, verified by what torch reports."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gpufleet import parsers
+from gpufleet.errors import GpufleetError
+from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts.catalog import TORCH_PROBE
+from gpufleet.plan import ApplyContext, Change, Run
+from gpufleet.role import PlanContext, RoleVars
+
+CPU_BUILD = ("none", "cpu", "")
+
+
+def version_matches(reported: str | None, wanted: str) -> bool:
+    """torch's ``2.13.0+cpu`` matches ``2.13.0``; a wanted local label must match exactly."""
+    if reported is None:
+        return False
+    return reported == wanted if "+" in wanted else reported.split("+")[0] == wanted
+
+
+def cuda_matches(reported: str | None, wanted: str | None) -> bool:
+    """Compare ``torch.version.cuda`` with the inventory; ``none`` means a CPU build."""
+    if wanted is None:
+        return True
+    if wanted.lower() in CPU_BUILD:
+        return reported is None
+    return reported == wanted
+
+
+@dataclass(eq=False)
+class PipInstall:
+    """pip-install torch into the venv, then verify what torch reports."""
+
+    python: str
+    args: list[str]
+    version: str
+    cuda: str | None
+    nccl: str | None
+    timeout: float
+
+    def describe(self) -> str:
+        return f"pip install torch=={self.version}"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        pip = shlex.join([self.python, "-m", "pip", "install", "--no-input",
+                          "--disable-pip-version-check", "--no-compile", *self.args])
+        result = ctx.conn.run(pip, timeout=self.timeout)
+        if not result.ok:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            raise GpufleetError(f"pip install torch=={self.version} failed: {' | '.join(tail)}")
+        probe = ctx.conn.run(shlex.join([self.python, "-c", TORCH_PROBE]), timeout=300)
+        info = parsers.torch_info(probe.stdout if probe.ok else probe.stderr)
+        problems = verify(info, self.version, self.cuda, self.nccl)
+        if problems:
+            raise GpufleetError("after install, " + "; ".join(problems))
+
+
+def verify(info: dict[str, Any], version: str, cuda: str | None, nccl: str | None) -> list[str]:
+    """What differs between torch's report and the inventory (empty when all agree)."""
+    problems = []
+    if not version_matches(info.get("torch"), version):
+        problems.append(f"torch reports version {info.get('torch')}, inventory wants {version}")
+    if not cuda_matches(info.get("cuda"), cuda):
+        problems.append(f"torch reports CUDA {info.get('cuda')}, inventory wants {cuda}")
+    if nccl and info.get("nccl") != nccl:
+        problems.append(f"torch bundles NCCL {info.get('nccl')}, inventory wants {nccl}")
+    return problems
+
+
+class PytorchRole:
+    name = "pytorch"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "pytorch_version": None,
+        "pytorch_venv": "/opt/gpufleet/venv",
+        "pytorch_python": "python3",
+        "pytorch_index_url": None,
+        "pytorch_extra_index_url": None,
+        "pytorch_find_links": None,
+        "pytorch_no_index": False,
+        "pytorch_constraints": None,
+        "pytorch_cuda": None,
+        "pytorch_nccl": None,
+        "pytorch_pip_timeout": 3600,
+    }
+
+    def active(self, v: RoleVars) -> bool:
+        return "pytorch_version" in v
+
+    def venv_python(self, v: RoleVars) -> str:
+        return v.string("pytorch_venv").rstrip("/") + "/bin/python"
+
+    def request(self, v: RoleVars) -> FactRequest:
+        return FactRequest(pythons=frozenset({self.venv_python(v)}))
+
+    def _pip_args(self, v: RoleVars, version: str, force: bool) -> list[str]:
+        args = []
+        for key, flag in (("pytorch_index_url", "--index-url"),
+                          ("pytorch_extra_index_url", "--extra-index-url"),
+                          ("pytorch_find_links", "--find-links"),
+                          ("pytorch_constraints", "--constraint")):
+            value = v.opt_string(key)
+            if value:
+                args += [flag, value]
+        if v.boolean("pytorch_no_index"):
+            args.append("--no-index")
+        if force:
+            args.append("--force-reinstall")
+        return [*args, f"torch=={version}"]
+
+    def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
+        version = v.string("pytorch_version")
+        cuda, nccl = v.opt_string("pytorch_cuda"), v.opt_string("pytorch_nccl")
+        python = self.venv_python(v)
+        info = facts.torch(python)
+        changes: list[Change] = []
+        reason = facts.why_absent(f"torch:{python}")
+        if info is None and reason.startswith("no python at"):
+            venv = v.string("pytorch_venv")
+            command = shlex.join([v.string("pytorch_python"), "-m", "venv", venv])
+            changes.append(Change(self.name, f"venv {venv}", "create", "absent",
+                                  v.string("pytorch_python"),
+                                  [Run(command, f"create venv {venv}")]))
+        force = info is not None and version_matches(info.get("torch"), version)
+        problems = verify(info, version, cuda, nccl) if info else [f"torch absent: {reason}"]
+        if problems:
+            install = PipInstall(python, self._pip_args(v, version, force), version, cuda, nccl,
+                                 float(v.integer("pytorch_pip_timeout")))
+            before = _describe(info) if info else "not installed"
+            changes.append(Change(self.name, "torch", "reinstall" if force else "install",
+                                  before, _describe({"torch": version, "cuda": cuda,
+                                                     "nccl": nccl}), [install]))
+        return changes
+
+
+def _describe(info: dict[str, Any]) -> str:
+    shown = {k: info.get(k) for k in ("torch", "cuda", "nccl") if info.get(k) is not None}
+    return json.dumps(shown, sort_keys=False).replace('"', "")
+
+
+ROLE = PytorchRole()
