@@ -57,7 +57,7 @@ def _backend(name: str, path: str) -> Backend:
             check="nft -c -f {staged}",
             load="nft -f {staged}",
             snapshot=(f"{{ echo 'table inet gpufleet'; echo 'delete table inet gpufleet'; "
-                      f"nft list table inet gpufleet 2>/dev/null; }} > {rollback}"),
+                      f"nft list table inet gpufleet 2>/dev/null || true; }} > {rollback}"),
             restore=f"nft -f {rollback}",
             digest=NFT_DIGEST,
             exec_start=f"/usr/sbin/nft -f {p}",

@@ -64,6 +64,24 @@ TORCH_PROBE = (
 )
 
 
+TORCH_FACT_PROBE = (
+    "import importlib.metadata as md, importlib.util, json, os, sys\n"
+    "spec = importlib.util.find_spec('torch')\n"
+    "if spec is None or not spec.origin:\n"
+    "    sys.exit(\"ModuleNotFoundError: No module named 'torch'\")\n"
+    "path = os.path.join(os.path.dirname(spec.origin), 'version.py')\n"
+    "ns = {}\n"
+    "exec(compile(open(path).read(), path, 'exec'), ns)\n"
+    "nccl = sorted(d.version for d in md.distributions()\n"
+    "              if (d.metadata['Name'] or '').lower().startswith('nvidia-nccl'))\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'torch': ns['__version__'],\n"
+    "                  'cuda': ns.get('cuda'), 'nccl': nccl[-1] if nccl else None}))\n"
+)
+"""What torch reports without importing it (importing takes seconds): torch/version.py
+and the version of the nvidia-nccl wheel that torch loads. The full probe above is
+what installs and conformance checks use."""
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
@@ -182,7 +200,8 @@ def torch_fact(python: str) -> Fact:
     """What torch reports under the given interpreter (version, CUDA, bundled NCCL)."""
     p = shlex.quote(python)
     return Fact(f"torch:{python}", f"py=$(command -v {p}) || {{ echo 'no python at '{p}; "
-                f"exit 127; }}; \"$py\" -c {shlex.quote(TORCH_PROBE)}", parsers.torch_info)
+                f"exit 127; }}; \"$py\" -c {shlex.quote(TORCH_FACT_PROBE)}",
+                parsers.torch_info)
 
 
 def sysctl_fact(key: str) -> Fact:

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ class LabConfig:
     root: Path = Path("/srv/gpufleet-lab")
     subnet: str = "10.77.0"
     inventory_dir: Path = Path("inventory/lab")
+    wheelhouse: Path = Path("/srv/gpufleet-wheels")
+    torch_requirement: str = "torch==2.13.0"
 
     @property
     def bridge(self) -> str:
@@ -69,6 +72,12 @@ class LabConfig:
     @property
     def repo(self) -> Path:
         return self.root / "repo"
+
+    @property
+    def anchor_pidfile(self) -> Path:
+        """A process left in the controller's namespaces, through which a node's reboot
+        stand-in reaches the lab (PID 1's namespaces may not be open to it)."""
+        return self.root / "anchor.pid"
 
     @property
     def nsdir(self) -> Path:
@@ -157,6 +166,13 @@ def _pid_alive(pidfile: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
+    except OSError:
+        return []
 
 
 def _ns_inode(path: Path) -> int | None:
@@ -318,11 +334,23 @@ class Lab:
             localcmd.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
                           f"gpufleet-lab-{cfg.name}", "-f", str(cfg.key)])
         build_repo(cfg.repo)
+        prepare_wheelhouse(cfg.wheelhouse, cfg.torch_requirement)
+        self._ensure_anchor()
         if not _link_exists(cfg.bridge):
             self._check_subnet_free()
             localcmd.run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
             localcmd.run(["ip", "addr", "add", f"{cfg.controller_address}/24", "dev", cfg.bridge])
         localcmd.run(["ip", "link", "set", cfg.bridge, "up"])
+
+    def _ensure_anchor(self) -> None:
+        pidfile = self.config.anchor_pidfile
+        pid = _pid_alive(pidfile)
+        if pid is not None and _cmdline(pid) == ["sleep", "infinity"]:
+            return
+        proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        pidfile.write_text(f"{proc.pid}\n")
 
     def _check_subnet_free(self) -> None:
         routes = localcmd.run(["ip", "-4", "route", "show"]).stdout
@@ -419,6 +447,9 @@ class Lab:
             f"  echo {q(node.name)} > /etc/gpufleet-lab/node",
             f"  printf '%s\\n' {q(self._reboot_standin(node))} > /usr/local/sbin/reboot",
             "  chmod 755 /usr/local/sbin/reboot",
+            "  for cmd in reboot shutdown poweroff halt; do",
+            "    ln -sf /usr/local/sbin/reboot /usr/sbin/$cmd",
+            "  done",
             "fi",
         ])
 
@@ -431,7 +462,8 @@ class Lab:
         return "\n".join([
             "#!/bin/sh",
             "# gpufleet lab stand-in for reboot: the lab stops this node and boots it again.",
-            "setsid nsenter -t 1 -m -u -n -i -- " + shlex.join(argv)
+            f"setsid nsenter -t \"$(cat {shlex.quote(str(cfg.anchor_pidfile))})\" -m -u -n -i -- "
+            + shlex.join(argv)
             + " --delay 1 </dev/null >/dev/null 2>&1 &",
         ])
 
@@ -450,6 +482,10 @@ class Lab:
             localcmd.run(["ip", "link", "del", cfg.bridge])
         if _mounted(cfg.nsdir):
             localcmd.run(["umount", str(cfg.nsdir)])
+        anchor = _pid_alive(cfg.anchor_pidfile)
+        if anchor is not None and _cmdline(anchor) == ["sleep", "infinity"]:
+            _kill_all([anchor])
+        cfg.anchor_pidfile.unlink(missing_ok=True)
         for path in (cfg.nodes_dir, cfg.nsdir):
             shutil.rmtree(path, ignore_errors=True)
         cfg.known_hosts.unlink(missing_ok=True)
@@ -553,12 +589,23 @@ class Lab:
                       header + yaml.safe_dump(data, sort_keys=False))
 
 
+def prepare_wheelhouse(wheelhouse: Path, requirement: str) -> None:
+    """Download the wheels the pytorch role installs on nodes, which have no internet."""
+    stamp = wheelhouse / ".gpufleet-wheelhouse"
+    if stamp.is_file() and stamp.read_text().strip() == requirement:
+        return
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    localcmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                  "--dest", str(wheelhouse), requirement], timeout=1800)
+    stamp.write_text(requirement + "\n")
+
+
 def _module_load_script() -> str:
     """Stand in for loading the NVIDIA kernel module at boot: publish the installed driver
     version in /proc/driver/nvidia/version, as the real module does."""
     return "\n".join([
         "drv=$(dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' 'nvidia-driver-*' "
-        "'cuda-drivers-*' 2>/dev/null | awk '$1==\"ii\" {print $2}' | head -n1)",
+        "'cuda-drivers-*' 2>/dev/null | awk 'substr($1, 2, 1) == \"i\" {print $2}' | head -n1)",
         'if [ -n "$drv" ]; then',
         "  mkdir -p /proc/driver/nvidia",
         '  printf "NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (gpufleet lab stand-in)\\n"'

@@ -19,8 +19,10 @@ ACTION_MARK = {"install": "+", "create": "+", "reboot": "!", "reload": "~"}
 
 
 def console(stream: TextIO | None = None) -> Console:
-    """A console that writes plain text when not on a terminal."""
-    return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+    """A console that writes plain text, 160 columns wide, when not on a terminal."""
+    out = stream or sys.stdout
+    width = None if out.isatty() else 160
+    return Console(file=out, highlight=False, soft_wrap=True, width=width)
 
 
 class TerminalProgress:
@@ -70,11 +72,17 @@ def change_line(change: Change) -> str:
             f"{change.before} -> {change.after}  ({note})")
 
 
-def print_plan(out: Console, plan: Plan, diff: bool) -> None:
-    """A host's plan, with unified diffs when asked."""
+def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | None = None
+               ) -> None:
+    """A host's plan, with unified diffs when asked; with ``applied``, what was done."""
+    done = {id(c) for c in applied or []}
     for change in plan.changes:
         style = "magenta" if change.pending_reboot else "yellow"
-        out.print(f"  [{style}]{escape(change_line(change))}[/{style}]")
+        tag = ""
+        if applied is not None and not change.pending_reboot:
+            tag = "done " if id(change) in done else "NOT DONE "
+            style = "green" if id(change) in done else "red"
+        out.print(f"  [{style}]{tag}{escape(change_line(change))}[/{style}]")
         if diff and change.diff:
             for line in change.diff.rstrip("\n").splitlines():
                 color = "green" if line.startswith("+") else "red" if line.startswith("-") \

@@ -1,0 +1,202 @@
+"""The commands behind ``invoke`` tasks and the ``gpufleet`` console script.
+
+Each command takes plain arguments, prints its report and returns an exit code;
+nothing here knows about invoke or argparse.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import roles as role_registry
+from gpufleet import exitcodes
+from gpufleet.connection import Connection, ConnectOptions
+from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
+from gpufleet.errors import GpufleetError
+from gpufleet.facts import FactRequest, gather_facts
+from gpufleet.facts.catalog import json_safe
+from gpufleet.facts.summary import SYSTEM_NCCL, summarize_facts
+from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
+from gpufleet.inventory import Host, Inventory, load_inventory, resolve_inventory
+from gpufleet.plan import ApplyOptions
+from gpufleet.report import terminal
+from gpufleet.report.jsonfile import envelope, write_json
+
+
+@dataclass
+class Target:
+    """An inventory and the hosts a command acts on."""
+
+    inventory: Inventory
+    hosts: list[Host]
+
+    @property
+    def base(self) -> Path:
+        path = self.inventory.path
+        return path if path.is_dir() else path.parent
+
+
+@dataclass
+class FleetArgs:
+    """Fan-out options shared by every command."""
+
+    forks: int = DEFAULT_FORKS
+    host_timeout: float = 1800.0
+    serial: str | None = None
+    max_fail_percent: float | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+
+    def options(self, target: Target) -> FleetOptions:
+        return FleetOptions(
+            forks=self.forks, host_timeout=self.host_timeout, serial=self.serial,
+            max_fail_percent=self.max_fail_percent,
+            connect=ConnectOptions(connect_timeout=self.connect_timeout,
+                                   accept_new_host_keys=self.accept_new_host_keys,
+                                   known_hosts_base=target.base))
+
+
+def load_target(inventory: str, limit: str | None) -> Target:
+    """Load the inventory and select hosts; an empty selection is an error."""
+    inv = load_inventory(resolve_inventory(inventory))
+    hosts = inv.select(limit)
+    if not hosts:
+        raise GpufleetError(f"--limit {limit!r} selects no host of {inv.path}")
+    return Target(inv, hosts)
+
+
+def guarded(func: Any) -> Any:
+    """Print a GpufleetError as one line on stderr and return its exit code."""
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            code: int = func(*args, **kwargs)
+        except GpufleetError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        return code
+    wrapper.__doc__ = func.__doc__
+    wrapper.__name__ = func.__name__
+    return wrapper
+
+
+def _outcome_code(outcomes: dict[str, Outcome[Any]]) -> int:
+    statuses = {o.status for o in outcomes.values()}
+    if "failed" in statuses:
+        return exitcodes.FAILED
+    if statuses & {"unreachable", "skipped"}:
+        return exitcodes.UNREACHABLE
+    return exitcodes.OK
+
+
+# ---- facts ---------------------------------------------------------------------------------
+
+def facts_request(host: Host) -> FactRequest:
+    """What ``facts`` asks each host: the roles' needs, system NCCL and torch."""
+    pairs = active_roles(host, role_registry.ALL)
+    venv = host.vars.get("pytorch_venv")
+    python = f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
+    return fact_request(pairs) | FactRequest(packages=frozenset({SYSTEM_NCCL}),
+                                             pythons=frozenset({python}))
+
+
+@guarded
+def facts(inventory: str, *, limit: str | None = None, json_path: str | None = None,
+          fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
+    """Gather facts from every selected host in one round trip each; print and save them."""
+    target = load_target(inventory, limit)
+    fleet = fleet or FleetArgs()
+
+    def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
+        gathered = gather_facts(conn, facts_request(host))
+        return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
+
+    outcomes = run_fleet(target.hosts, task, fleet.options(target),
+                         terminal.TerminalProgress("facts"))
+    con = terminal.console(out)
+    con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
+    for name, outcome in outcomes.items():
+        if outcome.value:
+            by_reason: dict[str, list[str]] = {}
+            for fact, reason in outcome.value["facts"].absent.items():
+                by_reason.setdefault(reason, []).append(fact)
+            for reason, names in by_reason.items():
+                con.print(f"  [dim]{name}: unknown {', '.join(names)}: {reason}[/dim]")
+    if json_path:
+        write_json(json_path, envelope("gpufleet.facts/1", inventory=str(target.inventory.path),
+                                       hosts={n: _facts_json(o) for n, o in outcomes.items()}))
+    return _outcome_code(outcomes)
+
+
+def _summary_only(outcome: Outcome[dict[str, Any]]) -> Outcome[Any]:
+    value = outcome.value["summary"] if outcome.value else None
+    return Outcome(outcome.host, outcome.status, outcome.error, outcome.duration, value,
+                   outcome.round_trips)
+
+
+def _facts_json(outcome: Outcome[dict[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"status": outcome.status, "error": outcome.error,
+                           "duration_s": round(outcome.duration, 3),
+                           "round_trips": outcome.round_trips}
+    if outcome.value:
+        gathered = outcome.value["facts"]
+        doc["summary"] = outcome.value["summary"]
+        doc["facts"] = json_safe(gathered.values)
+        doc["absent"] = gathered.absent
+    return doc
+
+
+# ---- provision -----------------------------------------------------------------------------
+
+@guarded
+def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = False,
+                  diff: bool = False, roles: str | None = None, reboot: bool = False,
+                  lock_timeout: int = 300, json_path: str | None = None,
+                  fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
+    """Plan every selected host and apply the plan (or only show it with ``check``)."""
+    target = load_target(inventory, limit)
+    fleet = fleet or FleetArgs()
+    selected = role_registry.select(roles)
+    options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
+                                                         lock_timeout_s=lock_timeout),
+                         fleet=fleet.options(target))
+    outcomes = provision(target.inventory, target.hosts, selected, options,
+                         terminal.TerminalProgress("check" if check else "provision"))
+    con = terminal.console(out)
+    print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
+    notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
+             if o.value and o.value.reboot_pending}
+    terminal.print_recap(con, outcomes, notes)
+    if json_path:
+        write_json(json_path, envelope("gpufleet.provision/1", check=check,
+                                       inventory=str(target.inventory.path),
+                                       hosts={n: run_json(o) for n, o in outcomes.items()}))
+    code = _outcome_code(outcomes)
+    if code == exitcodes.OK and notes:
+        return exitcodes.REBOOT_REQUIRED
+    return code
+
+
+def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, title: str) -> None:
+    """Each host's plan (check) or applied changes."""
+    for name, outcome in outcomes.items():
+        run = outcome.value
+        if run is None or run.plan is None or run.plan.empty:
+            continue
+        con.print(f"[bold]{title} {name}[/bold] ({len(run.plan.changes)} change(s))")
+        terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied)
+
+
+def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
+    """One host's provisioning result for the JSON report."""
+    run = outcome.value
+    doc: dict[str, Any] = {"status": outcome.status, "error": outcome.error,
+                           "duration_s": round(outcome.duration, 3)}
+    if run and run.plan:
+        applied = {id(c) for c in run.applied}
+        doc["changes"] = [dict(c.to_dict(), applied=id(c) in applied) for c in run.plan.changes]
+        doc["reboot_required"] = run.reboot_pending
+        doc["rebooted"] = run.rebooted
+    return doc

@@ -1,0 +1,66 @@
+"""A short per-host summary of facts, for tables and the facts JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from gpufleet.facts import Facts
+
+SYSTEM_NCCL = "libnccl2"
+
+
+def _gpus(facts: Facts) -> str:
+    gpus = facts.get("gpus")
+    if gpus is None:
+        return "none"
+    names = Counter(str(g.get("name")) for g in gpus)
+    return ", ".join(f"{n}x {name}" for name, n in names.items()) or "0"
+
+
+def _torch(facts: Facts) -> str | None:
+    for name, value in facts.values.items():
+        if name.startswith("torch:") and isinstance(value, dict):
+            extras = ", ".join(f"{k.upper() if k == 'cuda' else k} {value[k]}"
+                               for k in ("cuda", "nccl") if value.get(k))
+            return f"{value.get('torch')}" + (f" ({extras})" if extras else "")
+    return None
+
+
+def _driver(facts: Facts) -> str | None:
+    module = facts.get("nvidia_module")
+    if module:
+        return str(module)
+    gpus = facts.get("gpus") or []
+    return str(gpus[0].get("driver_version")) if gpus else None
+
+
+def _firewall(facts: Facts) -> str | None:
+    fw = facts.get("firewall")
+    if fw is None:
+        return None
+    if fw.get("nft_gpufleet_digest") or fw.get("iptables_gpufleet_digest"):
+        return "gpufleet rules loaded"
+    tables = fw.get("nft_tables") or []
+    return f"nft tables: {', '.join(tables)}" if tables else "no rules"
+
+
+def summarize_facts(facts: Facts) -> dict[str, Any]:
+    """The key facts of a host as short strings and numbers."""
+    os_release = facts.get("os_release") or {}
+    mem = (facts.get("meminfo") or {}).get("MemTotal")
+    packages = facts.get("packages") or {}
+    nccl = packages.get(SYSTEM_NCCL, {})
+    return {
+        "os": os_release.get("PRETTY_NAME"),
+        "kernel": facts.get("kernel"),
+        "cpus": facts.get("cpus"),
+        "mem_gib": round(mem / 2**30, 1) if mem else None,
+        "gpus": _gpus(facts),
+        "driver": _driver(facts),
+        "cuda": facts.cuda_version,
+        "nccl": nccl.get("version") if nccl.get("installed") else None,
+        "torch": _torch(facts),
+        "firewall": _firewall(facts),
+        "port_range": "-".join(str(p) for p in facts.get("port_range") or ()) or None,
+    }

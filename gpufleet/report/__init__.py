@@ -1,0 +1,1 @@
+"""Reports: terminal, JSON, JUnit XML and Prometheus textfile."""

@@ -1,0 +1,101 @@
+"""invoke tasks: parse flags, call gpufleet's engine, exit with its code."""
+
+from __future__ import annotations
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+from gpufleet import app
+from gpufleet.lab import commands as lab_commands
+
+FLEET_HELP = {
+    "inventory": "inventory name under inventory/ (lab, prod ...) or a path",
+    "limit": "Ansible host pattern: names, groups, globs, a:b, a:&b, a:!b",
+    "forks": "hosts worked on in parallel",
+    "serial": "rolling batches: N hosts or N%",
+    "max_fail_percent": "stop starting batches once this % of a batch failed",
+    "accept_new_host_keys": "trust unknown host keys and record them (never the default)",
+    "json": "write the JSON report to this file",
+}
+
+
+def _help(*names: str, **extra: str) -> dict[str, str]:
+    return {**{n: FLEET_HELP[n] for n in names}, **extra}
+
+
+def _exit(code: int) -> None:
+    if code:
+        raise Exit(code=code)
+
+
+def _fleet(c: Context, forks: int | None, serial: str | None, max_fail_percent: float | None,
+           accept_new_host_keys: bool) -> app.FleetArgs:
+    default_forks = c.config.get("gpufleet", {}).get("forks", 128)
+    return app.FleetArgs(forks=int(forks or default_forks), serial=serial,
+                         max_fail_percent=float(max_fail_percent) if max_fail_percent else None,
+                         accept_new_host_keys=accept_new_host_keys)
+
+
+@task(help=_help("inventory", "limit", "forks", "accept_new_host_keys", "json"))
+def facts(c, inventory="lab", limit=None, json=None, forks=None, accept_new_host_keys=False):
+    """Gather facts from each host in one round trip and show the key ones."""
+    _exit(app.facts(inventory, limit=limit, json_path=json,
+                    fleet=_fleet(c, forks, None, None, accept_new_host_keys)))
+
+
+@task(help=_help(*FLEET_HELP, check="show the plan, change nothing",
+                 diff="show unified diffs of the files that would change",
+                 roles="comma-separated roles to run (default: all)",
+                 reboot="reboot hosts whose loaded driver differs (one at a time)",
+                 lock_timeout="seconds to wait for a held apt/dpkg lock"))
+def provision(c, inventory="lab", limit=None, check=False, diff=False, roles=None, reboot=False,
+              lock_timeout=300, json=None, forks=None, serial=None, max_fail_percent=None,
+              accept_new_host_keys=False):
+    """Bring hosts to the inventory's pinned stack and configuration."""
+    _exit(app.provision_cmd(inventory, limit=limit, check=check, diff=diff, roles=roles,
+                            reboot=reboot, lock_timeout=int(lock_timeout), json_path=json,
+                            fleet=_fleet(c, forks, serial, max_fail_percent,
+                                         accept_new_host_keys)))
+
+
+@task(help={"nodes": "number of lab nodes (1-200)"})
+def lab_up(c, nodes=3):
+    """Bring the local lab cluster up with N nodes (idempotent)."""
+    _exit(lab_commands.up(int(nodes)))
+
+
+@task(help={"purge": "also delete the lab's key, apt repository and cache"})
+def lab_down(c, purge=False):
+    """Tear the lab down: namespaces, mounts, processes, links and bridge."""
+    _exit(lab_commands.down(purge))
+
+
+@task
+def lab_status(c):
+    """Show the lab's nodes."""
+    _exit(lab_commands.status())
+
+
+@task
+def lab_add(c):
+    """Add a fresh node that is not in known_hosts yet (for bootstrap)."""
+    _exit(lab_commands.add())
+
+
+@task(help={"node": "node name (node01) or number", "command": "shell command to run"})
+def lab_exec(c, node, command):
+    """Run a command inside a lab node: invoke lab.exec node01 'ip addr'."""
+    _exit(lab_commands.node_exec(node, command))
+
+
+lab = Collection("lab")
+lab.add_task(lab_up, "up")
+lab.add_task(lab_down, "down")
+lab.add_task(lab_status, "status")
+lab.add_task(lab_add, "add")
+lab.add_task(lab_exec, "exec", aliases=["node-exec"])
+
+ns = Collection(facts, provision)
+ns.add_collection(lab)
