@@ -174,7 +174,7 @@ def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = Fal
                                        inventory=str(target.inventory.path),
                                        hosts={n: run_json(o) for n, o in outcomes.items()}))
     code = _outcome_code(outcomes)
-    if code == exitcodes.OK and notes:
+    if code == exitcodes.OK and notes and not check:
         return exitcodes.REBOOT_REQUIRED
     return code
 
@@ -186,7 +186,8 @@ def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, tit
         if run is None or run.plan is None or run.plan.empty:
             continue
         con.print(f"[bold]{title} {name}[/bold] ({len(run.plan.changes)} change(s))")
-        terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied)
+        terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
+                            bool(run.reboot_pending))
 
 
 def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:

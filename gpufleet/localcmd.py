@@ -50,9 +50,14 @@ def run(
     except FileNotFoundError as exc:
         raise LocalCommandError(f"{argv[0]}: command not found") from exc
     except subprocess.TimeoutExpired as exc:
-        raise LocalCommandError(f"{' '.join(argv)}: timed out after {timeout:.0f}s") from exc
+        raise LocalCommandError(f"{_short(argv)}: timed out after {timeout:.0f}s") from exc
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         last = detail[-1] if detail else f"exit code {proc.returncode}"
-        raise LocalCommandError(f"{' '.join(argv)}: {last}")
+        raise LocalCommandError(f"{_short(argv)}: {last}")
     return proc
+
+
+def _short(argv: Sequence[str], limit: int = 120) -> str:
+    text = " ".join(argv).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

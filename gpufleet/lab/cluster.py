@@ -244,6 +244,12 @@ class Lab:
 
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()
+        root = self.config.root.resolve()
+        hidden = [d for d in (*OVERLAID, "tmp", "run", "dev", "proc", "sys")
+                  if root == Path("/", d) or Path("/", d) in root.parents]
+        if hidden or root == Path("/"):
+            raise LabError(f"lab root {root} must not lie under /{hidden[0] if hidden else ''}: "
+                           "nodes see their own copy of that directory")
 
     # ---- discovery -------------------------------------------------------------------
 

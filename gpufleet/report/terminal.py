@@ -72,16 +72,17 @@ def change_line(change: Change) -> str:
             f"{change.before} -> {change.after}  ({note})")
 
 
-def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | None = None
-               ) -> None:
+def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | None = None,
+               reboot_pending: bool = False) -> None:
     """A host's plan, with unified diffs when asked; with ``applied``, what was done."""
     done = {id(c) for c in applied or []}
     for change in plan.changes:
         style = "magenta" if change.pending_reboot else "yellow"
         tag = ""
-        if applied is not None and not change.pending_reboot:
-            tag = "done " if id(change) in done else "NOT DONE "
-            style = "green" if id(change) in done else "red"
+        if applied is not None:
+            ok = id(change) in done and not (change.pending_reboot and reboot_pending)
+            tag = "done " if ok else ("PENDING " if change.pending_reboot else "NOT DONE ")
+            style = "green" if ok else ("magenta" if change.pending_reboot else "red")
         out.print(f"  [{style}]{tag}{escape(change_line(change))}[/{style}]")
         if diff and change.diff:
             for line in change.diff.rstrip("\n").splitlines():

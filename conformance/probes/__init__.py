@@ -1,0 +1,1 @@
+"""Self-contained probe programs that are copied to nodes and run there."""

@@ -1,0 +1,83 @@
+"""The lab cluster for tests: real nodes (network namespaces, overlays, sshd) on this machine.
+
+One session-wide lab of 16 nodes, separate from the user's lab (its own name,
+bridge, subnet and state directory). ``provisioned`` brings node01-node04 to the
+inventory's pinned stack once per session; tests that change a node restore it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet import app
+from gpufleet.connection import ConnectOptions, SSHConnection
+from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet.lab.cluster import Lab, LabConfig
+from tests.conftest import ROOT
+
+LAB_NODES = 16
+PROVISIONED = "node01:node02:node03:node04"
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root: they create network namespaces and mounts")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A 16-node lab, torn down at the end of the session."""
+    _require_root()
+    inventory_dir = tmp_path_factory.mktemp("inventory") / "lab"
+    shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
+    the_lab = Lab(LabConfig(name="gft", root=Path("/srv/gpufleet-lab-test"), subnet="10.78.0",
+                            inventory_dir=inventory_dir))
+    the_lab.down()
+    the_lab.up(LAB_NODES)
+    yield the_lab
+    the_lab.down()
+
+
+@pytest.fixture(scope="session")
+def inventory_path(lab: Lab) -> Path:
+    return lab.config.inventory_dir
+
+
+@pytest.fixture
+def inventory(inventory_path: Path) -> Inventory:
+    return load_inventory(inventory_path)
+
+
+@pytest.fixture(scope="session")
+def provisioned(lab: Lab, inventory_path: Path) -> Path:
+    """node01-node04 provisioned (with reboot) to the lab's pinned stack."""
+    code = app.provision_cmd(str(inventory_path), limit=PROVISIONED, reboot=True)
+    assert code == 0, "provisioning the test lab failed"
+    return inventory_path
+
+
+def node_sh(lab: Lab, node: str, command: str, check: bool = True) -> str:
+    """Run a command inside a node through its namespaces (not through SSH)."""
+    proc = subprocess.run(lab.exec_argv(node, command), capture_output=True, text=True,
+                          timeout=120, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{node}: {command!r} failed ({proc.returncode}): {proc.stderr}")
+    return proc.stdout
+
+
+def ssh(host: Host, base: Path, **options: object) -> SSHConnection:
+    """An SSH connection to a lab host, verifying host keys against the lab's known_hosts."""
+    return SSHConnection(host, ConnectOptions(known_hosts_base=base, **options))  # type: ignore[arg-type]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.lab)
