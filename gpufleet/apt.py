@@ -26,17 +26,35 @@ def _apt(ctx: ApplyContext) -> str:
 
 def _lock_message(output: str, ctx: ApplyContext) -> str | None:
     for line in output.splitlines():
-        if "Could not get lock" in line or "Unable to acquire the dpkg" in line:
+        if "Could not get lock" in line or "Unable to acquire the dpkg" in line \
+                or "Unable to lock" in line:
             return (f"apt/dpkg lock still held by another process after "
                     f"{ctx.options.lock_timeout_s}s: {line.strip()}")
     return None
+
+
+def _update_script(ctx: ApplyContext) -> str:
+    """``apt-get update``, retried while another process holds apt's lists lock (apt itself
+    waits for the dpkg lock but not for that one)."""
+    return "\n".join([
+        f"deadline=$(( $(date +%s) + {ctx.options.lock_timeout_s} ))",
+        "while :; do",
+        f"  out=$({_apt(ctx)} update 2>&1); rc=$?",
+        "  [ $rc -eq 0 ] && exit 0",
+        "  if printf '%s' \"$out\" | grep -q -e 'Could not get lock' -e 'Unable to lock'; then",
+        "    if [ \"$(date +%s)\" -lt \"$deadline\" ]; then sleep 2; continue; fi",
+        "  fi",
+        "  printf '%s\\n' \"$out\" >&2",
+        "  exit $rc",
+        "done",
+    ])
 
 
 def apt_update(ctx: ApplyContext) -> None:
     """``apt-get update`` once per host and run."""
     if ctx.memo.get("apt_updated"):
         return
-    result = ctx.conn.run(f"{_apt(ctx)} update", timeout=ctx.options.lock_timeout_s + 600)
+    result = ctx.conn.run(_update_script(ctx), timeout=ctx.options.lock_timeout_s + 600)
     if not result.ok:
         raise GpufleetError(_lock_message(result.stdout + result.stderr, ctx)
                             or f"apt-get update failed: {result.stderr.strip()[-300:]}")

@@ -310,12 +310,16 @@ class SSHConnection(_CommandRunner):
             raise Unreachable(f"connection to {self.host.address} was lost: {_reason(exc)}"
                               ) from exc
         try:
-            return _drive_channel(chan, line, stdin, timeout + KILL_GRACE_S + 5)
+            rc, out, err = _drive_channel(chan, line, stdin, timeout + KILL_GRACE_S + 5)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise Unreachable(f"connection to {self.host.address} dropped: {_reason(exc)}"
                               ) from exc
         finally:
             chan.close()
+        if rc == -1:
+            raise Unreachable(f"connection to {self.host.address} dropped while a command ran "
+                              "(no exit status)")
+        return rc, out, err
 
     def close(self) -> None:
         if self._fabric is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpufleet.connection import Connection
+from gpufleet.connection import Connection, Unreachable
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory import Host
 
@@ -161,6 +161,8 @@ def apply_plan(plan: Plan, ctx: ApplyContext) -> list[Change]:
     for change, step in plan.steps():
         try:
             step.apply(ctx)
+        except Unreachable:
+            raise
         except GpufleetError as exc:
             raise StepFailed(change, step, exc, applied()) from exc
         finished.add(id(step))

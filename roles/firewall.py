@@ -31,12 +31,14 @@ STATE_DIR = "/etc/gpufleet"
 STATE_FILE = f"{STATE_DIR}/firewall.state"
 UNIT_PATH = "/etc/systemd/system/gpufleet-firewall.service"
 UNIT_LINK = "/etc/systemd/system/multi-user.target.wants/gpufleet-firewall.service"
-GUARD_PIDFILE = "/run/gpufleet-firewall-guard.pid"
+LOCK = f"{STATE_DIR}/firewall.guard.lock"
+CONFIRMED = f"{STATE_DIR}/firewall.confirmed"
+FIRED = f"{STATE_DIR}/firewall.guard-fired"
 
 
 @dataclass(frozen=True)
 class Backend:
-    """The commands one firewall backend needs."""
+    """The commands one firewall backend needs; ``{staged}`` stands for the staged file."""
 
     name: str
     path: str
@@ -67,7 +69,7 @@ def _backend(name: str, path: str) -> Backend:
     return Backend(
         name, path,
         check="iptables-restore --test --noflush < {staged}",
-        load=f"iptables-restore --noflush < {{staged}} && {{ {jump}; }}",
+        load="iptables-restore --noflush < {staged} && { " + jump + "; }",
         snapshot=(f"if iptables -n -L GPUFLEET-INPUT >/dev/null 2>&1; then "
                   f"{{ echo '*filter'; echo ':GPUFLEET-INPUT - [0:0]'; echo '-F GPUFLEET-INPUT'; "
                   f"iptables-save -t filter | grep '^-A GPUFLEET-INPUT'; echo COMMIT; }} "
@@ -120,37 +122,48 @@ class GuardedLoad:
         staged = f"{b.path}.new"
         q = shlex.quote(staged)
         ctx.conn.put(staged, self.content, mode=0o600, backup=False)
-        ctx.conn.run(b.check.format(staged=q), timeout=60).check(
+        ctx.conn.run(b.check.replace("{staged}", q), timeout=60).check(
             f"syntax check of the {b.name} ruleset")
         ctx.conn.run(f"mkdir -p {STATE_DIR} && {b.snapshot}", timeout=60).check(
             "saving the current ruleset for rollback")
-        guard = (f"sleep {self.guard_s}; {b.restore}; "
-                 f"echo \"$(date +%s) rolled back\" > {STATE_DIR}/firewall.guard-fired")
+        rollback = f"[ -e {CONFIRMED} ] || {{ {b.restore}; date +'%s rolled back' > {FIRED}; }}"
+        guard = f"sleep {self.guard_s}; flock {LOCK} sh -c {shlex.quote(rollback)}"
         armed = ctx.conn.run(
-            f"rm -f {STATE_DIR}/firewall.guard-fired; "
-            f"setsid sh -c {shlex.quote(guard)} </dev/null >/dev/null 2>&1 & "
-            f"echo $! | tee {GUARD_PIDFILE}", timeout=30).check("arming the rollback guard")
-        pid = armed.stdout.strip()
+            f"rm -f {CONFIRMED} {FIRED}; setsid sh -c {shlex.quote(guard)} </dev/null "
+            f">/dev/null 2>&1 & echo $!", timeout=30).check("arming the rollback guard")
         armed_at = time.monotonic()
-        ctx.conn.run(b.load.format(staged=q), timeout=60).check(f"loading the {b.name} ruleset")
-        self._confirm(ctx, pid, armed_at)
-        ctx.conn.run(f"mv -f {q} {shlex.quote(b.path)}", timeout=30).check("committing ruleset")
+        ctx.conn.run(b.load.replace("{staged}", q), timeout=60).check(
+            f"loading the {b.name} ruleset")
+        self._confirm(ctx, armed_at)
+        ctx.conn.run(f"kill {shlex.quote(armed.stdout.strip())} 2>/dev/null; "
+                     f"mv -f {q} {shlex.quote(b.path)}", timeout=30).check("committing ruleset")
         digest = ctx.conn.run(b.digest, timeout=60).check("digest of the live ruleset")
         state = {"backend": b.name, "live_sha256": digest.stdout.strip()}
         ctx.conn.put(STATE_FILE, (json.dumps(state, sort_keys=True) + "\n").encode())
 
-    def _confirm(self, ctx: ApplyContext, pid: str, armed_at: float) -> None:
-        fresh = ctx.reconnect()
+    def _confirm(self, ctx: ApplyContext, armed_at: float) -> None:
+        """Over a NEW connection, mark the ruleset confirmed unless the guard already fired.
+
+        Guard and confirmation take the same lock, so exactly one of them wins.
+        """
+        confirm = f"[ -e {FIRED} ] && exit 3; touch {CONFIRMED}"
         try:
-            fresh.run(f"kill {shlex.quote(pid)}", timeout=15).check("disarming the guard")
+            fresh = ctx.reconnect()
+            try:
+                result = fresh.run(f"flock {LOCK} sh -c {shlex.quote(confirm)}", timeout=15)
+            finally:
+                fresh.close()
         except GpufleetError as exc:
-            fresh.close()
             remaining = self.guard_s - (time.monotonic() - armed_at)
             time.sleep(max(0.0, remaining) + 2)
             raise GpufleetError(
                 f"after loading the new ruleset a new SSH connection failed ({exc}); the "
                 f"guard restored the previous ruleset after {self.guard_s}s") from exc
-        fresh.close()
+        if result.rc == 3:
+            raise GpufleetError(
+                "a new SSH connection got in only after the guard had restored the previous "
+                f"ruleset ({self.guard_s}s): the new ruleset cut the controller off")
+        result.check("confirming the ruleset")
 
 
 class FirewallRole:

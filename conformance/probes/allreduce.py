@@ -8,7 +8,8 @@ Every rank prints ``phase`` lines (start, rendezvous_done, first_collective_done
 hung run can be pinned to a phase; rank 0 prints a ``result`` line per message size and a
 ``summary``. A rank that runs out of memory prints an ``error`` line.
 
-Exit status: 0 when every element summed right, 2 when any was wrong, 3 on a memory error.
+Exit status: 0 when every element summed right, 2 when any was wrong, 3 on a memory error,
+64 on a bad command line.
 
     torchrun --nnodes N --nproc-per-node G --node-rank R --master-addr HOST \\
         --master-port 29500 allreduce.py --sizes 1M,1G,8G
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_WRONG = 2
 EXIT_MEMORY = 3
+EXIT_USAGE = 64  # sysexits' EX_USAGE, kept apart from argparse's 2, which means wrong sums here
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_SIZES = {"gloo": "1M,16M,64M,256M", "nccl": "1M,16M,256M,1G,4G,8G"}
@@ -52,6 +54,7 @@ SAFE_ENVIRONMENT = {
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _SIZE = re.compile(r"(\d+)([KMG]?)", re.IGNORECASE)
 _CHECK_CHUNK = 64 * 1024**2  # elements compared at a time, to bound the mask's memory
+_HOST_BYTES = 256  # room for a host name (at most 253 bytes) in the gather
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -172,9 +175,15 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line."""
-    parser = argparse.ArgumentParser(description="Time and check torch.distributed all_reduce.")
+    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
+    parser = _Parser(description="Time and check torch.distributed all_reduce.")
     parser.add_argument(
         "--backend",
         choices=("auto", "nccl", "gloo"),
@@ -199,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-seconds-per-size",
         type=_positive_float,
-        help="time one all-reduce first and lower iterations to fit this many seconds",
+        help="time single all-reduces first, then cut warmup and iterations to fit these seconds",
     )
     return parser
 
@@ -306,7 +315,9 @@ def measure(
     dist.all_reduce(view)
     wrong = _count_wrong(view, expected)
     if max_seconds is not None:
-        fit = max(1, int(max_seconds / _slowest(_timed(view, 1), view.device)))
+        # The faster of two single operations, as the first may carry one-off set-up costs.
+        one = _slowest(min(_timed(view, 1), _timed(view, 1)), view.device)
+        fit = max(1, int(max_seconds / one))
         iters, warmup = min(iters, fit), min(warmup, fit)
     for _ in range(warmup):
         dist.all_reduce(view)
@@ -352,13 +363,26 @@ def _choose_device(requested: str, place: Placement) -> tuple[str, torch.device]
     return backend, torch.device("cuda", place.local_rank)
 
 
-def _report_summary(place: Placement, backend: str, sizes: int) -> None:
-    """Rank 0 prints the job's shape and software; every rank takes part in gathering hosts."""
+def _gather_hosts(place: Placement, device: torch.device) -> list[str]:
+    """Every rank's host name, indexed by rank.
+
+    Padded byte tensors rather than ``all_gather_object``, which needs numpy on some versions.
+    """
     import torch
     import torch.distributed as dist
 
-    hosts: list[Any] = [None] * place.world_size
-    dist.all_gather_object(hosts, place.host)
+    name = place.host.encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
+    mine = torch.tensor(list(name), dtype=torch.uint8, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(place.world_size)]
+    dist.all_gather(gathered, mine)
+    return [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in gathered]
+
+
+def _report_summary(place: Placement, backend: str, device: torch.device, sizes: int) -> None:
+    """Rank 0 prints the job's shape and software; every rank takes part in gathering hosts."""
+    import torch
+
+    hosts = _gather_hosts(place, device)
     if place.rank != 0:
         return
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -388,7 +412,8 @@ def run(args: argparse.Namespace, place: Placement) -> int:
     dtype = getattr(torch, args.dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     if min(sizes) < itemsize:
-        raise SystemExit(f"message size {min(sizes)} is below one {args.dtype} element")
+        sys.stderr.write(f"message size {min(sizes)} is below one {args.dtype} element\n")
+        return EXIT_USAGE
     counts = [size // itemsize for size in sizes]
 
     _init_process_group(backend, place, args.init_timeout_s)
@@ -441,7 +466,7 @@ def run(args: argparse.Namespace, place: Placement) -> int:
                 iters=got.iters,
             )
 
-    _report_summary(place, backend, len(counts))
+    _report_summary(place, backend, device, len(counts))
     place.phase("done")
     dist.destroy_process_group()
     return EXIT_WRONG if wrong_total else EXIT_OK

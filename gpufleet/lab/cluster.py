@@ -561,6 +561,21 @@ class Lab:
             raise LabError(f"{node.name} is not running; run `invoke lab.up`")
         return [*node.nsenter(), "sh", "-c", command]
 
+    def power_off(self, name: str) -> None:
+        """Stop a node abruptly: every process killed, its link down (disk kept)."""
+        self._preflight()
+        node = self.node(name)
+        self._stop_node(node)
+        localcmd.run(["ip", "link", "set", node.veth, "down"])
+
+    def power_on(self, name: str) -> None:
+        """Boot a node that was powered off."""
+        self._preflight()
+        node = self.node(name)
+        localcmd.run(["ip", "link", "set", node.veth, "up"])
+        if not _mounted(node.mnt_ns):
+            self._boot(node)
+
     def set_link(self, name: str, up: bool) -> None:
         """Take a node's link down (unreachable) or bring it back up."""
         node = self.node(name)
