@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
@@ -60,6 +62,46 @@ def provision(c, inventory="lab", limit=None, check=False, diff=False, roles=Non
                                          accept_new_host_keys)))
 
 
+@task(help=_help(*FLEET_HELP, roles="comma-separated roles to check (default: all)",
+                 junit="write a JUnit XML report to this file",
+                 prometheus="write a node_exporter textfile (metrics) to this file",
+                 report_dir="directory keeping the history of drift runs",
+                 keep="number of past runs kept in the report directory",
+                 remediate="apply the plan to drifted hosts after reporting",
+                 reboot="with --remediate: reboot hosts whose loaded driver differs",
+                 no_diff="leave file diffs out of the terminal report"))
+def drift(c, inventory="lab", limit=None, roles=None, json=None, junit=None, prometheus=None,
+          report_dir=None, keep=30, remediate=False, reboot=False, no_diff=False, forks=None,
+          serial=None, max_fail_percent=None, accept_new_host_keys=False):
+    """Report every host's drift from the inventory and from its group (read-only)."""
+    outputs = app.DriftOutputs(json, junit, prometheus,
+                               report_dir or c.config.get("gpufleet", {}).get(
+                                   "drift_report_dir", "reports/drift"), int(keep))
+    _exit(app.drift_cmd(inventory, limit=limit, roles=roles, outputs=outputs,
+                        remediate=remediate, reboot=reboot, diff=not no_diff,
+                        fleet=_fleet(c, forks, serial, max_fail_percent, accept_new_host_keys)))
+
+
+@task(help={"inventory": FLEET_HELP["inventory"], "at": "time of day, HH:MM (24-hour)",
+            "json": "JSON report written by each nightly run",
+            "junit": "JUnit report written by each nightly run",
+            "prometheus": "node_exporter textfile written by each nightly run",
+            "limit": FLEET_HELP["limit"],
+            "remediate": "apply the plan to drifted hosts after each report",
+            "unit_dir": "write the systemd units here instead of /etc/systemd/system"})
+def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, prometheus=None,
+                   limit=None, remediate=False, unit_dir=None):
+    """Run drift nightly: a systemd timer, or the cron line to use without systemd."""
+    args = ["--inventory", inventory]
+    for flag, value in (("--json", json), ("--junit", junit), ("--prometheus", prometheus),
+                        ("--limit", limit)):
+        if value:
+            args += [flag, str(Path(value).resolve()) if flag != "--limit" else value]
+    if remediate:
+        args.append("--remediate")
+    _exit(app.schedule_cmd(app.Schedule(Path.cwd().resolve(), args, at), unit_dir))
+
+
 @task(help={"nodes": "number of lab nodes (1-200)"})
 def lab_up(c, nodes=3):
     """Bring the local lab cluster up with N nodes (idempotent)."""
@@ -97,5 +139,10 @@ lab.add_task(lab_status, "status")
 lab.add_task(lab_add, "add")
 lab.add_task(lab_exec, "exec", aliases=["node-exec"])
 
+drift_tasks = Collection("drift")
+drift_tasks.add_task(drift, "check", default=True)
+drift_tasks.add_task(drift_schedule, "schedule")
+
 ns = Collection(facts, provision)
+ns.add_collection(drift_tasks)
 ns.add_collection(lab)

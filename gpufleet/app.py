@@ -7,12 +7,15 @@ nothing here knows about invoke or argparse.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from rich.markup import escape
+
 import roles as role_registry
-from gpufleet import exitcodes
+from gpufleet import drift, drift_report, exitcodes
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
 from gpufleet.errors import GpufleetError
@@ -20,10 +23,12 @@ from gpufleet.facts import FactRequest, gather_facts
 from gpufleet.facts.catalog import json_safe
 from gpufleet.facts.summary import SYSTEM_NCCL, summarize_facts
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
+from gpufleet.history import History
 from gpufleet.inventory import Host, Inventory, load_inventory, resolve_inventory
 from gpufleet.plan import ApplyOptions
-from gpufleet.report import terminal
+from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.schedule import SYSTEMD_RUNNING, Schedule, install
 
 
 @dataclass
@@ -201,3 +206,97 @@ def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
         doc["reboot_required"] = run.reboot_pending
         doc["rebooted"] = run.rebooted
     return doc
+
+
+# ---- drift ---------------------------------------------------------------------------------
+
+@dataclass
+class DriftOutputs:
+    """Where drift writes its reports."""
+
+    json_path: str | None = None
+    junit_path: str | None = None
+    prometheus_path: str | None = None
+    report_dir: str = "reports/drift"
+    keep: int = 30
+
+
+@guarded
+def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = None,
+              outputs: DriftOutputs | None = None, remediate: bool = False,
+              reboot: bool = False, diff: bool = True, fleet: FleetArgs | None = None,
+              out: TextIO | None = None) -> int:
+    """Report each host's distance from the inventory and its group; never writes on nodes
+    (unless ``remediate`` asks to apply the plan to drifted hosts afterwards)."""
+    target = load_target(inventory, limit)
+    fleet = fleet or FleetArgs()
+    outputs = outputs or DriftOutputs()
+    selected = role_registry.select(roles)
+    started = time.time()
+    options = RunOptions(check=True, fleet=fleet.options(target),
+                         extra_facts=drift.consistency_request)
+    outcomes = provision(target.inventory, target.hosts, selected, options,
+                         terminal.TerminalProgress("drift"))
+    hosts = {name: drift.host_drift(o) for name, o in outcomes.items()}
+    facts = {n: o.value.facts for n, o in outcomes.items() if o.value and o.value.facts}
+    inconsistencies = drift.check_consistency(target.inventory, facts)
+    managed = {h.name: {r.name for r, _ in active_roles(h, selected)} for h in target.hosts}
+    drift.add_consistency_items(hosts, inconsistencies, managed)
+    history = History(Path(outputs.report_dir), "drift", outputs.keep)
+    new, resolved = drift.mark_new(hosts, history.last_items())
+    run = drift_report.DriftRun(str(target.inventory.path), target.inventory.digest(), hosts,
+                                inconsistencies, new, resolved, started,
+                                time.time() - started)
+    if remediate:
+        run.remediation = _remediate(target, selected, hosts, fleet, reboot)
+    document = drift_report.to_json(run)
+    history.save(document)
+    if outputs.json_path:
+        write_json(outputs.json_path, document)
+    if outputs.junit_path:
+        junit.write(outputs.junit_path, "gpufleet.drift", drift_report.to_junit(run))
+    if outputs.prometheus_path:
+        prometheus.write(outputs.prometheus_path, drift_report.to_metrics(run))
+    drift_report.print_report(terminal.console(out), run, diff)
+    return _drift_code(run)
+
+
+def _remediate(target: Target, selected: list[Any], hosts: dict[str, drift.HostDrift],
+               fleet: FleetArgs, reboot: bool) -> dict[str, dict[str, Any]]:
+    """Apply the plan to drifted hosts, honouring serial and max-fail-percent."""
+    drifted = [h for h in target.hosts if hosts[h.name].status == "drifted"]
+    if not drifted:
+        return {}
+    options = RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet.options(target))
+    outcomes = provision(target.inventory, drifted, selected, options,
+                         terminal.TerminalProgress("remediate"))
+    return {name: {"status": o.status, "error": o.error,
+                   "applied": [c.item for c in (o.value.applied if o.value else [])]}
+            for name, o in outcomes.items()}
+
+
+def _drift_code(run: drift_report.DriftRun) -> int:
+    if run.count("unreachable") or run.count("error"):
+        return exitcodes.UNREACHABLE
+    if run.remediation:
+        failed = any(r["status"] not in ("ok", "changed") for r in run.remediation.values())
+        unfixable = any(i.role == drift.CONSISTENCY_ROLE
+                        for h in run.hosts.values() for i in h.items)
+        return exitcodes.FAILED if failed or unfixable else exitcodes.OK
+    return exitcodes.FAILED if run.items else exitcodes.OK
+
+
+@guarded
+def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
+                 out: TextIO | None = None) -> int:
+    """Install the nightly drift timer (systemd), or print the cron line without systemd."""
+    con = terminal.console(out)
+    if unit_dir is None and not SYSTEMD_RUNNING.is_dir():
+        con.print("systemd is not running on this machine; add this line to "
+                  "/etc/cron.d/gpufleet-drift instead:")
+        con.print(escape(schedule.cron_line()), soft_wrap=True)
+        return exitcodes.OK
+    for line in install(schedule, Path(unit_dir) if unit_dir else Path("/etc/systemd/system")):
+        con.print(escape(line))
+    con.print(f"nightly at {schedule.at}: {escape(schedule.command)}")
+    return exitcodes.OK

@@ -6,10 +6,13 @@ there too; ``put`` writes through a temporary file and a rename, keeping a backu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,17 +164,37 @@ class LocalConnection(_CommandRunner):
     def __init__(self, host: Host) -> None:
         self.host = host
         self.round_trips = 0
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
 
     def _exec(self, line: str, timeout: float, stdin: bytes | None) -> tuple[int, str, str]:
+        proc = subprocess.Popen(["sh", "-c", line], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        with self._lock:
+            self._running.add(proc)
         try:
-            proc = subprocess.run(["sh", "-c", line], input=stdin or b"", capture_output=True,
-                                  timeout=timeout + KILL_GRACE_S + 5, check=False)
+            out, err = proc.communicate(stdin or b"", timeout=timeout + KILL_GRACE_S + 5)
         except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
             return 124, "", ""
-        return proc.returncode, _text(proc.stdout), _text(proc.stderr)
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        return proc.returncode, _text(out), _text(err)
 
     def close(self) -> None:
-        return None
+        """Stop whatever still runs, so that a host timeout frees its worker."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _text(data: bytes) -> str:

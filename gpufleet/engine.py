@@ -4,7 +4,7 @@ drift and bootstrap."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.connection import Connection, ConnectOptions, connect
@@ -54,20 +54,21 @@ def plan_host(inventory: Inventory, host: Host, pairs: list[tuple[Role, RoleVars
 
 
 def gather_and_plan(inventory: Inventory, host: Host, roles: Sequence[Role],
-                    conn: Connection) -> tuple[Facts, Plan]:
-    """One facts round trip, then the plan."""
+                    conn: Connection, extra: FactRequest | None = None) -> tuple[Facts, Plan]:
+    """One facts round trip (the roles' needs plus ``extra``), then the plan."""
     pairs = active_roles(host, roles)
-    facts = gather_facts(conn, fact_request(pairs))
+    facts = gather_facts(conn, fact_request(pairs) | (extra or FactRequest()))
     return facts, plan_host(inventory, host, pairs, facts)
 
 
 @dataclass
 class RunOptions:
-    """A provisioning run's choices."""
+    """A provisioning run's choices; ``extra_facts`` adds facts to the one round trip."""
 
     check: bool = False
     apply: ApplyOptions = field(default_factory=ApplyOptions)
     fleet: FleetOptions = field(default_factory=FleetOptions)
+    extra_facts: Callable[[Host], FactRequest] | None = None
 
 
 def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role],
@@ -79,7 +80,8 @@ def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role]
 
     def task(host: Host, conn: Connection) -> TaskResult[HostRun]:
         run = HostRun()
-        run.facts, run.plan = gather_and_plan(inventory, host, roles, conn)
+        extra = options.extra_facts(host) if options.extra_facts else None
+        run.facts, run.plan = gather_and_plan(inventory, host, roles, conn, extra)
         if options.check or run.plan.empty:
             run.reboot_pending = _pending_reason(run.plan)
             return TaskResult(run, changed=not run.plan.empty)

@@ -112,20 +112,25 @@ def run_fleet(hosts: Sequence[Host], task: HostTask[T], options: FleetOptions | 
     if progress:
         progress.start(len(hosts))
     stopped: str | None = None
-    with ThreadPoolExecutor(max_workers=max(1, options.forks),
-                            thread_name_prefix="gpufleet-host") as pool:
-        for batch in batches(hosts, options.serial):
-            if stopped:
-                for host in batch:
-                    outcomes[host.name] = Outcome(host.name, "skipped", stopped)
-                continue
+    for batch in batches(hosts, options.serial):
+        if stopped:
+            for host in batch:
+                outcomes[host.name] = Outcome(host.name, "skipped", stopped)
+            continue
+        # A pool per batch: a host that timed out may still hold its thread, and must not
+        # hold up the next batch.
+        pool = ThreadPoolExecutor(max_workers=max(1, min(options.forks, len(batch))),
+                                  thread_name_prefix="gpufleet-host")
+        try:
             done = _run_batch(pool, batch, task, options, progress)
-            outcomes.update(done)
-            if options.max_fail_percent is not None:
-                bad = sum(o.status in ("failed", "unreachable") for o in done.values())
-                if bad * 100 > options.max_fail_percent * len(batch):
-                    stopped = (f"not started: {bad} of {len(batch)} hosts in the previous batch "
-                               f"failed (max-fail-percent {options.max_fail_percent:g})")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        outcomes.update(done)
+        if options.max_fail_percent is not None:
+            bad = sum(o.status in ("failed", "unreachable") for o in done.values())
+            if bad * 100 > options.max_fail_percent * len(batch):
+                stopped = (f"not started: {bad} of {len(batch)} hosts in the previous batch "
+                           f"failed (max-fail-percent {options.max_fail_percent:g})")
     if progress:
         progress.finish()
     return {h.name: outcomes[h.name] for h in hosts}
@@ -160,7 +165,7 @@ def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
             if began is not None and now - began > options.host_timeout:
                 pending.discard(fut)
                 results[host.name] = Outcome(
-                    host.name, "failed", f"host timed out after {options.host_timeout:.0f}s",
+                    host.name, "failed", f"host timed out after {options.host_timeout:g}s",
                     now - began, round_trips=conns[host.name].round_trips)
                 conns[host.name].close()
                 _report(progress, results[host.name])

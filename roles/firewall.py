@@ -215,6 +215,16 @@ class FirewallRole:
         return sources + [self._cidr(v, c, "firewall_extra_cidrs")
                           for c in v.items("firewall_extra_cidrs")]
 
+    def _port(self, v: RoleVars, value: Any) -> int:
+        try:
+            port = int(value)
+        except (TypeError, ValueError):
+            port = 0
+        if isinstance(value, bool) or not 1 <= port <= 65535:
+            raise VarError(f"host {v.host.name}: firewall_open_tcp_ports entry {value!r} is not "
+                           "a TCP port (1-65535)")
+        return port
+
     def _cidr(self, v: RoleVars, text: Any, key: str) -> str:
         try:
             return str(ipaddress.ip_network(str(text), strict=False))
@@ -237,10 +247,14 @@ class FirewallRole:
         ports = [(str(v.integer("firewall_rendezvous_port")), cluster),
                  (f"{low}-{high}", cluster),
                  (str(v.host.port), ssh)]
-        ports += [(str(int(p)), cluster) for p in v.items("firewall_open_tcp_ports")]
+        ports += [(str(self._port(v, p)), cluster) for p in v.items("firewall_open_tcp_ports")]
         header = HEADER.format(role=self.name)
         if v.string("firewall_backend") == "nftables":
             return self._render_nft(header, policy, ports)
+        v6 = sorted({src for _, sources in ports for src in sources if ":" in src})
+        if v6:
+            raise VarError(f"host {v.host.name}: the iptables backend handles IPv4 only, but the "
+                           f"firewall would admit {', '.join(v6)}; use firewall_backend: nftables")
         rules = [f"-p tcp -s {src} --dport {port.replace('-', ':')} -j ACCEPT"
                  for port, sources in ports for src in sorted(set(sources))]
         return render("iptables.rules.j2", header=header, policy=policy, rules=rules)

@@ -54,6 +54,9 @@ class NcclEnvRole:
         """NCCL_* settings exactly as the inventory sets them, validated."""
         settings = {}
         for key, value in v.mapping("nccl_env").items():
+            if value is None or isinstance(value, (dict, list)):
+                raise VarError(f"host {v.host.name}: nccl_env {key} must be a single value, "
+                               f"got {value!r}")
             text = str(value).lower() if isinstance(value, bool) else str(value)
             if not _ENV_KEY.match(str(key)):
                 raise VarError(f"host {v.host.name}: nccl_env key {key!r} is not a valid "

@@ -105,9 +105,9 @@ def _reason(section: script.Section) -> str:
     return last[:200]
 
 
-def parse_sections(host: str, output: str, facts: list[catalog.Fact]) -> Facts:
+def parse_sections(host: str, output: str, facts: list[catalog.Fact], nonce: str = "") -> Facts:
     """Parse the composite script's output into Facts (pure: no I/O)."""
-    sections = script.split(output)
+    sections = script.split(output, nonce)
     result = Facts(host)
     for fact in facts:
         section = sections.get(fact.name)
@@ -129,13 +129,14 @@ def parse_sections(host: str, output: str, facts: list[catalog.Fact]) -> Facts:
 def gather_facts(conn: Connection, request: FactRequest | None = None) -> Facts:
     """All base facts plus those requested, in one round trip to the host."""
     facts = catalog.BASE_FACTS + (request or FactRequest()).facts()
-    composite = script.compose((f.name, f.shell) for f in facts)
+    nonce = script.new_nonce()
+    composite = script.compose(((f.name, f.shell) for f in facts), nonce)
     start = time.monotonic()
     result = conn.run(composite, timeout=FACTS_TIMEOUT_S)
-    if not script.split(result.stdout):
+    if not script.split(result.stdout, nonce):
         detail = (result.stderr or result.stdout).strip()[-300:]
         raise GpufleetError(f"facts script produced no sections (exit {result.rc}): {detail}")
-    parsed = parse_sections(conn.host.name, result.stdout, facts)
+    parsed = parse_sections(conn.host.name, result.stdout, facts, nonce)
     parsed.gathered_at = time.time()
     parsed.duration = time.monotonic() - start
     return parsed

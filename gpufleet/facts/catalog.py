@@ -205,8 +205,9 @@ def torch_fact(python: str) -> Fact:
 
 
 def sysctl_fact(key: str) -> Fact:
-    """A sysctl's current value, read from /proc/sys."""
-    path = "/proc/sys/" + key.replace(".", "/")
+    """A sysctl's current value, read from /proc/sys (sysctl's convention: a '/' in the key
+    stands for a '.' inside a name, e.g. the VLAN interface eth0.100)."""
+    path = "/proc/sys/" + key.translate(str.maketrans("./", "/."))
     return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", parsers.sysctl_value)
 
 

@@ -446,6 +446,8 @@ class Lab:
             "  mkdir -p /root/.ssh && chmod 700 /root/.ssh",
             f"  cp {pub} /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
             "  rm -f /root/.ssh/known_hosts",
+            "  rm -rf /root/.bashrc /root/.profile /root/.bash_profile",
+            "  for f in .bashrc .profile; do [ ! -f /etc/skel/$f ] || cp /etc/skel/$f /root/; done",
             "  rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*",
             f"  echo {repo} > /etc/apt/sources.list.d/gpufleet-lab.list",
             "  rm -rf /var/lib/apt/lists/* && mkdir -p /var/lib/apt/lists/partial",

@@ -75,11 +75,11 @@ def test_nodes_reach_each_other_over_tcp(lab: Lab) -> None:
                       "c, a = s.accept(); c.sendall(a[0].encode()); c.close()\""),
         stdout=subprocess.PIPE, text=True)
     try:
-        connect = (f"import socket; s=socket.create_connection(('{target.address}', 29555), 2); "
+        node_sh(lab, "node02", "for i in $(seq 300); do ss -ltn | grep -q ':29555 ' && exit 0; "
+                "sleep 0.1; done; exit 1")
+        connect = (f"import socket; s=socket.create_connection(('{target.address}', 29555), 5); "
                    "print(s.recv(64).decode())")
-        out = node_sh(lab, "node01", "for i in $(seq 50); do "
-                      f"r=$(python3 -c \"{connect}\" 2>/dev/null) && "
-                      "{ echo \"$r\"; break; }; sleep 0.1; done")
+        out = node_sh(lab, "node01", f"python3 -c \"{connect}\"")
         assert out.strip() == lab.node("node01").address
     finally:
         listener.kill()

@@ -1,0 +1,229 @@
+"""Drift: how far each host is from the inventory, and how far hosts of a group are from
+each other. Drift is the provisioning plan computed in check mode, reported; it never
+writes anything on a node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.engine import HostRun
+from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts.summary import SYSTEM_NCCL
+from gpufleet.fleet import Outcome
+from gpufleet.inventory import Host, Inventory
+from gpufleet.plan import Change
+
+SCHEMA = "gpufleet.drift/1"
+CONSISTENCY_ROLE = "consistency"
+NCCL_CONF = "/etc/nccl.conf"
+KINDS = {"package": "package", "hold": "hold", "file": "file", "link": "link",
+         "sysctl": "sysctl", "kernel": "reboot", "torch": "torch", "venv": "torch",
+         "live": "firewall", "alternative": "link"}
+
+
+@dataclass
+class DriftItem:
+    """One thing that differs on one host."""
+
+    host: str
+    role: str
+    resource: str
+    kind: str
+    desired: str | None
+    actual: str | None
+    diff: str | None = None
+    reboot_required: bool = False
+    new: bool = False
+
+    @property
+    def item(self) -> str:
+        return f"{self.role}/{self.resource}"
+
+    @property
+    def key(self) -> str:
+        """Identity across runs, for new/resolved."""
+        return f"{self.host} {self.item}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item": self.item, "role": self.role, "resource": self.resource,
+                "kind": self.kind, "desired": self.desired, "actual": self.actual,
+                "diff": self.diff, "reboot_required": self.reboot_required, "new": self.new}
+
+
+def kind_of(change: Change) -> str:
+    """The category of a change, for reports: package, hold, file, apt-pin, sysctl ..."""
+    if change.resource.startswith("file /etc/apt/preferences.d/"):
+        return "apt-pin"
+    if change.role == "firewall":
+        return "firewall"
+    return KINDS.get(change.resource.split(" ", 1)[0], "other")
+
+
+def item_from_change(host: str, change: Change) -> DriftItem:
+    return DriftItem(host, change.role, change.resource, kind_of(change), change.after,
+                     change.before, change.diff, change.pending_reboot)
+
+
+@dataclass
+class HostDrift:
+    """A host's drift: its items, or why it could not be checked."""
+
+    host: str
+    status: str  # clean | drifted | unreachable | error
+    items: list[DriftItem] = field(default_factory=list)
+    error: str | None = None
+    duration: float = 0.0
+    round_trips: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "error": self.error,
+                "duration_s": round(self.duration, 3), "round_trips": self.round_trips,
+                "items": [i.to_dict() for i in self.items]}
+
+
+def consistency_request(host: Host) -> FactRequest:
+    """Facts the consistency check compares even where the inventory pins nothing."""
+    venv = host.vars.get("pytorch_venv")
+    python = f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
+    return FactRequest(packages=frozenset({SYSTEM_NCCL}), files=frozenset({NCCL_CONF}),
+                       pythons=frozenset({python}))
+
+
+def comparable(facts: Facts) -> dict[str, str]:
+    """The values every node of a training job must share."""
+    values: dict[str, str] = {}
+    packages = facts.get("packages") or {}
+    nccl = packages.get(SYSTEM_NCCL) or {}
+    torch = next((v for k, v in facts.values.items() if k.startswith("torch:")), None) or {}
+    candidates = {
+        "driver": facts.get("nvidia_module"),
+        "cuda": facts.cuda_version,
+        "nccl": nccl.get("version") if nccl.get("installed") else None,
+        "python": torch.get("python"),
+        "torch": torch.get("torch"),
+        "torch_cuda": torch.get("cuda"),
+        "torch_nccl": torch.get("nccl"),
+        "kernel": facts.get("kernel"),
+        "port_range": " ".join(map(str, facts.get("port_range") or ())) or None,
+    }
+    conf = facts.values.get(f"file:{NCCL_CONF}")
+    if conf is not None:
+        candidates["nccl_conf"] = (hashlib.sha256(conf.content).hexdigest()[:12]
+                                   if conf.exists else "absent")
+    for key, value in candidates.items():
+        values[key] = "absent" if value is None else str(value)
+    return values
+
+
+@dataclass
+class Inconsistency:
+    """Hosts of a group that disagree on one value."""
+
+    group: str
+    key: str
+    values: dict[str, list[str]]
+    majority: str | None
+
+    @property
+    def outliers(self) -> list[str]:
+        return sorted(h for v, hosts in self.values.items() if v != self.majority for h in hosts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "key": self.key, "values": self.values,
+                "majority": self.majority, "outliers": self.outliers}
+
+
+def consistency_groups(inventory: Inventory, hosts: Sequence[str]) -> list[str]:
+    """Groups compared for consistency: every group with two or more selected hosts,
+    except ``all`` and ``ungrouped`` (unless the inventory has no other group)."""
+    selected = set(hosts)
+    named = [g for g, members in inventory.groups.items()
+             if g not in ("all", "ungrouped") and len(members & selected) >= 2]
+    if named:
+        return sorted(named)
+    return ["all"] if len(selected) >= 2 else []
+
+
+def check_consistency(inventory: Inventory, facts: dict[str, Facts]) -> list[Inconsistency]:
+    """Values that differ between hosts of a group, with the majority value and outliers."""
+    found: list[Inconsistency] = []
+    values = {host: comparable(f) for host, f in facts.items()}
+    for group in consistency_groups(inventory, list(facts)):
+        members = sorted(h for h in inventory.groups[group] if h in values)
+        keys = sorted({k for h in members for k in values[h]})
+        for key in keys:
+            by_value: dict[str, list[str]] = {}
+            for host in members:
+                by_value.setdefault(values[host].get(key, "absent"), []).append(host)
+            if len(by_value) < 2:
+                continue
+            counts = Counter({v: len(h) for v, h in by_value.items()}).most_common()
+            majority = counts[0][0] if counts[0][1] > counts[1][1] else None
+            found.append(Inconsistency(group, key, dict(sorted(by_value.items())), majority))
+    return found
+
+
+def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
+    """A host's drift from its outcome in check mode."""
+    run = outcome.value
+    if outcome.status == "unreachable":
+        return HostDrift(outcome.host, "unreachable", error=outcome.error,
+                         duration=outcome.duration, round_trips=outcome.round_trips)
+    if outcome.status in ("failed", "skipped") or run is None or run.plan is None:
+        return HostDrift(outcome.host, "error", error=outcome.error or "no plan",
+                         duration=outcome.duration, round_trips=outcome.round_trips)
+    items = [item_from_change(outcome.host, c) for c in run.plan.changes]
+    return HostDrift(outcome.host, "drifted" if items else "clean", items,
+                     duration=outcome.duration, round_trips=outcome.round_trips)
+
+
+KEY_ROLES = {"driver": "driver", "cuda": "cuda", "nccl": "nccl", "python": "pytorch",
+             "torch": "pytorch", "torch_cuda": "pytorch", "torch_nccl": "pytorch",
+             "nccl_conf": "nccl_env", "port_range": "nccl_env"}
+
+
+def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inconsistency],
+                          managed: dict[str, set[str]]) -> None:
+    """Each outlier host gets one item per value it does not share with its group, unless
+    a role that manages that value on the host already reports it (``managed``: host ->
+    active role names)."""
+    for inc in inconsistencies:
+        for value, hosts in inc.values.items():
+            if value == inc.majority:
+                continue
+            for host in hosts:
+                if KEY_ROLES.get(inc.key) in managed.get(host, set()):
+                    continue
+                entry = drift[host]
+                entry.items.append(DriftItem(
+                    host, CONSISTENCY_ROLE, f"{inc.key} in group {inc.group}", "consistency",
+                    inc.majority or "one value across the group", value))
+                if entry.status == "clean":
+                    entry.status = "drifted"
+
+
+def mark_new(drift: dict[str, HostDrift], previous: dict[str, set[str]]
+             ) -> tuple[list[str], list[str]]:
+    """Flag items a host did not have when it was last checked; return (new, resolved) keys.
+
+    ``previous`` maps a host to the items of its last checked run (hosts never checked
+    before are absent: all their items are new). A host that could not be checked now
+    resolves nothing: its old items stay open.
+    """
+    new: list[str] = []
+    resolved: list[str] = []
+    for host, entry in drift.items():
+        before = previous.get(host, set())
+        if entry.status not in ("clean", "drifted"):
+            continue
+        now = {i.item for i in entry.items}
+        for item in entry.items:
+            item.new = item.item not in before
+        new += [f"{host} {i}" for i in sorted(now - before)]
+        resolved += [f"{host} {i}" for i in sorted(before - now)]
+    return new, resolved

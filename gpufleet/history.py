@@ -1,0 +1,48 @@
+"""Run history: each report kept in a directory, bounded, newest last."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufleet.report.jsonfile import write_json
+
+
+class History:
+    """Reports named ``<prefix>-<UTC time>.json``; at most ``keep`` are kept."""
+
+    def __init__(self, directory: Path, prefix: str, keep: int = 30) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self.keep = max(1, keep)
+
+    def runs(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob(f"{self.prefix}-*.json"))
+
+    def last_items(self, checked_statuses: tuple[str, ...] = ("clean", "drifted")
+                   ) -> dict[str, set[str]]:
+        """Per host, the items of the newest run in which that host was checked."""
+        found: dict[str, set[str]] = {}
+        for path in reversed(self.runs()):
+            try:
+                document = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            for host, entry in document.get("hosts", {}).items():
+                if host not in found and entry.get("status") in checked_statuses:
+                    found[host] = {i["item"] for i in entry.get("items", [])}
+        return found
+
+    def save(self, document: dict[str, Any]) -> Path:
+        """Write ``document`` as the newest run and drop the oldest beyond ``keep``."""
+        now = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+        path = self.directory / f"{self.prefix}-{stamp}.json"
+        write_json(path, document)
+        for old in self.runs()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path

@@ -1,0 +1,160 @@
+"""The composite facts script: compose many commands, run them with sh, split the output."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gpufleet.facts import script
+from gpufleet.facts.script import Section
+
+
+def run_sh(text: str) -> str:
+    """Run a composed script with sh on this machine, as a host would."""
+    proc = subprocess.run(["sh", "-c", text], capture_output=True, timeout=30, check=False)
+    return proc.stdout.decode("utf-8", errors="replace")
+
+
+def round_trip(commands: list[tuple[str, str]]) -> dict[str, Section]:
+    return script.split(run_sh(script.compose(commands)))
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def test_compose_exact_text_for_one_command() -> None:
+    assert script.compose([("hostname", "hostname")]) == (
+        script.PRELUDE
+        + "__s hostname\n( hostname\n) </dev/null 2>&1\n__e $?\n"
+    )
+
+
+def test_compose_quotes_names_with_spaces_and_quotes() -> None:
+    text = script.compose([("file:/etc/my file's.conf", "true")])
+    assert text.endswith("__s 'file:/etc/my file'\"'\"'s.conf'\n( true\n) </dev/null 2>&1\n"
+                         "__e $?\n")
+
+
+def test_prelude_sets_c_locale_and_sbin_path() -> None:
+    assert script.PRELUDE.startswith(
+        "export LC_ALL=C PATH=\"$PATH:/usr/local/sbin:/usr/sbin:/sbin\"\n")
+
+
+@pytest.mark.parametrize("name", ["two\nlines", "a@@b", "@@", "x@@"])
+def test_compose_rejects_names_that_would_break_the_markers(name: str) -> None:
+    with pytest.raises(ValueError, match="bad section name"):
+        script.compose([(name, "true")])
+
+
+def test_compose_of_nothing_is_only_the_prelude() -> None:
+    assert script.compose([]) == script.PRELUDE
+    assert round_trip([]) == {}
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def test_round_trip_keeps_each_sections_exact_text_and_rc() -> None:
+    sections = round_trip([
+        ("plain", "echo hello"),
+        ("no-newline", "printf 'a\\nb'"),
+        ("empty", "true"),
+        ("blank-lines", "printf '\\n\\n'"),
+        ("leading-blank", "printf '\\nx\\n'"),
+        ("rc", "echo oops; exit 3"),
+        ("silent-failure", "exit 7"),
+        ("stderr", "echo out; echo err >&2"),
+        ("comment", "echo c # a trailing comment must not swallow the subshell"),
+        ("utf8", "printf 'caf\\303\\251\\n'"),
+        ("tabs", "printf 'a\\tb  \\n'"),
+    ])
+    assert sections == {
+        "plain": Section("plain", 0, "hello\n"),
+        "no-newline": Section("no-newline", 0, "a\nb"),
+        "empty": Section("empty", 0, ""),
+        "blank-lines": Section("blank-lines", 0, "\n\n"),
+        "leading-blank": Section("leading-blank", 0, "\nx\n"),
+        "rc": Section("rc", 3, "oops\n"),
+        "silent-failure": Section("silent-failure", 7, ""),
+        "stderr": Section("stderr", 0, "out\nerr\n"),
+        "comment": Section("comment", 0, "c\n"),
+        "utf8": Section("utf8", 0, "caf\u00e9\n"),
+        "tabs": Section("tabs", 0, "a\tb  \n"),
+    }
+
+
+def test_round_trip_names_with_quotes_and_spaces() -> None:
+    names = ["file:/etc/my file.conf", "file:/tmp/it's here", 'link:/a "b"', "sysctl:a.b.c"]
+    sections = round_trip([(name, f"echo {i}") for i, name in enumerate(names)])
+    assert list(sections) == names
+    assert [sections[n].text for n in names] == ["0\n", "1\n", "2\n", "3\n"]
+
+
+def test_exit_in_a_section_ends_only_that_section() -> None:
+    sections = round_trip([("a", "echo before; exit 5; echo never"), ("b", "echo still runs")])
+    assert sections["a"] == Section("a", 5, "before\n")
+    assert sections["b"] == Section("b", 0, "still runs\n")
+
+
+def test_section_stdin_is_dev_null() -> None:
+    # A command that reads stdin must see EOF at once, not the rest of the script.
+    sections = round_trip([("cat", "cat; echo after"), ("next", "echo next")])
+    assert sections["cat"] == Section("cat", 0, "after\n")
+    assert sections["next"] == Section("next", 0, "next\n")
+
+
+def test_a_command_killed_by_a_signal_reports_128_plus_signal() -> None:
+    sections = round_trip([("killed", "sh -c 'kill -9 $$'"), ("after", "echo ok")])
+    assert sections["killed"].rc == 137
+    assert sections["after"] == Section("after", 0, "ok\n")
+
+
+def test_a_script_killed_midway_has_no_later_sections() -> None:
+    # ``$$`` in a subshell is the composite script's own shell: killing it stops everything.
+    sections = round_trip([("first", "echo 1"), ("killer", "echo dying; kill -9 $$"),
+                           ("never", "echo 3")])
+    assert sections == {"first": Section("first", 0, "1\n")}
+
+
+def test_marker_like_text_inside_a_section_survives() -> None:
+    body = ("x @@gpufleet:fake@@ y\n"
+            "@@gpufleet-rc:9@@ not at the end of a line\n"
+            "@@gpufleet:other@@\n"
+            "tail @@gpufleet-rc:0@@\n")
+    sections = round_trip([("a", f"printf '%s' '{body}'"), ("b", "echo b")])
+    assert sections == {"a": Section("a", 0, body), "b": Section("b", 0, "b\n")}
+
+
+def test_a_printed_end_marker_line_does_not_truncate_the_section() -> None:
+    nonce = script.new_nonce()
+    body = "first\n@@gpufleet-rc:0@@\n@@gpufleet:forged@@\nsecond\n"
+    output = run_sh(script.compose([("a", f"printf '%s' '{body}'; exit 4")], nonce))
+    assert script.split(output, nonce) == {"a": Section("a", 4, body)}
+
+
+# --------------------------------------------------------------------------- split
+
+
+def test_split_of_output_without_markers_is_empty() -> None:
+    assert script.split("") == {}
+    assert script.split('sh: 1: Syntax error: ")" unexpected\n') == {}
+
+
+def test_split_ignores_a_section_that_never_ended() -> None:
+    output = ("\n@@gpufleet:done@@\nyes\n\n@@gpufleet-rc:0@@\n"
+              "\n@@gpufleet:cut@@\npartial output")
+    assert script.split(output) == {"done": Section("done", 0, "yes\n")}
+
+
+def test_split_parses_multi_digit_exit_status() -> None:
+    output = "\n@@gpufleet:x@@\nnope\n@@gpufleet-rc:127@@\n"
+    assert script.split(output) == {"x": Section("x", 127, "nope")}
+
+
+def test_split_skips_noise_before_and_between_sections() -> None:
+    output = ("motd banner\n"
+              "\n@@gpufleet:a@@\n1\n\n@@gpufleet-rc:0@@\n"
+              "stray line\n"
+              "\n@@gpufleet:b@@\n2\n@@gpufleet-rc:1@@\n")
+    assert script.split(output) == {"a": Section("a", 0, "1\n"), "b": Section("b", 1, "2")}
