@@ -102,6 +102,19 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
     _exit(app.schedule_cmd(app.Schedule(Path.cwd().resolve(), args, at), unit_dir))
 
 
+@task(help=_help("inventory", "limit", "forks", "json",
+                 suite="comma-separated suites: stack, reachability, allreduce, rdma, gpu ...",
+                 junit="write a JUnit XML report to this file",
+                 pairs="reachability pairs: all, ring or sample:K",
+                 with_nccl_tests="also run nccl-tests' all_reduce_perf where installed"))
+def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None, pairs="all",
+                with_nccl_tests=False, forks=None):
+    """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
+    _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
+                              json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
+                              fleet=_fleet(c, forks, None, None, False)))
+
+
 @task(help={"nodes": "number of lab nodes (1-200)"})
 def lab_up(c, nodes=3):
     """Bring the local lab cluster up with N nodes (idempotent)."""
@@ -143,6 +156,6 @@ drift_tasks = Collection("drift")
 drift_tasks.add_task(drift, "check", default=True)
 drift_tasks.add_task(drift_schedule, "schedule")
 
-ns = Collection(facts, provision)
+ns = Collection(facts, provision, conformance)
 ns.add_collection(drift_tasks)
 ns.add_collection(lab)

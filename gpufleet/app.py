@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import pytest
 from rich.markup import escape
 
 import roles as role_registry
@@ -300,3 +301,50 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
         con.print(escape(line))
     con.print(f"nightly at {schedule.at}: {escape(schedule.command)}")
     return exitcodes.OK
+
+
+# ---- conformance ---------------------------------------------------------------------------
+
+PROJECT = Path(__file__).resolve().parent.parent
+SUITES = ("stack", "reachability", "allreduce", "rdma", "gpu")
+
+
+def suite_files(suites: str | None) -> list[str]:
+    """The check files of the named suites (all of them when None)."""
+    available = sorted(p.stem.removeprefix("test_")
+                       for p in (PROJECT / "conformance").glob("test_*.py"))
+    wanted = [s.strip() for s in suites.split(",") if s.strip()] if suites else \
+        [s for s in SUITES if s in available]
+    unknown = [s for s in wanted if s not in available]
+    if unknown:
+        raise GpufleetError(f"unknown suite(s) {', '.join(unknown)}; suites are "
+                            f"{', '.join(available)}")
+    return [str(PROJECT / "conformance" / f"test_{s}.py") for s in wanted]
+
+
+@guarded
+def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | None = None,
+                    junit_path: str | None = None, json_path: str | None = None,
+                    pairs: str = "all", with_nccl_tests: bool = False,
+                    fleet: FleetArgs | None = None, extra_args: list[str] | None = None) -> int:
+    """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
+    load_target(inventory, limit)
+    fleet = fleet or FleetArgs()
+    args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
+            "--rootdir", str(PROJECT), "-q", "--tb=no", "--no-header", "-rN",
+            "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,
+            "--gpufleet-forks", str(fleet.forks),
+            "--gpufleet-connect-timeout", str(fleet.connect_timeout)]
+    if limit:
+        args += ["--gpufleet-limit", limit]
+    if with_nccl_tests:
+        args.append("--gpufleet-with-nccl-tests")
+    if json_path:
+        args += ["--gpufleet-json", json_path]
+    if junit_path:
+        args += [f"--junitxml={junit_path}", "-o", "junit_family=xunit2",
+                 "-o", "junit_suite_name=gpufleet.conformance"]
+    code = int(pytest.main([*args, *(extra_args or [])]))
+    if code in (0, 1):
+        return code
+    raise GpufleetError(f"the conformance run could not complete (pytest exit {code})")

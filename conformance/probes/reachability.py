@@ -1,0 +1,104 @@
+"""Reachability probe shipped to nodes (standard library only, Python >= 3.6).
+
+``listen DEADLINE_S PORT,PORT,...``: bind the ports on every address, print
+``{"pid": P, "bound": [...], "busy": [...]}`` and keep accepting in the background until
+the deadline (or until killed), so the SSH command returns at once.
+
+``connect TIMEOUT_S TARGETS_JSON`` (a list of ``[target, address, port]``): connect to
+each in parallel and print ``{"target port": "open|refused|filtered|no route|error: ..."}``.
+"""
+
+import errno
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+
+
+def listen(deadline_s, ports):
+    socks, bound, busy = [], [], []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+            sock.listen(128)
+        except OSError:
+            busy.append(port)
+            sock.close()
+            continue
+        sock.setblocking(False)
+        socks.append(sock)
+        bound.append(port)
+    pid = os.fork()
+    if pid:
+        print(json.dumps({"pid": pid, "bound": bound, "busy": busy}), flush=True)
+        os._exit(0)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    selector = selectors.DefaultSelector()
+    for sock in socks:
+        selector.register(sock, selectors.EVENT_READ)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for key, _ in selector.select(timeout=0.5):
+            try:
+                conn, _ = key.fileobj.accept()
+                conn.close()
+            except OSError:
+                pass
+    os._exit(0)
+
+
+def classify(address, port, timeout_s):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect((address, port))
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "filtered"
+    except OSError as exc:
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return "no route"
+        return "error: " + str(exc)
+    finally:
+        sock.close()
+
+
+def connect(timeout_s, targets):
+    results = {}
+    lock = threading.Lock()
+
+    def one(target, address, port):
+        state = classify(address, port, timeout_s)
+        with lock:
+            results[f"{target} {port}"] = state
+
+    threads = [threading.Thread(target=one, args=tuple(t)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps(results, sort_keys=True), flush=True)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "listen":
+        listen(float(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p])
+    elif mode == "connect":
+        connect(float(sys.argv[2]), json.loads(sys.argv[3]))
+    else:
+        sys.exit("usage: reachability.py listen DEADLINE PORTS | connect TIMEOUT TARGETS_JSON")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""gpu: count and model as the inventory says; NVLink between every GPU pair where expected
+and no inactive link; PCIe link; no uncorrectable ECC errors, no pending or failed row
+remapping; no critical Xid in the kernel log since boot; no thermal or power slowdown;
+temperature under the limit; persistence mode on.
+
+Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
+gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
+gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet import parsers
+from gpufleet.conformance.gpu import (
+    CRITICAL_XIDS,
+    health_problems,
+    nvlink_problems,
+    topology_problems,
+    xid_problems,
+)
+from gpufleet.conformance.session import Node
+from gpufleet.errors import ParseError
+from gpufleet.facts import Facts
+
+
+def _gpus(node: Node) -> list[dict[str, object]]:
+    facts: Facts = node.facts  # type: ignore[assignment]
+    gpus = facts.get("gpus")
+    if gpus is None:
+        reason = facts.why_absent("gpus")
+        if "not found" in reason or not facts.get("pci_gpus"):
+            pytest.skip(f"no NVIDIA GPU: {reason}")
+        pytest.fail(f"unknown: NVIDIA GPUs on the PCI bus but nvidia-smi failed: {reason}")
+    if not gpus:
+        pytest.skip("no NVIDIA GPU: nvidia-smi lists none")
+    return gpus  # type: ignore[no-any-return]
+
+
+def test_count_and_model(node: Node, record_property: pytest.RecordProperty) -> None:
+    gpus = _gpus(node)
+    models = sorted({str(g.get("name")) for g in gpus})
+    record_property("gpus", len(gpus))
+    record_property("models", models)
+    count, model = node.var("gpu_count"), node.var("gpu_model")
+    if count is not None:
+        assert len(gpus) == int(count), f"{len(gpus)} GPUs, inventory expects {count}"
+    if model is not None:
+        assert models == [str(model)], f"GPU model {', '.join(models)}, expected {model}"
+    on_bus = node.facts.get("pci_gpus") or []  # type: ignore[union-attr]
+    assert not on_bus or len(on_bus) == len(gpus), \
+        f"{len(on_bus)} NVIDIA GPUs on the PCI bus, but nvidia-smi sees {len(gpus)}"
+
+
+def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
+    _gpus(node)
+    facts: Facts = node.facts  # type: ignore[assignment]
+    topo = facts.get("gpu_topology")
+    if topo is None:
+        pytest.fail(f"unknown: nvidia-smi topo -m: {facts.why_absent('gpu_topology')}")
+    if len(topo.get("gpus", [])) < 2:
+        pytest.skip("a single GPU: no GPU pairs")
+    expect = node.var("gpu_nvlink")
+    found = topology_problems(topo, None if expect is None else bool(expect))
+    status = facts.get("nvlink")
+    if status is not None:
+        found += nvlink_problems(status)
+    record_property("topology", topo.get("matrix"))
+    assert not found, "; ".join(found)
+
+
+def test_health(node: Node) -> None:
+    gpus = _gpus(node)
+    found = health_problems(
+        gpus,  # type: ignore[arg-type]
+        float(node.var("gpu_max_temp_c", 85)),
+        int(node.var("gpu_pcie_gen")) if node.var("gpu_pcie_gen") is not None else None,
+        int(node.var("gpu_pcie_width")) if node.var("gpu_pcie_width") is not None else None,
+        bool(node.var("gpu_persistence_mode", True)))
+    assert not found, "; ".join(found)
+
+
+def test_no_critical_xid_since_boot(node: Node) -> None:
+    _gpus(node)
+    log = node.run("dmesg 2>&1 || journalctl -k -b --no-pager 2>&1", timeout=60)
+    try:
+        events = parsers.xid_events(log.stdout)
+    except ParseError as exc:
+        pytest.fail(f"unknown: the kernel log could not be read: {exc}")
+    critical = tuple(int(x) for x in node.var("gpu_critical_xids", CRITICAL_XIDS))
+    found = xid_problems(events, critical)
+    assert not found, "; ".join(found)

@@ -1,0 +1,255 @@
+"""AllReduce across nodes: ship the probe, launch torchrun on every node over SSH
+(rendezvous on the first node's port), collect what each rank printed, kill everything
+on timeout, and name the phase that hung. NCCL where GPUs are, gloo elsewhere."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.conformance.session import Node
+from gpufleet.errors import GpufleetError
+
+PROBE = Path(__file__).resolve().parents[2] / "conformance" / "probes" / "allreduce.py"
+PHASES = ("start", "rendezvous_done", "first_collective_done", "done")
+HUNG_IN = {"start": "rendezvous", "rendezvous_done": "the first collective",
+           "first_collective_done": "the size sweep", "done": "shutdown"}
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+RC_MARK = "@@gpufleet-allreduce-rc="
+
+
+@dataclass
+class NodeOutput:
+    """What one node's torchrun printed and how it ended."""
+
+    rc: int | None
+    events: list[dict[str, Any]]
+    stderr_tail: str
+
+    def last_phase(self) -> str | None:
+        """The earliest phase any of the node's ranks got stuck after (slowest rank)."""
+        by_rank: dict[int, int] = {}
+        for event in self.events:
+            if event.get("event") == "phase" and event.get("phase") in PHASES:
+                rank = int(event.get("rank", -1))
+                by_rank[rank] = max(by_rank.get(rank, 0), PHASES.index(event["phase"]))
+        return PHASES[min(by_rank.values())] if by_rank else None
+
+
+@dataclass
+class AllreduceRun:
+    """One AllReduce over some nodes."""
+
+    nodes: list[str]
+    outputs: dict[str, NodeOutput] = field(default_factory=dict)
+    timed_out: bool = False
+    duration: float = 0.0
+    leftovers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [e for o in self.outputs.values() for e in o.events if e.get("event") == "result"]
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        for output in self.outputs.values():
+            for event in output.events:
+                if event.get("event") == "summary":
+                    return event
+        return None
+
+    @property
+    def largest(self) -> dict[str, Any] | None:
+        return max(self.results, key=lambda r: int(r["size"]), default=None)
+
+    @property
+    def wrong(self) -> int:
+        return sum(int(r.get("wrong") or 0) for r in self.results)
+
+    def error(self) -> str | None:
+        """Why the run failed (hang with its phase, a node's exit status, wrong sums)."""
+        if self.timed_out:
+            stuck = []
+            for name in self.nodes:
+                output = self.outputs.get(name)
+                phase = output.last_phase() if output else None
+                if phase != "done":
+                    where = HUNG_IN[phase] if phase else "launch (no rank started)"
+                    stuck.append(f"{name} hung in {where}")
+            return f"timed out after {self.duration:.0f}s: " + "; ".join(stuck or ["unknown"])
+        for name in self.nodes:
+            output = self.outputs.get(name)
+            if output is None or output.rc != 0:
+                rc = output.rc if output else None
+                tail = output.stderr_tail if output else "no output"
+                return f"{name}: torchrun exited with {rc}: {tail}"
+        if self.wrong:
+            return f"{self.wrong} reduced elements were wrong"
+        if not self.results:
+            return "the probe reported no result"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "ok": self.error() is None, "error": self.error(),
+                "duration_s": round(self.duration, 3), "results": self.results,
+                "summary": self.summary, "leftover_processes": self.leftovers}
+
+
+def socket_ifname(node: Node) -> str | None:
+    """The interface that carries the node's inventory address (for GLOO/NCCL sockets)."""
+    configured = node.var("gloo_socket_ifname") or (node.var("nccl_env") or {}).get(
+        "NCCL_SOCKET_IFNAME")
+    if configured:
+        return str(configured)
+    for iface in (node.facts.get("interfaces") if node.facts else None) or []:
+        if any(a.split("/")[0] == node.host.address for a in iface.get("addresses", [])):
+            return str(iface["name"])
+    return None
+
+
+def processes_per_node(node: Node) -> int:
+    """One process per GPU; ``allreduce_cpu_procs`` (default 1) on nodes without GPUs."""
+    gpus = node.facts.get("gpus") if node.facts else None
+    return len(gpus) if gpus else int(node.var("allreduce_cpu_procs", 1))
+
+
+def _torchrun(node: Node) -> str:
+    venv = node.var("pytorch_venv")
+    return f"{str(venv).rstrip('/')}/bin/torchrun" if venv else "torchrun"
+
+
+def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list[str],
+             timeout_s: float, port: int) -> str:
+    env = dict(SAFE_ENV, OMP_NUM_THREADS="1", TMPDIR=str(Path(probe).parent))
+    ifname = socket_ifname(node)
+    if ifname:
+        env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
+    launch = [_torchrun(node), f"--nproc-per-node={processes_per_node(node)}"]
+    if len(nodes) == 1:
+        launch += ["--standalone", "--nnodes=1"]
+    else:
+        launch += [f"--nnodes={len(nodes)}", f"--node-rank={rank}",
+                   f"--master-addr={nodes[0].host.address}", f"--master-port={port}"]
+    inner = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), "timeout", "-k", "10",
+                        str(int(timeout_s)), *launch, probe, *args])
+    return f"cd {shlex.quote(str(Path(probe).parent))} && {inner}; echo \"{RC_MARK}$?\""
+
+
+def _parse(stdout: str, stderr: str) -> NodeOutput:
+    events: list[dict[str, Any]] = []
+    rc: int | None = None
+    for raw in stdout.splitlines():
+        line = raw.strip()
+        if line.startswith(RC_MARK):
+            rc = int(line[len(RC_MARK):])
+        elif line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
+    return NodeOutput(rc, events, tail)
+
+
+def run_allreduce(nodes: list[Node], args: list[str], timeout_s: float,
+                  port: int = 29500) -> AllreduceRun:
+    """Run the probe on ``nodes`` together; every process is gone when this returns."""
+    run = AllreduceRun([n.name for n in nodes])
+    rundir = f"/tmp/gpufleet-allreduce-{uuid.uuid4().hex[:12]}"
+    probe = f"{rundir}/allreduce.py"
+    content = PROBE.read_bytes()
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        def one(indexed: tuple[int, Node]) -> tuple[str, NodeOutput]:
+            rank, node = indexed
+            try:
+                node.conn.put(probe, content, backup=False)
+                command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
+                                   timeout_s=timeout_s, port=port)
+                result = node.run(command, timeout=timeout_s + 60)
+            except GpufleetError as exc:
+                return node.name, NodeOutput(None, [], str(exc))
+            return node.name, _parse(result.stdout, result.stderr)
+
+        run.outputs = dict(pool.map(one, enumerate(nodes)))
+        run.duration = time.monotonic() - start
+        run.timed_out = any(o.rc in (124, 137) for o in run.outputs.values())
+
+        def cleanup(node: Node) -> tuple[str, str]:
+            # The pattern and the glob match the probe's path, but this command line does
+            # not contain that path literally, so pkill cannot match its own shell.
+            pattern = shlex.quote("[/]" + probe.lstrip("/"))
+            glob = shlex.quote(rundir[:-1]) + f"[{rundir[-1]}]"
+            try:
+                left = node.run(f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; "
+                                f"rm -rf {glob}; true", timeout=30).stdout.strip()
+            except GpufleetError as exc:
+                left = f"cleanup failed: {exc}"
+            return node.name, left
+
+        run.leftovers = {n: left for n, left in pool.map(cleanup, nodes) if left}
+    return run
+
+
+def threshold(node: Node, nodes: int) -> float | None:
+    """The minimum busbw (GB/s) at the largest size for this node's GPU model and ``nodes``.
+
+    ``allreduce_busbw_thresholds`` maps a GPU model as nvidia-smi names it (or ``cpu``) to
+    node counts and GB/s; the entry for the largest count not above ``nodes`` applies.
+    """
+    table = node.var("allreduce_busbw_thresholds") or {}
+    counts = {int(k): float(v) for k, v in (table.get(gpu_model(node)) or {}).items()}
+    eligible = [k for k in counts if k <= nodes]
+    return counts[max(eligible)] if eligible else None
+
+
+def gpu_model(node: Node) -> str:
+    """The node's GPU model as nvidia-smi names it, or ``cpu``."""
+    gpus = node.facts.get("gpus") if node.facts else None
+    return str(gpus[0].get("name")) if gpus else "cpu"
+
+
+def probe_args(node: Node) -> list[str]:
+    """Sizes and iterations from the inventory (``allreduce_sizes``, ``allreduce_iters``)."""
+    args = []
+    sizes = node.var("allreduce_sizes")
+    if sizes:
+        args += ["--sizes", ",".join(sizes) if isinstance(sizes, list) else str(sizes)]
+    iters = node.var("allreduce_iters")
+    if iters:
+        args += ["--iters", str(iters)]
+    return args
+
+
+def bisect(nodes: list[Node], args: list[str], timeout_s: float, port: int
+           ) -> dict[str, str]:
+    """Pair the first node with each other node to name the ones that fail or are slow.
+
+    Returns node -> reason. When every pair fails, the first node is the suspect.
+    """
+    reference, others = nodes[0], nodes[1:]
+    verdicts: dict[str, str] = {}
+    busbw: dict[str, float] = {}
+    for other in others:
+        pair = run_allreduce([reference, other], args, timeout_s, port)
+        problem = pair.error()
+        if problem:
+            verdicts[other.name] = f"pair with {reference.name} failed: {problem}"
+        elif pair.largest:
+            busbw[other.name] = float(pair.largest["busbw"])
+    if others and len(verdicts) == len(others):
+        return {reference.name: f"every pair with {reference.name} failed"}
+    if busbw:
+        best = max(busbw.values())
+        for name, value in busbw.items():
+            if value < 0.5 * best:
+                verdicts[name] = (f"pair with {reference.name} reached {value:.2f} GB/s busbw, "
+                                  f"under half the best pair ({best:.2f})")
+    return verdicts

@@ -1,0 +1,74 @@
+"""GPU health verdicts from facts and the kernel log: pure functions, one list of problems
+each (empty when healthy)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+CRITICAL_XIDS = (48, 56, 57, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+SLOWDOWNS = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+             "clocks_event_reasons.hw_power_brake_slowdown",
+             "clocks_event_reasons.sw_thermal_slowdown")
+_NV = re.compile(r"^NV(\d+)$")
+
+
+def topology_problems(topo: dict[str, Any], expect_nvlink: bool | None) -> list[str]:
+    """GPU pairs not joined by NVLink where it is expected (explicitly, or because some
+    pairs are). ``expect_nvlink`` False skips the check."""
+    gpus = topo.get("gpus", [])
+    matrix = topo.get("matrix", {})
+    links = {(a, b): matrix.get(a, {}).get(b) for a in gpus for b in gpus if a < b}
+    any_nvlink = any(v and _NV.match(v) for v in links.values())
+    if expect_nvlink is False or (expect_nvlink is None and not any_nvlink):
+        return []
+    return [f"{a}-{b} connected by {v or 'nothing'}, not NVLink" for (a, b), v in links.items()
+            if not (v and _NV.match(v))]
+
+
+def nvlink_problems(status: dict[int, list[float | None]]) -> list[str]:
+    """Inactive NVLinks per GPU."""
+    problems = []
+    for gpu, links in sorted(status.items()):
+        inactive = [i for i, speed in enumerate(links) if speed is None]
+        if inactive:
+            problems.append(f"GPU{gpu} NVLink(s) {', '.join(map(str, inactive))} inactive")
+    return problems
+
+
+def health_problems(gpus: list[dict[str, Any]], max_temp_c: float,
+                    pcie_gen: int | None, pcie_width: int | None,
+                    persistence: bool) -> list[str]:
+    """ECC, row remapping, slowdowns, temperature, PCIe link and persistence per GPU."""
+    problems = []
+    for gpu in gpus:
+        name = f"GPU{gpu.get('index')}"
+        if gpu.get("ecc.errors.uncorrected.volatile.total"):
+            problems.append(f"{name}: {gpu['ecc.errors.uncorrected.volatile.total']} "
+                            "uncorrectable ECC errors since boot")
+        if gpu.get("remapped_rows.pending"):
+            problems.append(f"{name}: row remapping pending (reset the GPU)")
+        if gpu.get("remapped_rows.failure"):
+            problems.append(f"{name}: row remapping failed (replace the GPU)")
+        active = [key.split(".", 1)[1] for key in SLOWDOWNS if gpu.get(key)]
+        if active:
+            problems.append(f"{name}: clock slowdown active: {', '.join(active)}")
+        temp = gpu.get("temperature.gpu")
+        if isinstance(temp, (int, float)) and temp > max_temp_c:
+            problems.append(f"{name}: {temp} C, above {max_temp_c:g} C")
+        if pcie_gen is not None and gpu.get("pcie.link.gen.max") != pcie_gen:
+            problems.append(f"{name}: PCIe gen {gpu.get('pcie.link.gen.max')}, "
+                            f"expected {pcie_gen}")
+        width = gpu.get("pcie.link.width.current")
+        expected_width = pcie_width or gpu.get("pcie.link.width.max")
+        if width is not None and expected_width is not None and width != expected_width:
+            problems.append(f"{name}: PCIe x{width}, expected x{expected_width}")
+        if persistence and gpu.get("persistence_mode") is False:
+            problems.append(f"{name}: persistence mode off")
+    return problems
+
+
+def xid_problems(events: list[dict[str, Any]], critical: tuple[int, ...]) -> list[str]:
+    """Critical Xid events from the kernel log since boot."""
+    return [f"Xid {e['xid']} on {e.get('pci')}: {e.get('message', '')}".strip()
+            for e in events if e.get("xid") in critical]

@@ -1,0 +1,185 @@
+"""The pytest plugin behind ``invoke conformance``: inventory-driven nodes, a per-host
+PASS / FAIL / SKIP summary with reasons, and a JSON report.
+
+Checks that take a ``node`` argument run once per selected host; checks without it
+run once for the fleet (reachability matrix, multi-node AllReduce).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.connection import ConnectOptions
+from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
+from gpufleet.inventory import load_inventory, resolve_inventory
+from gpufleet.report.jsonfile import envelope, write_json
+
+FLEET = "fleet"
+SESSION_KEY = pytest.StashKey[ConformanceSession]()
+RESULTS_KEY = pytest.StashKey[list["Result"]]()
+
+
+@dataclass
+class Result:
+    """One check's outcome on one host (or on the fleet)."""
+
+    suite: str
+    check: str
+    host: str
+    outcome: str  # pass | fail | skip
+    message: str
+    duration: float
+    properties: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"suite": self.suite, "check": self.check, "host": self.host,
+                "outcome": self.outcome, "message": self.message,
+                "duration_s": round(self.duration, 3), "properties": self.properties}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpufleet", "gpufleet conformance")
+    group.addoption("--gpufleet-inventory", help="inventory name or path")
+    group.addoption("--gpufleet-limit", default=None, help="Ansible host pattern")
+    group.addoption("--gpufleet-pairs", default="all",
+                    help="reachability pairs: all, ring or sample:K")
+    group.addoption("--gpufleet-with-nccl-tests", action="store_true",
+                    help="also run nccl-tests' all_reduce_perf where installed")
+    group.addoption("--gpufleet-json", default=None, help="write the JSON report here")
+    group.addoption("--gpufleet-forks", type=int, default=DEFAULT_FORKS)
+    group.addoption("--gpufleet-connect-timeout", type=float, default=10.0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[RESULTS_KEY] = []
+    config.addinivalue_line("markers", "fleet: a check that runs once for the whole selection")
+
+
+def _session(config: pytest.Config) -> ConformanceSession:
+    if SESSION_KEY not in config.stash:
+        name = config.getoption("gpufleet_inventory")
+        if not name:
+            raise pytest.UsageError("conformance checks need --gpufleet-inventory")
+        inventory = load_inventory(resolve_inventory(name))
+        hosts = inventory.select(config.getoption("gpufleet_limit"))
+        if not hosts:
+            raise pytest.UsageError("--gpufleet-limit selects no host")
+        base = inventory.path if inventory.path.is_dir() else inventory.path.parent
+        fleet = FleetOptions(forks=config.getoption("gpufleet_forks"), connect=ConnectOptions(
+            connect_timeout=config.getoption("gpufleet_connect_timeout"),
+            known_hosts_base=base))
+        config.stash[SESSION_KEY] = ConformanceSession.start(inventory, hosts, fleet, {
+            "pairs": config.getoption("gpufleet_pairs"),
+            "with_nccl_tests": config.getoption("gpufleet_with_nccl_tests"),
+            "fleet": fleet})
+    return config.stash[SESSION_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "node" in metafunc.fixturenames:
+        names = list(_session(metafunc.config).nodes)
+        metafunc.parametrize("node", names, ids=names, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def conformance(request: pytest.FixtureRequest) -> ConformanceSession:
+    """The run's nodes, options and report."""
+    return _session(request.config)
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest, conformance: ConformanceSession) -> Node:
+    """One selected node; a node whose facts could not be gathered fails every check."""
+    selected = conformance.nodes[request.param]
+    if selected.facts is None:
+        pytest.fail(f"unreachable or facts failed: {selected.error}")
+    return selected
+
+
+def _message(report: pytest.TestReport) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = getattr(crash, "message", None) or str(report.longrepr)
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return first.removeprefix("Failed: ").removeprefix("AssertionError: ").strip()
+    return ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, Any, None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        callspec = getattr(item, "callspec", None)
+        host = callspec.params.get("node", FLEET) if callspec else FLEET
+        module = getattr(item, "module", None)
+        suite = module.__name__.rsplit(".", 1)[-1].removeprefix("test_") if module else "?"
+        check = getattr(item, "originalname", item.name)
+        state = "pass" if report.passed else "skip" if report.skipped else "fail"
+        item.config.stash[RESULTS_KEY].append(Result(
+            suite, check, host, state, _message(report), report.duration,
+            dict(report.user_properties)))
+
+
+def host_summary(results: list[Result]) -> dict[str, dict[str, Any]]:
+    """Per host: PASS / FAIL / SKIP and counts (a host fails when any of its checks fails,
+    or any fleet check names it)."""
+    summary: dict[str, dict[str, Any]] = {}
+    for r in results:
+        entry = summary.setdefault(r.host, {"pass": 0, "fail": 0, "skip": 0})
+        entry[r.outcome] += 1
+    for entry in summary.values():
+        entry["status"] = "FAIL" if entry["fail"] else ("PASS" if entry["pass"] else "SKIP")
+    return summary
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    results = config.stash.get(RESULTS_KEY, [])
+    if not results:
+        return
+    tr = terminalreporter
+    tr.section("gpufleet conformance")
+    summary = host_summary(results)
+    width = max(len(h) for h in summary)
+    for host, entry in summary.items():
+        color = {"PASS": {"green": True}, "FAIL": {"red": True}, "SKIP": {"yellow": True}}
+        tr.write_line(f"{host:<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
+                      f"{entry['fail']} failed, {entry['skip']} skipped",
+                      **color[entry["status"]])
+        skips: dict[str, list[str]] = {}
+        for r in results:
+            if r.host != host:
+                continue
+            if r.outcome == "fail":
+                tr.write_line(f"{'':<{width}}    FAIL {r.suite}/{r.check}: {r.message}", red=True)
+            elif r.outcome == "skip":
+                skips.setdefault(r.message, []).append(f"{r.suite}/{r.check}")
+        for reason, checks in skips.items():
+            tr.write_line(f"{'':<{width}}    SKIP {', '.join(checks)}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    path = config.getoption("gpufleet_json", None)
+    state = config.stash.get(SESSION_KEY, None)
+    results = config.stash.get(RESULTS_KEY, [])
+    if path:
+        write_json(path, envelope(
+            "gpufleet.conformance/1",
+            inventory=str(state.inventory.path) if state else None,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            hosts=host_summary(results),
+            results=[r.to_dict() for r in results],
+            data=state.report if state else {}))
+    if state:
+        state.close()

@@ -1,0 +1,121 @@
+"""RoCE QoS on RDMA NICs: PFC, trust, DSCP map and ECN against the inventory, read from
+mlnx_qos or (without it) iproute2's dcb, in one round trip per node."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet import parsers
+from gpufleet.conformance.session import Node
+from gpufleet.errors import ParseError
+from gpufleet.facts import script
+
+
+@dataclass
+class RoceState:
+    """What a RoCE netdev reports; ``unknown`` says what could not be read."""
+
+    netdev: str
+    tool: str | None = None
+    trust: str | None = None
+    pfc_enabled: list[int] | None = None
+    dscp2prio: dict[int, int] = field(default_factory=dict)
+    ecn: dict[int, tuple[bool, bool]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+
+
+def read_command(netdev: str) -> list[tuple[str, str]]:
+    """Sections of the one-round-trip script that reads a netdev's QoS."""
+    q = shlex.quote(netdev)
+    return [
+        ("mlnx_qos", f"command -v mlnx_qos >/dev/null || exit 127; mlnx_qos -i {q}"),
+        ("dcb_pfc", f"command -v dcb >/dev/null || exit 127; dcb -j pfc show dev {q}"),
+        ("ecn", f"for p in 0 1 2 3 4 5 6 7; do echo \"$p $(cat /sys/class/net/{q}/ecn/roce_np/"
+                f"enable/$p 2>/dev/null || echo -) $(cat /sys/class/net/{q}/ecn/roce_rp/enable/"
+                "$p 2>/dev/null || echo -)\"; done"),
+        ("ethtool", f"command -v ethtool >/dev/null || exit 127; ethtool -S {q}"),
+    ]
+
+
+def parse_state(netdev: str, sections: dict[str, script.Section]) -> RoceState:
+    """Combine the sections into a RoceState (pure)."""
+    state = RoceState(netdev)
+    qos = sections.get("mlnx_qos")
+    dcb = sections.get("dcb_pfc")
+    if qos is not None and qos.rc == 0:
+        state.tool = "mlnx_qos"
+        try:
+            parsed = parsers.mlnx_qos(qos.text)
+            state.trust, state.pfc_enabled = parsed["trust"], parsed["pfc_enabled"]
+            state.dscp2prio = parsed["dscp2prio"]
+        except ParseError as exc:
+            state.unknown.append(f"mlnx_qos output unreadable: {exc}")
+    elif dcb is not None and dcb.rc == 0:
+        state.tool = "dcb"
+        try:
+            state.pfc_enabled = parsers.dcb_pfc_json(dcb.text)["prio_pfc"]
+        except ParseError as exc:
+            state.unknown.append(f"dcb output unreadable: {exc}")
+        state.unknown.append("trust mode and DSCP map (mlnx_qos not installed)")
+    else:
+        state.unknown.append("PFC and trust (neither mlnx_qos nor dcb could read them)")
+    ecn = sections.get("ecn")
+    for line in (ecn.text.splitlines() if ecn else []):
+        prio, np_, rp = [*line.split(), "-", "-"][:3]
+        if np_ != "-" and rp != "-" and prio.isdigit():
+            state.ecn[int(prio)] = (np_.strip() == "1", rp.strip() == "1")
+    counters = sections.get("ethtool")
+    if counters is not None and counters.rc == 0:
+        try:
+            state.counters = parsers.pause_and_discard_counters(
+                parsers.ethtool_stats(counters.text))
+        except ParseError:
+            state.unknown.append("ethtool -S counters unreadable")
+    return state
+
+
+def read_state(node: Node, netdev: str) -> RoceState:
+    nonce = script.new_nonce()
+    sections = read_command(netdev)
+    result = node.run(script.compose(sections, nonce), timeout=60)
+    return parse_state(netdev, script.split(result.stdout, nonce))
+
+
+def problems(state: RoceState, expected: dict[str, Any], nccl_ib_tc: int | None) -> list[str]:
+    """What differs from ``expected`` (pfc_priority, trust, ecn); unreadable values are
+    'unknown', never 'off'."""
+    found = []
+    prio = expected.get("pfc_priority")
+    if prio is not None:
+        if state.pfc_enabled is None:
+            found.append(f"{state.netdev}: PFC unknown")
+        elif state.pfc_enabled != [int(prio)]:
+            found.append(f"{state.netdev}: PFC enabled on {state.pfc_enabled or 'no priority'}, "
+                         f"expected only priority {prio}")
+    trust = expected.get("trust")
+    if trust is not None:
+        if state.trust is None:
+            found.append(f"{state.netdev}: trust mode unknown")
+        elif state.trust != trust:
+            found.append(f"{state.netdev}: trust {state.trust}, expected {trust}")
+    if expected.get("ecn") and prio is not None:
+        np_rp = state.ecn.get(int(prio))
+        if np_rp is None:
+            found.append(f"{state.netdev}: ECN on priority {prio} unknown "
+                         "(no /sys/class/net/<if>/ecn)")
+        elif not all(np_rp):
+            found.append(f"{state.netdev}: ECN on priority {prio} is roce_np="
+                         f"{int(np_rp[0])} roce_rp={int(np_rp[1])}, expected both enabled")
+    if nccl_ib_tc is not None and prio is not None:
+        dscp = nccl_ib_tc >> 2
+        mapped = state.dscp2prio.get(dscp)
+        if mapped is None:
+            found.append(f"{state.netdev}: NCCL_IB_TC {nccl_ib_tc} (DSCP {dscp}) has no "
+                         "known priority mapping")
+        elif mapped != int(prio):
+            found.append(f"{state.netdev}: NCCL_IB_TC {nccl_ib_tc} is DSCP {dscp} -> priority "
+                         f"{mapped}, but PFC protects priority {prio}")
+    return found

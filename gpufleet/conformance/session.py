@@ -1,0 +1,125 @@
+"""The state a conformance run shares between its checks: the selected nodes, their facts
+(gathered once, in parallel, one round trip each), connections, and report data."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import testinfra.backend.base
+import testinfra.host
+
+import roles as role_registry
+from gpufleet.connection import CommandResult, Connection, ConnectOptions, connect
+from gpufleet.drift import consistency_request
+from gpufleet.engine import active_roles, fact_request
+from gpufleet.facts import FactRequest, Facts, gather_facts
+from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
+from gpufleet.inventory import Host, Inventory
+
+CHECK_TIMEOUT_S = 120.0
+
+
+class GpufleetBackend(testinfra.backend.base.BaseBackend):  # type: ignore[misc]
+    """A testinfra backend over gpufleet's connection (host keys verified, become honoured)."""
+
+    NAME = "gpufleet"
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node.name)
+        self.node = node
+
+    def run(self, command: str, *args: str, **kwargs: Any) -> testinfra.backend.base.CommandResult:
+        cmd = self.get_command(command, *args)
+        result = self.node.run(cmd)
+        return self.result(result.rc, self.encode(cmd), result.stdout.encode(),
+                           result.stderr.encode())
+
+
+@dataclass
+class Node:
+    """One selected host: its facts (or why they are missing) and a lazy connection."""
+
+    host: Host
+    connect_options: ConnectOptions
+    facts: Facts | None = None
+    error: str | None = None
+    _conn: Connection | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def var(self, key: str, default: Any = None) -> Any:
+        """An inventory variable of this host (checks keep their own defaults)."""
+        return self.host.vars.get(key, default)
+
+    @property
+    def conn(self) -> Connection:
+        with self._lock:
+            if self._conn is None:
+                self._conn = connect(self.host, self.connect_options)
+            return self._conn
+
+    def run(self, command: str, timeout: float = CHECK_TIMEOUT_S,
+            stdin: bytes | None = None) -> CommandResult:
+        return self.conn.run(command, timeout=timeout, stdin=stdin)
+
+    @property
+    def testinfra(self) -> testinfra.host.Host:
+        """A testinfra ``host`` for this node."""
+        return testinfra.host.Host(GpufleetBackend(self))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def facts_request(host: Host) -> FactRequest:
+    """Everything the suites read from facts: the roles' needs and the consistency values."""
+    return fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
+
+
+@dataclass
+class ConformanceSession:
+    """Nodes, options and the data suites add to the report."""
+
+    inventory: Inventory
+    nodes: dict[str, Node]
+    options: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    _report_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def start(cls, inventory: Inventory, hosts: list[Host], fleet: FleetOptions,
+              options: dict[str, Any]) -> ConformanceSession:
+        """Gather every node's facts in parallel, one round trip each."""
+        outcomes = run_fleet(hosts, lambda h, c: TaskResult(gather_facts(c, facts_request(h))),
+                             fleet)
+        nodes = {}
+        for host in hosts:
+            outcome = outcomes[host.name]
+            node = Node(host, fleet.connect, outcome.value)
+            if outcome.value is None:
+                node.error = f"{outcome.status}: {outcome.error}"
+            nodes[host.name] = node
+        return cls(inventory, nodes, options)
+
+    def add_report(self, suite: str, key: str, value: Any) -> None:
+        """Attach data (a matrix, a bandwidth table) to the JSON report."""
+        with self._report_lock:
+            self.report.setdefault(suite, {})[key] = value
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+
+    @property
+    def base(self) -> Path:
+        path = self.inventory.path
+        return path if path.is_dir() else path.parent
