@@ -342,7 +342,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
     if json_path:
         args += ["--gpufleet-json", json_path]
     if junit_path:
-        args += [f"--junitxml={junit_path}", "-o", "junit_family=xunit2",
+        args += [f"--junitxml={junit_path}", "-o", "junit_family=xunit1",
                  "-o", "junit_suite_name=gpufleet.conformance"]
     code = int(pytest.main([*args, *(extra_args or [])]))
     if code in (0, 1):

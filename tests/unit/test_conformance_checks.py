@@ -1,0 +1,131 @@
+"""The pure verdicts behind the rdma and gpu suites, on real captured output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet import parsers
+from gpufleet.conformance import gpu, rdma
+from gpufleet.conformance.reachability import pairs, probe_ports
+from gpufleet.errors import GpufleetError
+from gpufleet.facts import script
+from tests.conftest import FIXTURES
+
+H200 = FIXTURES / "h200x2"
+SAMPLES = FIXTURES / "samples"
+
+
+def sections(**texts: tuple[int, str]) -> dict[str, script.Section]:
+    return {name: script.Section(name, rc, text) for name, (rc, text) in texts.items()}
+
+
+def ecn_lines(enabled: dict[int, tuple[int, int]]) -> str:
+    return "".join(f"{p} {enabled.get(p, (0, 0))[0]} {enabled.get(p, (0, 0))[1]}\n"
+                   for p in range(8))
+
+
+def test_rdma_state_from_real_mlnx_qos_output_meets_dscp_pfc3_ecn() -> None:
+    qos = (SAMPLES / "mlnx_qos_dscp_trust_prio3.txt").read_text()
+    state = rdma.parse_state("eth4", sections(mlnx_qos=(0, qos), dcb_pfc=(127, ""),
+                                              ecn=(0, ecn_lines({3: (1, 1)})),
+                                              ethtool=(127, "")))
+    assert (state.tool, state.trust, state.pfc_enabled) == ("mlnx_qos", "dscp", [3])
+    assert state.dscp2prio[26] == 3
+    expected = {"pfc_priority": 3, "trust": "dscp", "ecn": True}
+    assert rdma.problems(state, expected, nccl_ib_tc=106) == []
+
+
+def test_rdma_problems_name_each_difference() -> None:
+    qos = (SAMPLES / "mlnx_qos_dscp_trust_prio3.txt").read_text()
+    state = rdma.parse_state("eth4", sections(mlnx_qos=(0, qos),
+                                              ecn=(0, ecn_lines({3: (1, 0)}))))
+    expected = {"pfc_priority": 4, "trust": "pcp", "ecn": True}
+    assert rdma.problems(state, expected, nccl_ib_tc=106) == [
+        "eth4: PFC enabled on [3], expected only priority 4",
+        "eth4: trust dscp, expected pcp",
+        "eth4: ECN on priority 4 is roce_np=0 roce_rp=0, expected both enabled",
+        "eth4: NCCL_IB_TC 106 is DSCP 26 -> priority 3, but PFC protects priority 4",
+    ]
+
+
+def test_rdma_unreadable_values_are_unknown_never_off() -> None:
+    state = rdma.parse_state("eth4", sections(mlnx_qos=(0, "Priority trust state: ???\n"),
+                                              ecn=(0, ecn_lines({}).replace("0 0", "- -"))))
+    expected = {"pfc_priority": 3, "trust": "dscp", "ecn": True}
+    assert rdma.problems(state, expected, None) == [
+        "eth4: PFC unknown",
+        "eth4: trust mode unknown",
+        "eth4: ECN on priority 3 unknown (no /sys/class/net/<if>/ecn)",
+    ]
+    assert state.unknown[0].startswith("mlnx_qos output unreadable:")
+
+
+def test_rdma_with_dcb_only_reads_pfc_and_says_trust_is_unknown() -> None:
+    dcb = '{"pfc_cap":8,"macsec_bypass":false,"delay":4096,' \
+          '"prio_pfc":[false,false,false,true,false,false,false,false]}'
+    state = rdma.parse_state("eth2", sections(mlnx_qos=(127, ""), dcb_pfc=(0, dcb)))
+    assert (state.tool, state.pfc_enabled, state.trust) == ("dcb", [3], None)
+    assert rdma.problems(state, {"pfc_priority": 3}, None) == []
+    assert rdma.problems(state, {"pfc_priority": 3, "trust": "dscp"}, None) == [
+        "eth2: trust mode unknown"]
+
+
+def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
+    gpus = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+    assert gpu.health_problems(gpus, 85, 5, 16, True) == []
+    topo = parsers.nvidia_topo((H200 / "topo_m.txt").read_text())
+    assert gpu.topology_problems(topo, True) == []
+    assert gpu.nvlink_problems(parsers.nvlink_status(
+        (H200 / "nvlink_status.txt").read_text())) == []
+    assert gpu.xid_problems(parsers.xid_events((H200 / "dmesg_xid.txt").read_text()),
+                            gpu.CRITICAL_XIDS) == []
+
+
+def test_gpu_health_problems() -> None:
+    gpus = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+    bad = dict(gpus[1], **{"ecc.errors.uncorrected.volatile.total": 2,
+                           "remapped_rows.pending": True,
+                           "clocks_event_reasons.hw_thermal_slowdown": True,
+                           "temperature.gpu": 91, "pcie.link.width.current": 8,
+                           "persistence_mode": False})
+    assert gpu.health_problems([gpus[0], bad], 85, None, None, True) == [
+        "GPU1: 2 uncorrectable ECC errors since boot",
+        "GPU1: row remapping pending (reset the GPU)",
+        "GPU1: clock slowdown active: hw_thermal_slowdown",
+        "GPU1: 91 C, above 85 C",
+        "GPU1: PCIe x8, expected x16",
+        "GPU1: persistence mode off",
+    ]
+
+
+def test_gpu_topology_with_a_pair_on_sys() -> None:
+    topo = {"gpus": ["GPU0", "GPU1", "GPU2"],
+            "matrix": {"GPU0": {"GPU1": "NV18", "GPU2": "SYS"},
+                       "GPU1": {"GPU0": "NV18", "GPU2": "NV18"},
+                       "GPU2": {"GPU0": "SYS", "GPU1": "NV18"}}}
+    assert gpu.topology_problems(topo, None) == ["GPU0-GPU2 connected by SYS, not NVLink"]
+    assert gpu.topology_problems(topo, False) == []
+    assert gpu.nvlink_problems({0: [26.5, None, 26.5], 1: [26.5]}) == [
+        "GPU0 NVLink(s) 1 inactive"]
+
+
+def test_critical_xids_from_a_kernel_log(tmp_path: Path) -> None:
+    log = ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 79, pid=123, name=python, GPU has fallen off "
+           "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n")
+    assert gpu.xid_problems(parsers.xid_events(log), gpu.CRITICAL_XIDS) == [
+        "Xid 79 on 0000:3b:00: GPU has fallen off the bus."]
+
+
+def test_reachability_pairs_and_ports() -> None:
+    names = ["a", "b", "c", "d"]
+    assert len(pairs(names, "all")) == 12
+    assert pairs(names, "ring") == sorted({("a", "b"), ("b", "c"), ("c", "d"), ("d", "a"),
+                                           ("b", "a"), ("c", "b"), ("d", "c"), ("a", "d")})
+    sample = pairs(names, "sample:1")
+    assert set(pairs(names, "ring")) <= set(sample) and sample == pairs(names, "sample:1")
+    assert pairs(["a"], "all") == []
+    with pytest.raises(GpufleetError, match="--pairs must be all, ring or sample:K"):
+        pairs(names, "some")
+    assert probe_ports(29500, 49152, 65535, 3) == [29500, 49152, 53247, 57343, 61439, 65535]
