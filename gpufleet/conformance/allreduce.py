@@ -18,7 +18,8 @@ from gpufleet.errors import GpufleetError
 
 PROBE = Path(__file__).resolve().parents[2] / "conformance" / "probes" / "allreduce.py"
 PHASES = ("start", "rendezvous_done", "first_collective_done", "done")
-HUNG_IN = {"start": "rendezvous", "rendezvous_done": "the first collective",
+HUNG_IN = {None: "rendezvous (torchrun agents; no worker started)",
+           "start": "rendezvous (process group init)", "rendezvous_done": "the first collective",
            "first_collective_done": "the size sweep", "done": "shutdown"}
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -81,8 +82,7 @@ class AllreduceRun:
                 output = self.outputs.get(name)
                 phase = output.last_phase() if output else None
                 if phase != "done":
-                    where = HUNG_IN[phase] if phase else "launch (no rank started)"
-                    stuck.append(f"{name} hung in {where}")
+                    stuck.append(f"{name} hung in {HUNG_IN[phase]}")
             return f"timed out after {self.duration:.0f}s: " + "; ".join(stuck or ["unknown"])
         for name in self.nodes:
             output = self.outputs.get(name)
