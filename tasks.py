@@ -115,6 +115,20 @@ def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=Non
                               fleet=_fleet(c, forks, None, None, False)))
 
 
+@task(help={"inventory": FLEET_HELP["inventory"], "host": "the new node (inventory name)",
+            "peer": "a known-good node of the same group (default: the first other one)",
+            "expect_fingerprint": "refuse unless the host key has this SHA256 fingerprint",
+            "reboot": "reboot when the installed driver needs it",
+            "recertify": "run the conformance suites even on a node already certified",
+            "json": "write the bootstrap report to this file"})
+def bootstrap(c, host, inventory="lab", peer=None, expect_fingerprint=None, reboot=False,
+              recertify=False, json=None):
+    """Take a new node to certified-ready: trust, preflight, provision, certify, mark."""
+    options = app.BootstrapOptions(host=host, peer=peer, expect_fingerprint=expect_fingerprint,
+                                   reboot=reboot, recertify=recertify)
+    _exit(app.bootstrap_cmd(inventory, options, json))
+
+
 @task(help={"nodes": "number of lab nodes (1-200)"})
 def lab_up(c, nodes=3):
     """Bring the local lab cluster up with N nodes (idempotent)."""
@@ -139,6 +153,12 @@ def lab_add(c):
     _exit(lab_commands.add())
 
 
+@task(help={"node": "node name (node01) or number"})
+def lab_remove(c, node):
+    """Destroy one lab node and drop it from the inventory and known_hosts."""
+    _exit(lab_commands.remove(node))
+
+
 @task(help={"node": "node name (node01) or number", "command": "shell command to run"})
 def lab_exec(c, node, command):
     """Run a command inside a lab node: invoke lab.exec node01 'ip addr'."""
@@ -150,12 +170,13 @@ lab.add_task(lab_up, "up")
 lab.add_task(lab_down, "down")
 lab.add_task(lab_status, "status")
 lab.add_task(lab_add, "add")
+lab.add_task(lab_remove, "remove")
 lab.add_task(lab_exec, "exec", aliases=["node-exec"])
 
 drift_tasks = Collection("drift")
 drift_tasks.add_task(drift, "check", default=True)
 drift_tasks.add_task(drift_schedule, "schedule")
 
-ns = Collection(facts, provision, conformance)
+ns = Collection(facts, provision, conformance, bootstrap)
 ns.add_collection(drift_tasks)
 ns.add_collection(lab)

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes
+from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
 from gpufleet.errors import GpufleetError
@@ -348,3 +349,27 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
     if code in (0, 1):
         return code
     raise GpufleetError(f"the conformance run could not complete (pytest exit {code})")
+
+
+# ---- bootstrap -----------------------------------------------------------------------------
+
+@guarded
+def bootstrap_cmd(inventory: str, options: BootstrapOptions, json_path: str | None = None,
+                  out: TextIO | None = None) -> int:
+    """Take a new node to certified-ready and report each step."""
+    inv = load_inventory(resolve_inventory(inventory))
+    result = bootstrap(inv, inventory, options, conformance_cmd)
+    con = terminal.console(out)
+    con.print(f"[bold]BOOTSTRAP {escape(result.host)}[/bold]")
+    styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
+    for step in result.steps:
+        style = styles[step.status]
+        con.print(f"  {step.name:<10} [{style}]{step.status:<8}[/{style}] {step.duration:6.1f}s  "
+                  f"{escape(step.detail)}")
+    verdict = "[green]READY[/green]" if result.ready else \
+        f"[red]NOT READY[/red]: {escape(str(result.reason))}"
+    con.print(f"{result.host}: {verdict}")
+    if json_path:
+        write_json(json_path, envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
+                                       **result.to_dict()))
+    return result.exit_code

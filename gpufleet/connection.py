@@ -22,7 +22,7 @@ import fabric
 import paramiko
 
 from gpufleet.errors import GpufleetError
-from gpufleet.hostkeys import HostKeyError, VerifyPolicy, changed_key_message
+from gpufleet.hostkeys import HostKeyError, VerifyPolicy, changed_key_message, fingerprint
 from gpufleet.inventory import Host
 
 BACKUP_SUFFIX = ".gpufleet-bak"
@@ -322,6 +322,14 @@ class SSHConnection(_CommandRunner):
     def connect(self) -> None:
         """Open the connection now (otherwise the first command opens it)."""
         self._connection()
+
+    def host_key(self) -> tuple[str, str]:
+        """The (type, SHA256 fingerprint) of the key the host presented."""
+        transport = self._connection().client.get_transport()
+        if transport is None:
+            raise Unreachable(f"connection to {self.host.address} was lost")
+        key = transport.get_remote_server_key()
+        return key.get_name(), fingerprint(key)
 
     def _exec(self, line: str, timeout: float, stdin: bytes | None) -> tuple[int, str, str]:
         transport = self._connection().client.get_transport()

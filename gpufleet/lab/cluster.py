@@ -273,8 +273,7 @@ class Lab:
 
     def status(self) -> list[NodeStatus]:
         """Per-node state as seen from the controller."""
-        known = self.config.known_hosts.read_text() if self.config.known_hosts.exists() else ""
-        known_addrs = {line.split()[0] for line in known.splitlines() if line.strip()}
+        known_addrs = self._known_addresses()
         return [
             NodeStatus(
                 name=n.name,
@@ -316,6 +315,27 @@ class Lab:
         self._ensure_node(node)
         self._write_inventory()
         return node
+
+    def remove(self, name: str) -> None:
+        """Destroy one node and drop it from the inventory and known_hosts.
+
+        The controller and the other nodes forget its MAC address, so that a node added
+        later at the same address is reachable at once."""
+        self._preflight()
+        node = self.node(name)
+        self._destroy_node(node)
+        localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
+        for other in self.nodes():
+            localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to", node.address],
+                         check=False)
+        self._write_known_hosts([n for n in self.nodes() if n.host_key_pub.exists()
+                                 and n.address in self._known_addresses()])
+        self._write_inventory()
+
+    def _known_addresses(self) -> set[str]:
+        known = self.config.known_hosts
+        text = known.read_text() if known.exists() else ""
+        return {line.split()[0] for line in text.splitlines() if line.strip()}
 
     def reboot(self, name: str, delay: float = 0.0) -> None:
         """Stop every process of a node and boot it again from its persistent overlay."""

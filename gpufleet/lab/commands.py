@@ -77,3 +77,12 @@ def node_exec(node: str, command: str, lab: Lab | None = None) -> int:
     lab = lab or Lab()
     return subprocess.run(lab.exec_argv(node, command), check=False, stdout=sys.stdout,
                           stderr=sys.stderr).returncode
+
+
+@guarded
+def remove(node: str, lab: Lab | None = None, out: TextIO | None = None) -> int:
+    """Destroy one node and drop it from the inventory and known_hosts."""
+    lab = lab or Lab()
+    lab.remove(node)
+    terminal.console(out).print(f"removed {node}")
+    return 0

@@ -1,0 +1,407 @@
+"""Bootstrap a new node to certified-ready: trust its host key explicitly, preflight,
+provision, admit it in the cluster's firewalls, certify (node-local suites, then
+reachability and a two-node AllReduce with a known-good peer), and mark the node ready or
+not ready, with a report of every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import roles as role_registry
+from gpufleet import __version__, exitcodes
+from gpufleet.connection import (
+    Connection,
+    ConnectOptions,
+    SSHConnection,
+    Unreachable,
+    connect,
+    known_hosts_files,
+)
+from gpufleet.drift import comparable, consistency_request
+from gpufleet.engine import RunOptions, active_roles, fact_request, provision
+from gpufleet.errors import GpufleetError
+from gpufleet.facts import Facts, gather_facts
+from gpufleet.fleet import FleetOptions
+from gpufleet.inventory import Host, Inventory
+from gpufleet.plan import ApplyOptions
+from gpufleet.role import RoleVars
+from roles import firewall
+
+STATE_FILE = "/etc/gpufleet/node.json"
+NODE_SCHEMA = "gpufleet.node/1"
+SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
+LOCAL_SUITES = "stack,gpu,rdma,allreduce"
+
+
+@dataclass
+class StepResult:
+    """One bootstrap step: ok, failed or skipped, with what it found and how long it took."""
+
+    name: str
+    status: str
+    detail: str
+    duration: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+    unreachable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.name, "status": self.status, "detail": self.detail,
+                "duration_s": round(self.duration, 3), "data": self.data,
+                "unreachable": self.unreachable}
+
+
+@dataclass
+class BootstrapOptions:
+    """What the user asked for."""
+
+    host: str
+    peer: str | None = None
+    expect_fingerprint: str | None = None
+    reboot: bool = False
+    recertify: bool = False
+    report_dir: Path = field(default_factory=lambda: Path("reports/bootstrap"))
+    connect_timeout: float = 10.0
+
+
+@dataclass
+class Bootstrap:
+    """Everything one bootstrap run did."""
+
+    host: str
+    steps: list[StepResult] = field(default_factory=list)
+    ready: bool = False
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "ready": self.ready, "reason": self.reason,
+                "steps": [s.to_dict() for s in self.steps]}
+
+    @property
+    def exit_code(self) -> int:
+        if self.ready:
+            return exitcodes.OK
+        if any(s.unreachable for s in self.steps):
+            return exitcodes.UNREACHABLE
+        return exitcodes.FAILED
+
+
+class StepFailure(GpufleetError):
+    """A step failed; the node is marked not ready with this reason."""
+
+
+def _timed(run: Bootstrap, name: str, func: Callable[[], tuple[str, dict[str, Any]]]) -> None:
+    """Run one step; record it; raise StepFailure when it fails."""
+    start = time.monotonic()
+    try:
+        detail, data = func()
+    except GpufleetError as exc:
+        run.steps.append(StepResult(name, "failed", str(exc), time.monotonic() - start,
+                                    unreachable=isinstance(exc, Unreachable)))
+        raise StepFailure(f"{name}: {exc}") from exc
+    run.steps.append(StepResult(name, "ok", detail, time.monotonic() - start, data))
+
+
+# ---- 1. trust on first use, explicitly ----------------------------------------------------
+
+def trust(host: Host, base: Path, options: BootstrapOptions) -> tuple[str, dict[str, Any]]:
+    """Connect accepting an unknown key (recorded to the inventory's known_hosts), but only
+    if it matches --expect-fingerprint when given; a recorded key that differs is refused."""
+    if host.connection == "local":
+        return "local connection: no host key", {}
+    known = known_hosts_files(host, base)
+    conn = SSHConnection(host, ConnectOptions(
+        connect_timeout=options.connect_timeout, accept_new_host_keys=True,
+        expect_fingerprint=options.expect_fingerprint, known_hosts_base=base))
+    try:
+        conn.connect()
+        key_type, fp = conn.host_key()
+    finally:
+        conn.close()
+    if options.expect_fingerprint and fp != options.expect_fingerprint:
+        raise GpufleetError(f"host key of {host.address} is {key_type} {fp}, not the expected "
+                            f"{options.expect_fingerprint}; refusing to continue")
+    how = f"newly recorded in {known[0]}" if conn.accepted_fingerprint else "already known"
+    return f"{key_type} {fp} ({how})", {"fingerprint": fp, "recorded": bool(
+        conn.accepted_fingerprint)}
+
+
+# ---- 2. preflight --------------------------------------------------------------------------
+
+def preflight_problems(facts: Facts, host: Host, controller_clock: float) -> list[str]:
+    """Why the node cannot take the stack yet (empty when it can)."""
+    v = host.vars
+    problems = []
+    release = facts.get("os_release") or {}
+    os_id = f"{release.get('ID', '?')}:{release.get('VERSION_ID', '?')}"
+    supported = [str(s) for s in v.get("bootstrap_supported_os", SUPPORTED_OS)]
+    if os_id not in supported:
+        problems.append(f"OS {os_id} is not supported ({', '.join(supported)})")
+    min_free = float(v.get("bootstrap_min_free_gb", 20))
+    free = (facts.get("disk_free") or {}).get("/")
+    if free is None:
+        problems.append(f"free disk space unknown: {facts.why_absent('disk_free')}")
+    elif free < min_free * 1e9:
+        problems.append(f"{free / 1e9:.1f} GB free on /, need {min_free:g} GB")
+    if v.get("nvidia_driver_dkms", True) and "nvidia_driver_version" in v \
+            and not facts.get("kernel_headers"):
+        problems.append(f"kernel headers for {facts.get('kernel')} are missing (the driver's "
+                        "DKMS module cannot build)")
+    wanted = v.get("gpu_count")
+    on_bus = facts.get("pci_gpus")
+    if wanted is not None and on_bus is not None and len(on_bus) != int(wanted):
+        problems.append(f"{len(on_bus)} NVIDIA GPUs on the PCI bus, inventory expects {wanted}")
+    synced = facts.get("time_sync")
+    skew = abs(float(facts.get("clock") or controller_clock) - controller_clock)
+    max_skew = float(v.get("bootstrap_max_clock_skew_s", 2.0))
+    if synced is False:
+        problems.append("the clock is not synchronised (NTP reports unsynchronised)")
+    elif skew > max_skew:
+        problems.append(f"the clock is {skew:.1f}s off the controller's (max {max_skew:g}s)")
+    return problems
+
+
+def preflight(conn: Connection, host: Host) -> tuple[str, dict[str, Any]]:
+    request = fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
+    before = time.time()
+    facts = gather_facts(conn, request)
+    controller = (before + time.time()) / 2
+    problems = preflight_problems(facts, host, controller)
+    if problems:
+        raise GpufleetError("; ".join(problems))
+    release = (facts.get("os_release") or {}).get("PRETTY_NAME")
+    return (f"{release}, kernel {facts.get('kernel')}, "
+            f"{len(facts.get('pci_gpus') or [])} GPU(s) on the PCI bus"), {}
+
+
+# ---- 3. provision --------------------------------------------------------------------------
+
+def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot: bool
+                   ) -> tuple[str, dict[str, Any]]:
+    """Apply every role, rebooting when asked, then re-check that nothing is left to do."""
+    applied = provision(inventory, [host], role_registry.ALL,
+                        RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet))[host.name]
+    if applied.status in ("failed", "unreachable"):
+        raise GpufleetError(str(applied.error))
+    run = applied.value
+    if run and run.reboot_pending:
+        raise GpufleetError(f"reboot required ({run.reboot_pending}); run bootstrap with "
+                            "--reboot")
+    check = provision(inventory, [host], role_registry.ALL, RunOptions(check=True, fleet=fleet))
+    left = check[host.name]
+    if left.status == "failed" or (left.value and left.value.plan and left.value.plan.changes):
+        items = [c.item for c in left.value.plan.changes] if left.value and left.value.plan \
+            else [str(left.error)]
+        raise GpufleetError(f"not converged after provisioning: {', '.join(items)}")
+    changes = [c.item for c in (run.applied if run else [])]
+    detail = f"{len(changes)} change(s) applied" + (", rebooted" if run and run.rebooted else "")
+    return detail, {"applied": changes}
+
+
+# ---- 4. admit: the cluster's firewalls must let the new node in ---------------------------
+
+def admit(inventory: Inventory, host: Host, peer: str | None, fleet: FleetOptions
+          ) -> tuple[str, dict[str, Any]]:
+    """Apply the firewall role on the other hosts of the cluster group, so that they admit
+    the new node on the rendezvous port and NCCL's range (the peer must succeed)."""
+    v = RoleVars(host, firewall.ROLE.defaults)
+    if not firewall.ROLE.active(v):
+        return "the firewall is not managed", {}
+    group = v.string("firewall_cluster_group")
+    others = [inventory.hosts[h] for h in inventory.hosts
+              if h in inventory.groups.get(group, set()) and h != host.name]
+    outcomes = provision(inventory, others, [firewall.ROLE],
+                         RunOptions(apply=ApplyOptions(), fleet=fleet))
+    failed = {n: f"{o.status}: {o.error}" for n, o in outcomes.items()
+              if o.status in ("failed", "unreachable")}
+    if peer in failed:
+        raise GpufleetError(f"the peer {peer} could not admit {host.name}: {failed[peer]}")
+    changed = sorted(n for n, o in outcomes.items() if o.status == "changed")
+    detail = f"{len(changed)} of {len(others)} node(s) of group {group} updated their firewall"
+    if failed:
+        detail += f"; NOT updated: {', '.join(f'{n} ({e})' for n, e in failed.items())}"
+    return detail, {"updated": changed, "not_updated": failed}
+
+
+# ---- 5. certify ----------------------------------------------------------------------------
+
+ConformanceRunner = Callable[..., int]
+
+
+def _suite_results(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    doc = json.loads(path.read_text())
+    return doc.get("hosts", {}), doc.get("results", [])
+
+
+def certify(inventory_name: str, host: str, peer: str | None, run_conformance: ConformanceRunner,
+            workdir: Path) -> tuple[str, dict[str, Any]]:
+    """Node-local suites on the node, then reachability and a two-node AllReduce with peer."""
+    local = workdir / "local.json"
+    run_conformance(inventory_name, limit=host, suites=LOCAL_SUITES, json_path=str(local),
+                    extra_args=["-k", "not nccl_tests"])
+    _, results = _suite_results(local)
+    failed = [r for r in results if r["outcome"] == "fail"]
+    summary = {"local": {k: sum(r["outcome"] == k for r in results)
+                         for k in ("pass", "fail", "skip")}}
+    if not failed and peer:
+        pair = workdir / "pair.json"
+        run_conformance(inventory_name, limit=f"{peer}:{host}", suites="reachability,allreduce",
+                        json_path=str(pair),
+                        extra_args=["-k", "reachable_from or all_nodes_together"])
+        _, pair_results = _suite_results(pair)
+        failed = [r for r in pair_results if r["outcome"] == "fail"]
+        summary["pair"] = {k: sum(r["outcome"] == k for r in pair_results)
+                           for k in ("pass", "fail", "skip")}
+        results += pair_results
+    if failed:
+        raise GpufleetError("; ".join(f"{r['suite']}/{r['check']} on {r['host']}: "
+                                      f"{r['message']}" for r in failed))
+    passed = sum(r["outcome"] == "pass" for r in results)
+    with_peer = f" with peer {peer}" if peer else " (no peer in the group)"
+    return f"{passed} checks passed{with_peer}", {"conformance": summary}
+
+
+def choose_peer(inventory: Inventory, host: Host, peer: str | None) -> str | None:
+    """The given peer, else the first other host of the host's smallest group."""
+    if peer:
+        if peer not in inventory.hosts:
+            raise GpufleetError(f"--peer {peer!r} is not in the inventory")
+        return peer
+    groups = sorted((g for g in host.groups if g not in ("all", "ungrouped")),
+                    key=lambda g: (len(inventory.groups[g]), g))
+    for group in [*groups, "all"]:
+        others = [h for h in inventory.hosts if h in inventory.groups.get(group, set())
+                  and h != host.name]
+        if others:
+            return others[0]
+    return None
+
+
+# ---- 6. mark -------------------------------------------------------------------------------
+
+def node_state(host: Host, inventory: Inventory, facts: Facts | None, *, ready: bool,
+               reason: str | None, steps: list[StepResult], peer: str | None) -> dict[str, Any]:
+    """The content of /etc/gpufleet/node.json, apart from the time it is written."""
+    conformance = next((s.data.get("conformance") for s in steps if s.name == "certify"), None)
+    return {"schema": NODE_SCHEMA, "host": host.name, "status": "ready" if ready else
+            "not-ready", "reason": reason, "inventory": str(inventory.path),
+            "inventory_digest": inventory.digest(), "gpufleet_version": __version__,
+            "versions": comparable(facts) if facts else {}, "conformance": conformance,
+            "peer": peer}
+
+
+def read_state(conn: Connection) -> dict[str, Any] | None:
+    result = conn.run(f"cat {STATE_FILE} 2>/dev/null", timeout=30)
+    try:
+        state: dict[str, Any] = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return None
+    return state
+
+
+def same_state(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Equal apart from the time it was written."""
+    return old is not None and {k: v for k, v in old.items() if k != "marked_at"} == new
+
+
+def run_hook(command: str | None, host: Host, status: str, reason: str | None) -> str:
+    """Run the inventory's ready/drain command on the controller; values reach it only as
+    environment variables (GPUFLEET_HOST, GPUFLEET_ADDRESS, GPUFLEET_STATUS,
+    GPUFLEET_REASON), never spliced into the command line."""
+    if not command:
+        return "no command configured"
+    env = dict(os.environ, GPUFLEET_HOST=host.name, GPUFLEET_ADDRESS=host.address,
+               GPUFLEET_STATUS=status, GPUFLEET_REASON=reason or "")
+    proc = subprocess.run(["sh", "-c", str(command)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    if proc.returncode != 0:
+        raise GpufleetError(f"command exited with {proc.returncode}: "
+                            f"{(proc.stderr or proc.stdout).strip()[-200:]}")
+    return "ran"
+
+
+# ---- the whole flow ------------------------------------------------------------------------
+
+def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptions,
+              run_conformance: ConformanceRunner) -> Bootstrap:
+    """Take one host to certified-ready; every step is reported, none is hidden."""
+    if options.host not in inventory.hosts:
+        raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
+    host = inventory.hosts[options.host]
+    base = inventory.path if inventory.path.is_dir() else inventory.path.parent
+    fleet = FleetOptions(connect=ConnectOptions(connect_timeout=options.connect_timeout,
+                                                known_hosts_base=base))
+    result = Bootstrap(host.name)
+    try:
+        _timed(result, "trust", lambda: trust(host, base, options))
+    except StepFailure as exc:
+        result.reason = str(exc)
+        return result
+    conn = connect(host, fleet.connect)
+    peer: str | None = None
+    try:
+        peer = choose_peer(inventory, host, options.peer)
+        _timed(result, "preflight", lambda: preflight(conn, host))
+        _timed(result, "provision", lambda: provision_node(inventory, host, fleet,
+                                                           options.reboot))
+        _timed(result, "admit", lambda: admit(inventory, host, peer, fleet))
+        conn.close()  # the node may have rebooted: talk to it over a new connection
+        conn = connect(host, fleet.connect)
+        facts = gather_facts(conn, consistency_request(host))
+        previous = read_state(conn)
+        expected = node_state(host, inventory, facts, ready=True, reason=None,
+                              steps=result.steps, peer=peer)
+        if previous and previous.get("status") == "ready" and not options.recertify and \
+                {k: previous.get(k) for k in ("inventory_digest", "versions")} == \
+                {k: expected[k] for k in ("inventory_digest", "versions")}:
+            result.steps.append(StepResult("certify", "skipped", "already certified ready "
+                                           f"at {previous.get('marked_at')} for this inventory "
+                                           "and stack (--recertify to run again)",
+                                           data={"conformance": previous.get("conformance")}))
+        else:
+            with tempfile.TemporaryDirectory(prefix="gpufleet-bootstrap-") as tmp:
+                _timed(result, "certify", lambda: certify(inventory_name, host.name, peer,
+                                                          run_conformance, Path(tmp)))
+        result.ready = True
+    except StepFailure as exc:
+        result.reason = str(exc)
+    try:
+        _timed(result, "mark", lambda: mark(conn, host, inventory, result, peer))
+    except StepFailure as exc:
+        result.ready = False
+        result.reason = result.reason or str(exc)
+    finally:
+        conn.close()
+    return result
+
+
+def mark(conn: Connection, host: Host, inventory: Inventory, result: Bootstrap,
+         peer: str | None) -> tuple[str, dict[str, Any]]:
+    """Write the node's state file (unless unchanged) and run the ready or drain command."""
+    facts = gather_facts(conn, consistency_request(host))
+    state = node_state(host, inventory, facts, ready=result.ready, reason=result.reason,
+                       steps=result.steps, peer=peer)
+    previous = read_state(conn)
+    if same_state(previous, state):
+        written = f"{STATE_FILE} unchanged"
+    else:
+        stamped = dict(state, marked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        conn.put(STATE_FILE, (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode())
+        written = f"wrote {STATE_FILE}"
+    was_ready = bool(previous and previous.get("status") == "ready")
+    if result.ready:
+        hook = "ready command: " + (run_hook(host.vars.get("bootstrap_ready_command"), host,
+                                             "ready", None)
+                                    if not was_ready else "not needed (already ready)")
+    else:
+        hook = "drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
+                                            "not-ready", result.reason)
+    status = "ready" if result.ready else f"NOT READY ({result.reason})"
+    return f"{status}; {written}; {hook}", {"state": state}

@@ -1,0 +1,115 @@
+"""Bootstrap on the lab: a fresh node (not in known_hosts) to certified-ready with a lab
+peer; a wrong fingerprint refused before anything runs; a failing step drains the node.
+
+The tests share one fresh node and run in order: refused, then ready, then re-certified
+while the peer's own firewall closes the rendezvous port."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet import app
+from gpufleet.bootstrap import BootstrapOptions
+from gpufleet.lab.cluster import Lab
+from tests.lab.conftest import PROVISIONED, node_sh
+from tests.lab.test_provision import override, run
+
+
+@pytest.fixture(scope="module")
+def fresh(lab: Lab, provisioned: Path) -> Iterator[str]:
+    """A new node in the inventory whose host key nobody has recorded yet; afterwards it is
+    removed and the other nodes' firewalls forget it."""
+    node = lab.add()
+    try:
+        yield node.name
+    finally:
+        lab.remove(node.name)
+        run(provisioned, "all", role_names="firewall")
+
+
+@pytest.fixture
+def hooks(provisioned: Path, tmp_path: Path) -> Iterator[Path]:
+    log = tmp_path / "scheduler.log"
+    with override(provisioned, "group_vars", "lab", {
+            "bootstrap_ready_command": f'echo "ready $GPUFLEET_HOST" >> {log}',
+            "bootstrap_drain_command": f'echo "drain $GPUFLEET_HOST: $GPUFLEET_REASON" >> {log}'}):
+        yield log
+
+
+def _bootstrap(inventory: Path, tmp_path: Path, **kwargs: object) -> tuple[int, dict[str, object]]:
+    report = tmp_path / f"bootstrap-{len(list(tmp_path.iterdir()))}.json"
+    code = app.bootstrap_cmd(str(inventory), BootstrapOptions(**kwargs),  # type: ignore[arg-type]
+                             str(report))
+    return code, json.loads(report.read_text()) if report.exists() else {}
+
+
+def test_a_wrong_fingerprint_is_refused_before_anything_runs(
+        lab: Lab, provisioned: Path, fresh: str, hooks: Path, tmp_path: Path) -> None:
+    known_before = lab.config.known_hosts.read_text()
+    upper = lab.node(fresh).dir / "upper"
+    before = sorted(str(p) for p in upper.rglob("*"))
+    code, report = _bootstrap(provisioned, tmp_path, host=fresh,
+                              expect_fingerprint="SHA256:" + "A" * 43)
+    assert code == 1
+    assert [s["step"] for s in report["steps"]] == ["trust"]  # type: ignore[union-attr]
+    assert "not the expected SHA256:AAAA" in str(report["reason"])
+    assert lab.config.known_hosts.read_text() == known_before
+    assert sorted(str(p) for p in upper.rglob("*")) == before
+    assert not hooks.exists()
+
+
+def test_a_fresh_node_is_taken_to_ready_and_then_shows_no_drift(
+        lab: Lab, provisioned: Path, fresh: str, hooks: Path, tmp_path: Path) -> None:
+    known = lab.config.known_hosts.read_text()
+    assert lab.node(fresh).address not in known
+    code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01", reboot=True)
+    assert code == 0, report
+    steps = {s["step"]: s for s in report["steps"]}  # type: ignore[index, union-attr]
+    assert [s["step"] for s in report["steps"]] == [  # type: ignore[union-attr]
+        "trust", "preflight", "provision", "admit", "certify", "mark"]
+    assert all(s["status"] == "ok" for s in steps.values())
+    assert "newly recorded" in steps["trust"]["detail"]
+    assert steps["trust"]["data"]["fingerprint"].startswith("SHA256:")
+    assert lab.node(fresh).address in lab.config.known_hosts.read_text()
+    assert "rebooted" in steps["provision"]["detail"]
+    state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
+    assert (state["status"], state["peer"], state["versions"]["nccl"]) == \
+        ("ready", "node01", "2.21.5-1+cuda12.4")
+    assert hooks.read_text() == f"ready {fresh}\n"
+    assert app.drift_cmd(str(provisioned), limit=f"{PROVISIONED}:{fresh}",
+                         outputs=app.DriftOutputs(report_dir=str(tmp_path / "drift"))) == 0
+    again_code, again = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01")
+    assert again_code == 0
+    assert {s["step"]: s["status"] for s in again["steps"]} == {  # type: ignore[union-attr]
+        "trust": "ok", "preflight": "ok", "provision": "ok", "admit": "ok",
+        "certify": "skipped", "mark": "ok"}
+    assert "unchanged" in again["steps"][-1]["detail"]  # type: ignore[index]
+    assert hooks.read_text() == f"ready {fresh}\n"
+
+
+def test_a_failing_step_marks_the_node_not_ready_and_drains_it(
+        lab: Lab, provisioned: Path, fresh: str, hooks: Path, tmp_path: Path) -> None:
+    # The site's own firewall on the peer (a table gpufleet does not own) closes 29500.
+    node_sh(lab, "node01", "nft add table inet site && nft 'add chain inet site in "
+            "{ type filter hook input priority -10; }' && "
+            "nft add rule inet site in tcp dport 29500 drop")
+    try:
+        with override(provisioned, "host_vars", "node01", {"allreduce_timeout_s": 30}):
+            code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01",
+                                      recertify=True)
+    finally:
+        node_sh(lab, "node01", "nft delete table inet site")
+    assert code == 1
+    steps = {s["step"]: s["status"] for s in report["steps"]}  # type: ignore[union-attr]
+    assert steps["provision"] == "ok" and steps["certify"] == "failed" and steps["mark"] == "ok"
+    assert "port 29500 not reachable from" in str(report["reason"])
+    state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
+    assert state["status"] == "not-ready"
+    assert "port 29500" in state["reason"]
+    drained = hooks.read_text()
+    assert drained.startswith(f"drain {fresh}: certify: ")
+    assert "port 29500" in drained
