@@ -135,7 +135,8 @@ def lab_up(c, nodes=3):
     _exit(lab_commands.up(int(nodes)))
 
 
-@task(help={"purge": "also delete the lab's key, apt repository and cache"})
+@task(help={"purge": "also delete the lab's state directory (key, apt repository); the "
+                     "torch wheelhouse /srv/gpufleet-wheels is shared and kept"})
 def lab_down(c, purge=False):
     """Tear the lab down: namespaces, mounts, processes, links and bridge."""
     _exit(lab_commands.down(purge))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import struct
@@ -89,8 +90,6 @@ async def _handle(client_reader: asyncio.StreamReader, client_writer: asyncio.St
     try:
         await asyncio.gather(_pump(client_reader, node_writer, delay),
                              _pump(node_reader, client_writer, delay))
-    except asyncio.CancelledError:
-        pass  # the relay is stopping: end quietly, the connection closes with it
     finally:
         for w in (node_writer, client_writer):
             w.close()
@@ -107,6 +106,8 @@ async def serve(port: int, one_way_ms: float) -> None:
     print(f"relay listening on 127.0.0.1:{port}, {one_way_ms:g} ms each way", flush=True)
     async with server:
         await stop.wait()
+    # Open connections die with the process; no graceful drain is needed for a bench relay.
+    os._exit(0)
 
 
 def main() -> None:

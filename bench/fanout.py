@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--nodes", type=_ints, default=[8, 16, 32], help="fan-out sizes")
     p.add_argument("--runs", type=int, default=3, help="runs per tool and size (median)")
+    p.add_argument("--gpufleet-runs", type=int, default=5,
+                   help="runs of the gpufleet-only experiments (facts, re-provision, latency)")
     p.add_argument("--latency-nodes", type=_ints, default=[4, 8, 16, 32])
     p.add_argument("--one-way-ms", type=float, default=10.0, help="added delay each way")
     p.add_argument("--facts-nodes", type=int, default=16)
@@ -91,7 +93,8 @@ class Bench:
         self.lab = bench_lab()
         self.inventory = BENCH_LAB.inventory_dir
         self.samples: list[Sample] = []
-        self.results: dict[str, Any] = {"runs": args.runs, "machine": machine(),
+        self.results: dict[str, Any] = {"runs": args.runs, "gpufleet_runs": args.gpufleet_runs,
+                                        "machine": machine(),
                                         "lab": {"name": BENCH_LAB.name,
                                                 "subnet": f"{BENCH_LAB.subnet}.0/24"}}
         self.desired = WORK / "desired"
@@ -130,6 +133,7 @@ class Bench:
 
     def _record(self, experiment: str, tool: str, nodes: int, run: int, timed: Timed,
                 **extra: Any) -> None:
+        extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
         self.samples.append(Sample(experiment, tool, nodes, run, timed.wall_s, timed.cpu_s,
                                    extra))
         log(f"{experiment:15s} {tool:9s} {nodes:3d} nodes run {run}: {timed.wall_s:7.2f}s "
@@ -148,7 +152,7 @@ class Bench:
 
     def facts(self) -> None:
         n = self.args.facts_nodes
-        for run in range(1, self.args.runs + 1):
+        for run in range(1, self.args.gpufleet_runs + 1):
             timed = tools.gpufleet_facts(self.inventory, n, WORK / "facts.json")
             self._record("facts", "gpufleet", n, run, timed)
 
@@ -166,7 +170,7 @@ class Bench:
 
     def reprovision(self) -> None:
         n = max(self.args.nodes)
-        for run in range(1, self.args.runs + 1):
+        for run in range(1, self.args.gpufleet_runs + 1):
             order = ["provision", "drift"] if run % 2 else ["drift", "provision"]
             for what in order:
                 if what == "provision":
@@ -180,26 +184,27 @@ class Bench:
 
         sizes = self.args.latency_nodes
         largest = max(sizes)
+        runs = range(1, self.args.gpufleet_runs + 1)
         info: dict[str, Any] = {"one_way_ms": self.args.one_way_ms,
                                 "method": "TCP relay + nftables redirect (no sch_netem in "
                                           "this kernel); see bench/delay_relay.py"}
         info["rtt_without_delay"] = lat.rtt_report(self.inventory)
         for n in sizes:
-            for run in range(1, self.args.runs + 1):
+            for run in runs:
                 self._record("drift_no_delay", "gpufleet", n, run, tools.gpufleet_drift(
                     self.inventory, n, self.reports / f"lat0-{n}"))
         info["breakdown_without_delay"] = lat.breakdown(self.inventory, largest)
         info["known_hosts_load_cpu_ms"] = {
             str(k): lat.known_hosts_cost(BENCH_LAB.known_hosts, k) for k in (32, 1000, 5000)}
         padded = lat.padded_inventory(self.inventory, 1000)
-        for run in range(1, self.args.runs + 1):
+        for run in runs:
             self._record("known_hosts_1000", "gpufleet", largest, run, tools.gpufleet_drift(
                 padded, largest, self.reports / "kh1000"))
         with lat.added_latency(self.args.one_way_ms):
             info["rtt_with_delay"] = lat.rtt_report(self.inventory)
             log(f"RTT with delay: {info['rtt_with_delay']}")
             for n in sizes:
-                for run in range(1, self.args.runs + 1):
+                for run in runs:
                     self._record("drift_delay", "gpufleet", n, run, tools.gpufleet_drift(
                         self.inventory, n, self.reports / f"lat-{n}"))
             info["breakdown_with_delay"] = lat.breakdown(self.inventory, largest)

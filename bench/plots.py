@@ -57,9 +57,9 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     if latency:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         rtt = latency["rtt_with_delay"]["ssh"]["rtt_ms"]
+        delayed = f"added latency (SSH RTT {rtt:.0f} ms, measured)"
         for experiment, label, color in (("drift_no_delay", "no added latency", "tab:gray"),
-                                         ("drift_delay", f"+{rtt:.0f} ms RTT (measured)",
-                                          "tab:green")):
+                                         ("drift_delay", delayed, "tab:green")):
             points = _medians(results, experiment, "gpufleet")
             if points:
                 xs, ys = zip(*points, strict=True)
@@ -67,11 +67,15 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
                 for x, y in points:
                     ax.annotate(f"{y:.2f}s", (x, y), textcoords="offset points",
                                 xytext=(4, -12), fontsize=8, color=color)
+        ax.set_xticks(sorted({n for e in ("drift_no_delay", "drift_delay")
+                              for n, _ in _medians(results, e, "gpufleet")}))
         ax.set_xlabel("lab nodes")
         ax.set_ylabel("invoke drift wall time, seconds")
         ax.set_ylim(bottom=0)
         ax.set_title(f"gpufleet drift vs fleet size, with and without added latency\n"
-                     f"{subtitle}", fontsize=10)
+                     f"{machine['cores']} cores, {machine['kernel']}; median of "
+                     f"{results.get('gpufleet_runs', results['runs'])} runs",
+                     fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()

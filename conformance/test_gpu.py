@@ -61,8 +61,7 @@ def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
         pytest.fail(f"unknown: nvidia-smi topo -m: {facts.why_absent('gpu_topology')}")
     if len(topo.get("gpus", [])) < 2:
         pytest.skip("a single GPU: no GPU pairs")
-    expect = node.var("gpu_nvlink")
-    found = topology_problems(topo, None if expect is None else bool(expect))
+    found = topology_problems(topo, node.flag("gpu_nvlink", None))
     status = facts.get("nvlink")
     if status is not None:
         found += nvlink_problems(status)
@@ -77,17 +76,21 @@ def test_health(node: Node) -> None:
         float(node.var("gpu_max_temp_c", 85)),
         int(node.var("gpu_pcie_gen")) if node.var("gpu_pcie_gen") is not None else None,
         int(node.var("gpu_pcie_width")) if node.var("gpu_pcie_width") is not None else None,
-        bool(node.var("gpu_persistence_mode", True)))
+        bool(node.flag("gpu_persistence_mode", True)))
     assert not found, "; ".join(found)
 
 
 def test_no_critical_xid_since_boot(node: Node) -> None:
     _gpus(node)
-    log = node.run("dmesg 2>&1 || journalctl -k -b --no-pager 2>&1", timeout=60)
+    log = node.run("if out=$(dmesg 2>&1); then printf '%s\\n' \"$out\"; "
+                   "else journalctl -k -b --no-pager 2>&1; fi", timeout=60)
+    if not log.ok:
+        pytest.fail(f"unknown: neither dmesg nor journalctl could read the kernel log: "
+                    f"{log.stdout.strip()[-200:]}")
     try:
         events = parsers.xid_events(log.stdout)
     except ParseError as exc:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
-    critical = tuple(int(x) for x in node.var("gpu_critical_xids", CRITICAL_XIDS))
+    critical = node.numbers("gpu_critical_xids", CRITICAL_XIDS)
     found = xid_problems(events, critical)
     assert not found, "; ".join(found)

@@ -242,10 +242,12 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     hosts = {name: drift.host_drift(o) for name, o in outcomes.items()}
     facts = {n: o.value.facts for n, o in outcomes.items() if o.value and o.value.facts}
     inconsistencies = drift.check_consistency(target.inventory, facts)
-    managed = {h.name: {r.name for r, _ in active_roles(h, selected)} for h in target.hosts}
+    managed = {n: set(o.value.plan.roles) for n, o in outcomes.items()
+               if o.value and o.value.plan}
     drift.add_consistency_items(hosts, inconsistencies, managed)
-    history = History(Path(outputs.report_dir), "drift", outputs.keep)
-    new, resolved = drift.mark_new(hosts, history.last_items())
+    history = History(Path(outputs.report_dir) / _slug(target.inventory.path), "drift",
+                      outputs.keep)
+    new, resolved = drift.mark_new(hosts, history.last_items(), {r.name for r in selected})
     run = drift_report.DriftRun(str(target.inventory.path), target.inventory.digest(), hosts,
                                 inconsistencies, new, resolved, started,
                                 time.time() - started)
@@ -263,6 +265,11 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     return _drift_code(run)
 
 
+def _slug(path: Path) -> str:
+    """A directory name for an inventory's drift history."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(path)).strip("_.")
+
+
 def _remediate(target: Target, selected: list[Any], hosts: dict[str, drift.HostDrift],
                fleet: FleetArgs, reboot: bool) -> dict[str, dict[str, Any]]:
     """Apply the plan to drifted hosts, honouring serial and max-fail-percent."""
@@ -272,8 +279,10 @@ def _remediate(target: Target, selected: list[Any], hosts: dict[str, drift.HostD
     options = RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet.options(target))
     outcomes = provision(target.inventory, drifted, selected, options,
                          terminal.TerminalProgress("remediate"))
-    return {name: {"status": o.status, "error": o.error,
-                   "applied": [c.item for c in (o.value.applied if o.value else [])]}
+    return {name: {"status": "reboot required" if o.value and o.value.reboot_pending
+                   else o.status, "error": o.error,
+                   "applied": [c.item for c in (o.value.applied if o.value else [])
+                               if not c.pending_reboot]}
             for name, o in outcomes.items()}
 
 

@@ -293,7 +293,7 @@ def node_state(host: Host, inventory: Inventory, facts: Facts | None, *, ready: 
     return {"schema": NODE_SCHEMA, "host": host.name, "status": "ready" if ready else
             "not-ready", "reason": reason, "inventory": str(inventory.path),
             "inventory_digest": inventory.digest(), "gpufleet_version": __version__,
-            "versions": comparable(facts) if facts else {}, "conformance": conformance,
+            "versions": comparable(facts, host) if facts else {}, "conformance": conformance,
             "peer": peer}
 
 

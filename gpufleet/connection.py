@@ -7,6 +7,7 @@ there too; ``put`` writes through a temporary file and a rename, keeping a backu
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shlex
 import signal
@@ -293,12 +294,16 @@ class SSHConnection(_CommandRunner):
     def _open(self) -> fabric.Connection:
         host = self.host
         conn = fabric.Connection(
-            host.address, user=host.user or "root", port=host.port,
+            host.address, user=host.user or getpass.getuser(), port=host.port,
             connect_kwargs=self._auth_kwargs(),
             connect_timeout=int(self.options.connect_timeout),
             gateway=self._gateway(),
         )
         policy = self._harden(conn.client, self.options.accept_new_host_keys)
+        gateway = conn.gateway
+        while isinstance(gateway, fabric.Connection):
+            self._harden(gateway.client, accept_new=False)  # a jump host from ssh_config too
+            gateway = gateway.gateway
         where = f"{host.address}:{host.port}"
         try:
             conn.open()

@@ -86,20 +86,24 @@ class HostDrift:
                 "items": [i.to_dict() for i in self.items]}
 
 
+def training_python(host: Host) -> str:
+    """The interpreter that trains on the host: the pytorch role's venv, else python3."""
+    venv = host.vars.get("pytorch_venv")
+    return f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
+
+
 def consistency_request(host: Host) -> FactRequest:
     """Facts the consistency check compares even where the inventory pins nothing."""
-    venv = host.vars.get("pytorch_venv")
-    python = f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
     return FactRequest(packages=frozenset({SYSTEM_NCCL}), files=frozenset({NCCL_CONF}),
-                       pythons=frozenset({python}))
+                       pythons=frozenset({training_python(host)}))
 
 
-def comparable(facts: Facts) -> dict[str, str]:
+def comparable(facts: Facts, host: Host) -> dict[str, str]:
     """The values every node of a training job must share."""
     values: dict[str, str] = {}
     packages = facts.get("packages") or {}
     nccl = packages.get(SYSTEM_NCCL) or {}
-    torch = next((v for k, v in facts.values.items() if k.startswith("torch:")), None) or {}
+    torch = facts.torch(training_python(host)) or {}
     candidates = {
         "driver": facts.get("nvidia_module"),
         "cuda": facts.cuda_version,
@@ -152,7 +156,7 @@ def consistency_groups(inventory: Inventory, hosts: Sequence[str]) -> list[str]:
 def check_consistency(inventory: Inventory, facts: dict[str, Facts]) -> list[Inconsistency]:
     """Values that differ between hosts of a group, with the majority value and outliers."""
     found: list[Inconsistency] = []
-    values = {host: comparable(f) for host, f in facts.items()}
+    values = {host: comparable(f, inventory.hosts[host]) for host, f in facts.items()}
     for group in consistency_groups(inventory, list(facts)):
         members = sorted(h for h in inventory.groups[group] if h in values)
         keys = sorted({k for h in members for k in values[h]})
@@ -207,18 +211,22 @@ def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inc
                     entry.status = "drifted"
 
 
-def mark_new(drift: dict[str, HostDrift], previous: dict[str, set[str]]
-             ) -> tuple[list[str], list[str]]:
+def mark_new(drift: dict[str, HostDrift], previous: dict[str, set[str]],
+             checked_roles: set[str] | None = None) -> tuple[list[str], list[str]]:
     """Flag items a host did not have when it was last checked; return (new, resolved) keys.
 
     ``previous`` maps a host to the items of its last checked run (hosts never checked
     before are absent: all their items are new). A host that could not be checked now
-    resolves nothing: its old items stay open.
+    resolves nothing, and neither does a role this run did not check (``checked_roles``;
+    all when None): their old items stay open.
     """
     new: list[str] = []
     resolved: list[str] = []
     for host, entry in drift.items():
         before = previous.get(host, set())
+        if checked_roles is not None:
+            before = {i for i in before
+                      if i.split("/", 1)[0] in checked_roles | {CONSISTENCY_ROLE}}
         if entry.status not in ("clean", "drifted"):
             continue
         now = {i.item for i in entry.items}

@@ -58,7 +58,9 @@ def gather_and_plan(inventory: Inventory, host: Host, roles: Sequence[Role],
     """One facts round trip (the roles' needs plus ``extra``), then the plan."""
     pairs = active_roles(host, roles)
     facts = gather_facts(conn, fact_request(pairs) | (extra or FactRequest()))
-    return facts, plan_host(inventory, host, pairs, facts)
+    plan = plan_host(inventory, host, pairs, facts)
+    plan.roles = [role.name for role, _ in pairs]
+    return facts, plan
 
 
 @dataclass

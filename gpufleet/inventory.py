@@ -185,7 +185,8 @@ class Host:
 
     @property
     def user(self) -> str | None:
-        """Remote user (ansible_user or ansible_ssh_user), or None for the SSH default."""
+        """Remote user (ansible_user or ansible_ssh_user); None means the controller's user,
+        as ssh does."""
         return self._setting(str, ("ansible_user", "ansible_ssh_user"), None)
 
     @property
@@ -245,6 +246,9 @@ class Inventory:
         return [host for name, host in self.hosts.items() if name in chosen]
 
     def _match(self, term: str) -> set[str]:
+        subscript = _SUBSCRIPT.match(term)
+        if subscript and subscript["group"] in self.groups:
+            return self._subscript(subscript)
         if term.startswith("~") or any(char in term for char in "*?["):
             regex = _compile_term(term)
             found = {name for name in self.hosts if regex.match(name)}
@@ -257,6 +261,20 @@ class Inventory:
         if term in self.hosts:
             return {term}
         raise InventoryError(f"host pattern term '{term}' matches no host or group")
+
+    def _subscript(self, match: re.Match[str]) -> set[str]:
+        """Ansible's ``group[i]`` and ``group[start:end]`` (end excluded) over the group's
+        hosts in inventory order."""
+        members = [name for name in self.hosts if name in self.groups[match["group"]]]
+        start = int(match["start"]) if match["start"] else None
+        if match["colon"] is None:
+            index = start or 0
+            if not -len(members) <= index < len(members):
+                raise InventoryError(f"host pattern {match.group(0)!r}: group "
+                                     f"'{match['group']}' has {len(members)} host(s)")
+            return {members[index]}
+        end = int(match["end"]) if match["end"] else None
+        return set(members[start:end])
 
     def digest(self) -> str:
         """SHA-256 over every source file's path (relative to the inventory) and bytes."""
@@ -277,6 +295,8 @@ class Inventory:
 
 
 # Host patterns -----------------------------------------------------------------------------
+
+_SUBSCRIPT = re.compile(r"^(?P<group>[^\[\]]+)\[(?P<start>-?\d*)(?P<colon>:)?(?P<end>-?\d*)\]$")
 
 
 def _split_pattern(pattern: str) -> list[str]:

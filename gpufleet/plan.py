@@ -115,6 +115,7 @@ class Plan:
 
     host: str
     changes: list[Change] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
+from gpufleet.connection import BACKUP_SUFFIX
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
 from gpufleet.managed import HEADER, file_change, link_change, render
-from gpufleet.plan import ApplyContext, Change
+from gpufleet.plan import ApplyContext, Change, Run
 from gpufleet.role import PlanContext, RoleVars, VarError
 from roles.nccl_env import parse_range
 
@@ -135,8 +136,10 @@ class GuardedLoad:
         ctx.conn.run(b.load.replace("{staged}", q), timeout=60).check(
             f"loading the {b.name} ruleset")
         self._confirm(ctx, armed_at)
+        final = shlex.quote(b.path)
         ctx.conn.run(f"kill {shlex.quote(armed.stdout.strip())} 2>/dev/null; "
-                     f"mv -f {q} {shlex.quote(b.path)}", timeout=30).check("committing ruleset")
+                     f"if [ -f {final} ]; then cp -p {final} {final}{BACKUP_SUFFIX}; fi; "
+                     f"mv -f {q} {final}", timeout=30).check("committing ruleset")
         digest = ctx.conn.run(b.digest, timeout=60).check("digest of the live ruleset")
         state = {"backend": b.name, "live_sha256": digest.stdout.strip()}
         ctx.conn.put(STATE_FILE, (json.dumps(state, sort_keys=True) + "\n").encode())
@@ -289,6 +292,9 @@ class FirewallRole:
             if live:
                 changes.append(Change(self.name, f"live ruleset ({backend.name})", "reload",
                                       live, "as rendered", [load]))
+        stale = self._other_backend(facts, backend)
+        if stale:
+            changes.append(stale)
         unit = render("gpufleet-firewall.service.j2", header=HEADER.format(role=self.name),
                       exec_start=backend.exec_start)
         for change in (file_change(self.name, facts, UNIT_PATH, unit),
@@ -296,6 +302,20 @@ class FirewallRole:
             if change:
                 changes.append(change)
         return changes
+
+    def _other_backend(self, facts: Facts, backend: Backend) -> Change | None:
+        """gpufleet's rules of the backend not in use (left from a switch), to remove."""
+        fw = facts.get("firewall") or {}
+        if backend.name == "nftables" and fw.get("iptables_gpufleet_digest"):
+            command = ("iptables -D INPUT -j GPUFLEET-INPUT 2>/dev/null; "
+                       "iptables -F GPUFLEET-INPUT && iptables -X GPUFLEET-INPUT")
+            return Change(self.name, "iptables rules (previous backend)", "remove", "present",
+                          "absent", [Run(command, "remove the GPUFLEET-INPUT chain")])
+        if backend.name == "iptables" and fw.get("nft_gpufleet_digest"):
+            return Change(self.name, "nftables rules (previous backend)", "remove", "present",
+                          "absent", [Run("nft delete table inet gpufleet",
+                                         "delete table inet gpufleet")])
+        return None
 
     def _live_problem(self, facts: Facts, backend: Backend) -> str | None:
         """Why the live ruleset is not the one gpufleet loaded, or None when it is."""

@@ -15,7 +15,7 @@ from gpufleet.facts.catalog import TORCH_PROBE
 from gpufleet.plan import ApplyContext, Change, Run
 from gpufleet.role import PlanContext, RoleVars
 
-CPU_BUILD = ("none", "cpu", "")
+CPU_BUILD = ("none", "cpu")
 
 
 def version_matches(reported: str | None, wanted: str) -> bool:

@@ -221,7 +221,7 @@ def probe_args(node: Node) -> list[str]:
     args = []
     sizes = node.var("allreduce_sizes")
     if sizes:
-        args += ["--sizes", ",".join(sizes) if isinstance(sizes, list) else str(sizes)]
+        args += ["--sizes", ",".join(map(str, sizes)) if isinstance(sizes, list) else str(sizes)]
     iters = node.var("allreduce_iters")
     if iters:
         args += ["--iters", str(iters)]

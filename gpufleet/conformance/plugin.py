@@ -131,8 +131,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
 
 
 def host_summary(results: list[Result]) -> dict[str, dict[str, Any]]:
-    """Per host: PASS / FAIL / SKIP and counts (a host fails when any of its checks fails,
-    or any fleet check names it)."""
+    """Per host: PASS / FAIL / SKIP and counts (a host fails when any of its checks fails);
+    checks that run once for the whole selection are counted under ``fleet``."""
     summary: dict[str, dict[str, Any]] = {}
     for r in results:
         entry = summary.setdefault(r.host, {"pass": 0, "fail": 0, "skip": 0})

@@ -18,6 +18,7 @@ from gpufleet.engine import active_roles, fact_request
 from gpufleet.facts import FactRequest, Facts, gather_facts
 from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
 from gpufleet.inventory import Host, Inventory
+from gpufleet.role import RoleVars
 
 CHECK_TIMEOUT_S = 120.0
 
@@ -56,6 +57,16 @@ class Node:
     def var(self, key: str, default: Any = None) -> Any:
         """An inventory variable of this host (checks keep their own defaults)."""
         return self.host.vars.get(key, default)
+
+    def flag(self, key: str, default: bool | None) -> bool | None:
+        """A boolean variable ("yes", "false", 0 ... as roles read them); None stays None."""
+        if self.host.vars.get(key, default) is None:
+            return None
+        return RoleVars(self.host, {key: default}).boolean(key)
+
+    def numbers(self, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+        """A list of integers, also written as "48, 79" in INI inventories."""
+        return tuple(int(x) for x in RoleVars(self.host, {key: list(default)}).items(key))
 
     @property
     def conn(self) -> Connection:

@@ -43,7 +43,7 @@ class LabConfig:
     subnet: str = "10.77.0"
     inventory_dir: Path = Path("inventory/lab")
     wheelhouse: Path = Path("/srv/gpufleet-wheels")
-    torch_requirement: str = "torch==2.13.0"
+    torch_requirement: str = "torch==2.13.0+cpu"
 
     @property
     def bridge(self) -> str:
@@ -621,7 +621,6 @@ class Lab:
                     "ansible_user": "root",
                     "ansible_ssh_private_key_file": str(cfg.key),
                     "gpufleet_known_hosts": str(cfg.known_hosts),
-                    "gpufleet_lab_repo": str(cfg.repo),
                 },
                 "children": {"lab": {"hosts": hosts}},
             }

@@ -521,9 +521,10 @@ def test_plan_iptables_backend_uses_its_own_digest(tmp_path: Path) -> None:
     assert plan(inv, facts) == []
     facts.values["firewall"]["iptables_gpufleet_digest"] = None
     facts.values["firewall"]["nft_gpufleet_digest"] = "d1"
-    assert rows(plan(inv, facts)) == [("firewall/live ruleset (iptables)", "reload",
-                                       "not loaded (gpufleet's rules are missing)",
-                                       "as rendered")]
+    assert rows(plan(inv, facts)) == [
+        ("firewall/live ruleset (iptables)", "reload",
+         "not loaded (gpufleet's rules are missing)", "as rendered"),
+        ("firewall/nftables rules (previous backend)", "remove", "present", "absent")]
 
 
 def test_plan_unit_link_elsewhere(tmp_path: Path) -> None:
