@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
+from invoke.tasks import task as invoke_task
 
 from gpufleet import app
 from gpufleet.lab import commands as lab_commands
+
+
+def task(**kwargs: Any) -> Any:
+    """invoke's @task without automatic one-letter flags: the long names are the same in
+    every task, one-letter ones would not be."""
+    return invoke_task(auto_shortflags=False, **kwargs)
+
 
 FLEET_HELP = {
     "inventory": "inventory name under inventory/ (lab, prod ...) or a path",
@@ -142,13 +150,13 @@ def lab_down(c, purge=False):
     _exit(lab_commands.down(purge))
 
 
-@task
+@task()
 def lab_status(c):
     """Show the lab's nodes."""
     _exit(lab_commands.status())
 
 
-@task
+@task()
 def lab_add(c):
     """Add a fresh node that is not in known_hosts yet (for bootstrap)."""
     _exit(lab_commands.add())

@@ -322,12 +322,7 @@ class Lab:
         The controller and the other nodes forget its MAC address, so that a node added
         later at the same address is reachable at once."""
         self._preflight()
-        node = self.node(name)
-        self._destroy_node(node)
-        localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
-        for other in self.nodes():
-            localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to", node.address],
-                         check=False)
+        self._destroy_node(self.node(name))
         self._write_known_hosts([n for n in self.nodes() if n.host_key_pub.exists()
                                  and n.address in self._known_addresses()])
         self._write_inventory()
@@ -541,6 +536,11 @@ class Lab:
     def _destroy_node(self, node: Node, keep_files: bool = False) -> None:
         self._stop_node(node)
         self._delete_netns(node.netns)
+        localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
+        for other in self.nodes():
+            if other.index != node.index and _netns_exists(other.netns):
+                localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to", node.address],
+                             check=False)
         if _link_exists(node.veth):
             localcmd.run(["ip", "link", "del", node.veth], check=False)
         if not keep_files:

@@ -1,0 +1,462 @@
+"""DDP probe: trains a small MLP with DistributedDataParallel and reports in JSON lines on stdout.
+
+The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
+can be copied to a node and run there. torch is imported only when the probe runs, so the
+controller can import ``scaling_efficiency`` and ``loss_trend`` without it.
+
+Every rank trains on its share of a synthetic regression set (``y = X @ W + noise`` from a
+fixed seed) through a ``DistributedSampler``: warm-up steps, then timed steps, then the same
+steps under ``no_sync()`` without the gradient all-reduce, whose time gives the share of a
+step spent communicating. Every rank prints ``phase`` lines (start, rendezvous_done,
+first_step_done, done); rank 0 prints one ``result`` line. A rank whose process group fails
+to start prints an ``error`` line.
+
+Exit status: 0 when every rank ends with the same parameters and the loss went down, 2 when
+not (or when the process group did not start), 64 on a bad command line.
+
+    torchrun --nnodes N --nproc-per-node G --node-rank R --master-addr HOST \\
+        --master-port 29500 ddp.py --width 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
+
+    import torch
+
+EXIT_OK = 0
+EXIT_FAILED = 2
+EXIT_USAGE = 64  # sysexits' EX_USAGE, kept apart from argparse's 2, which means a failed check
+
+FEATURES = 256  # inputs per sample
+OUTPUTS = 16  # regression targets per sample
+SAMPLES = 16384  # at least this many in the data set, and two batches for every rank
+NOISE = 0.01
+LOSS_TAIL = 5  # steps averaged for the final loss
+DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
+# NVLink multicast stays off: on some hosts using it takes the GPUs out of service.
+SAFE_ENVIRONMENT = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+_HOST_BYTES = 256  # room for a host name (at most 253 bytes) in the gather
+_MODULUS = 2**52  # checksums are kept below it, where float64 holds every integer
+_WEIGHT_CYCLE = 65521  # position weights of the second checksum run 1..this, then repeat
+
+
+def scaling_efficiency(throughput_n: float, n: int, throughput_1: float) -> float:
+    """Throughput on ``n`` units as a fraction of ``n`` times the throughput on one."""
+    if n < 1 or throughput_1 <= 0:
+        raise ValueError(f"need n >= 1 and throughput_1 > 0, got {n}, {throughput_1}")
+    return throughput_n / (n * throughput_1)
+
+
+def loss_trend(losses: Sequence[float], tail: int = LOSS_TAIL) -> tuple[float, float]:
+    """``(first, last)``: the first step's loss and the mean over the last ``tail`` steps."""
+    if not losses or tail < 1:
+        raise ValueError(f"need at least one loss and tail >= 1, got {len(losses)}, {tail}")
+    last = losses[-tail:]
+    return losses[0], sum(last) / len(last)
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Print one JSON line in a single write, so lines of ranks sharing stdout don't mix."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _finite(value: float) -> float | None:
+    """The value, or None for NaN and infinities, which JSON cannot carry."""
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits in the job: torchrun's variables, or a world of one without them."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    host: str
+    launched: bool
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Placement:
+        host = socket.gethostname()
+        if "RANK" in environ and "WORLD_SIZE" in environ:
+            return cls(
+                rank=int(environ["RANK"]),
+                local_rank=int(environ.get("LOCAL_RANK", "0")),
+                world_size=int(environ["WORLD_SIZE"]),
+                local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
+                host=host,
+                launched=True,
+            )
+        return cls(0, 0, 1, 1, host, launched=False)
+
+    def phase(self, name: str) -> None:
+        """Report that this rank reached a phase."""
+        emit(
+            "phase",
+            phase=name,
+            rank=self.rank,
+            local_rank=self.local_rank,
+            host=self.host,
+            t=time.time(),
+        )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
+    parser = _Parser(description="Train a small MLP with DDP; check and time it.")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="auto: nccl when CUDA is available, else gloo",
+    )
+    parser.add_argument("--steps", type=_positive_int, default=30, help="timed training steps")
+    parser.add_argument(
+        "--warmup-steps",
+        type=_positive_int,
+        default=5,
+        help="untimed steps before them, the first step among them",
+    )
+    parser.add_argument(
+        "--comm-steps",
+        type=_nonnegative_int,
+        default=10,
+        help="steps timed under no_sync() after the check (0: skip)",
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=64, help="samples per rank")
+    parser.add_argument("--width", type=_positive_int, default=1024, help="hidden layer width")
+    parser.add_argument(
+        "--depth", type=_positive_int, default=4, help="hidden layers of --width units"
+    )
+    parser.add_argument("--optimizer", choices=sorted(DEFAULT_LR), default="sgd")
+    parser.add_argument(
+        "--lr",
+        type=_positive_float,
+        help=f"learning rate (default {DEFAULT_LR['sgd']} sgd, {DEFAULT_LR['adam']} adam)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the model")
+    parser.add_argument(
+        "--init-timeout-s",
+        type=_positive_float,
+        default=120.0,
+        help="timeout of init_process_group and of each collective",
+    )
+    return parser
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _init_process_group(backend: str, place: Placement, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if place.launched:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+        )
+
+
+def _choose_device(requested: str, place: Placement) -> tuple[str, torch.device]:
+    """The backend (``auto`` resolved) and this rank's device, made current for CUDA."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    backend = ("nccl" if cuda else "gloo") if requested == "auto" else requested
+    if backend == "gloo":
+        return backend, torch.device("cpu")
+    if not cuda:
+        raise SystemExit("--backend nccl needs CUDA, and torch sees no GPU")
+    torch.cuda.set_device(place.local_rank)
+    return backend, torch.device("cuda", place.local_rank)
+
+
+def _synchronize(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _barrier(device: torch.device) -> None:
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def _gather_hosts(place: Placement, device: torch.device) -> list[str]:
+    """Every rank's host name, indexed by rank.
+
+    Padded byte tensors rather than ``all_gather_object``, which needs numpy on some versions.
+    """
+    import torch
+    import torch.distributed as dist
+
+    name = place.host.encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
+    mine = torch.tensor(list(name), dtype=torch.uint8, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(place.world_size)]
+    dist.all_gather(gathered, mine)
+    return [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in gathered]
+
+
+def build_model(width: int, depth: int) -> torch.nn.Module:
+    """``FEATURES`` inputs, ``depth`` ReLU layers of ``width`` units, ``OUTPUTS`` outputs."""
+    from torch import nn
+
+    layers: list[nn.Module] = [nn.Linear(FEATURES, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, OUTPUTS))
+    return nn.Sequential(*layers)
+
+
+def make_dataset(samples: int, seed: int) -> torch.utils.data.TensorDataset:
+    """The same regression set on every rank: ``y = X @ W / sqrt(FEATURES) + noise``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=generator)
+    w = torch.randn(FEATURES, OUTPUTS, generator=generator) / math.sqrt(FEATURES)
+    y = x @ w + NOISE * torch.randn(samples, OUTPUTS, generator=generator)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def param_checksums(model: torch.nn.Module) -> torch.Tensor:
+    """Two exact checksums per float32 parameter, as float64 on the parameters' device.
+
+    They are sums of the raw bit patterns, plain and weighted by position. Integer sums wrap
+    modulo 2**64 in any order of addition, so equal parameters give equal checksums on any
+    device; reduced below 2**52 they stay exact in float64.
+    """
+    import torch
+
+    sums = []
+    for param in model.parameters():
+        bits = param.detach().reshape(-1).view(torch.int32).to(torch.int64)
+        weights = torch.arange(bits.numel(), device=bits.device) % _WEIGHT_CYCLE + 1
+        sums += [bits.sum(), (bits * weights).sum()]
+    return (torch.stack(sums) % _MODULUS).to(torch.float64)
+
+
+def _checksum_spread(model: torch.nn.Module) -> float:
+    """The largest difference between ranks in any parameter checksum; 0.0 when all agree."""
+    import torch.distributed as dist
+
+    high = param_checksums(model)
+    low = high.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    return float((high - low).max().item())
+
+
+def _batches(
+    loader: torch.utils.data.DataLoader, sampler: torch.utils.data.DistributedSampler
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches without end, reshuffled by the sampler every epoch."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+class _Trainer:
+    """One rank's model, optimizer and data."""
+
+    def __init__(self, args: argparse.Namespace, place: Placement, device: torch.device) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        torch.manual_seed(args.seed)
+        local = build_model(args.width, args.depth).to(device)
+        self.model = DistributedDataParallel(
+            local, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+        params = self.model.parameters()
+        self.optimizer: torch.optim.Optimizer = (
+            torch.optim.Adam(params, lr=lr)
+            if args.optimizer == "adam"
+            else torch.optim.SGD(params, lr=lr, momentum=0.9)
+        )
+        data = make_dataset(max(SAMPLES, 2 * place.world_size * args.batch_size), args.seed)
+        sampler = DistributedSampler(
+            data, num_replicas=place.world_size, rank=place.rank, shuffle=True, seed=args.seed
+        )
+        loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+        self.batches = _batches(loader, sampler)
+        self.device = device
+
+    def step(self) -> torch.Tensor:
+        """One training step; the loss, left on the device so that nothing waits for it."""
+        import torch
+
+        x, y = next(self.batches)
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def timed(self, steps: int, losses: list[torch.Tensor]) -> float:
+        """Seconds this rank took for ``steps`` steps, started together with the other ranks."""
+        _barrier(self.device)
+        _synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            losses.append(self.step())
+        _synchronize(self.device)
+        return time.perf_counter() - start
+
+    def timed_no_sync(self, steps: int) -> float:
+        """Like ``timed`` under ``no_sync()``, after one untimed step in that mode."""
+        with self.model.no_sync():
+            self.step()
+            return self.timed(steps, [])
+
+
+def _mean_losses(losses: list[torch.Tensor], world_size: int) -> list[float]:
+    """Each step's loss averaged over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.stack(losses).to(torch.float64)
+    dist.all_reduce(total)
+    return [value / world_size for value in total.tolist()]
+
+
+def run(args: argparse.Namespace, place: Placement) -> int:
+    """The probe on one rank, from the process group's start to its end; returns the exit code."""
+    import torch
+    import torch.distributed as dist
+
+    backend, device = _choose_device(args.backend, place)
+    try:
+        _init_process_group(backend, place, args.init_timeout_s)
+    except Exception as exc:
+        emit("error", phase="rendezvous", rank=place.rank, message=str(exc))
+        return EXIT_FAILED
+    place.phase("rendezvous_done")
+
+    trainer = _Trainer(args, place, device)
+    losses = [trainer.step()]
+    _synchronize(device)
+    place.phase("first_step_done")
+    for _ in range(args.warmup_steps - 1):
+        losses.append(trainer.step())
+    sync_s = _slowest(trainer.timed(args.steps, losses), device) / args.steps
+    spread = _checksum_spread(trainer.model)
+    loss_first, loss_last = loss_trend(_mean_losses(losses, place.world_size))
+    nosync_s = None
+    if args.comm_steps:
+        nosync_s = _slowest(trainer.timed_no_sync(args.comm_steps), device) / args.comm_steps
+    hosts = _gather_hosts(place, device)
+
+    identical = spread == 0.0
+    went_down = loss_last < loss_first
+    if place.rank == 0:
+        emit(
+            "result",
+            world_size=place.world_size,
+            nodes=len(set(hosts)),
+            backend=backend,
+            steps=args.steps,
+            samples_per_s=place.world_size * args.batch_size / sync_s,
+            step_time_s=sync_s,
+            nosync_step_time_s=nosync_s,
+            comm_share=None if nosync_s is None else max(0.0, 1 - nosync_s / sync_s),
+            loss_first=_finite(loss_first),
+            loss_last=_finite(loss_last),
+            params_identical=identical,
+            param_checksum_spread=spread,
+            device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        )
+    place.phase("done")
+    dist.destroy_process_group()
+    return EXIT_OK if identical and went_down else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, report the start, set NCCL's environment and run."""
+    args = build_parser().parse_args(argv)
+    place = Placement.from_environ(os.environ)
+    place.phase("start")
+    for key, value in SAFE_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+    return run(args, place)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
