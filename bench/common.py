@@ -141,3 +141,18 @@ def fail(what: str, timed: Timed) -> BenchError:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def node_cpu_s(lab: Lab) -> float:
+    """CPU seconds the lab's nodes spent in SSH sessions so far: user+sys of each node's
+    sshd and of the children it reaped (every session and command it ran)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for node in lab.nodes():
+        try:
+            pid = int(node.sshd_pidfile.read_text().strip())
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except (OSError, ValueError, IndexError):
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / tick

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from common import (
     ensure_tools,
     log,
     median,
+    node_cpu_s,
 )
 
 from gpufleet import app
@@ -131,13 +133,19 @@ class Bench:
 
     # ---- measurements ----------------------------------------------------------------
 
-    def _record(self, experiment: str, tool: str, nodes: int, run: int, timed: Timed,
-                **extra: Any) -> None:
-        extra["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    def _record(self, experiment: str, tool: str, nodes: int, run: int,
+                measure: Callable[[], Timed]) -> None:
+        """Run one measurement; also account the CPU the nodes spent serving it (their
+        sshd's reaped children), which on the lab shares the controller's cores."""
+        before = node_cpu_s(self.lab)
+        timed = measure()
+        time.sleep(0.3)  # let each node's sshd reap the sessions that just ended
+        node_cpu = node_cpu_s(self.lab) - before
+        extra = {"loadavg_1m": round(os.getloadavg()[0], 2), "node_cpu_s": round(node_cpu, 3)}
         self.samples.append(Sample(experiment, tool, nodes, run, timed.wall_s, timed.cpu_s,
                                    extra))
-        log(f"{experiment:15s} {tool:9s} {nodes:3d} nodes run {run}: {timed.wall_s:7.2f}s "
-            f"wall, {timed.cpu_s:6.2f}s cpu")
+        log(f"{experiment:16s} {tool:9s} {nodes:3d} nodes run {run}: {timed.wall_s:7.2f}s "
+            f"wall, {timed.cpu_s:6.2f}s controller cpu, {node_cpu:6.2f}s node cpu")
 
     def _runners(self) -> dict[str, Callable[[int], Timed]]:
         known_hosts = BENCH_LAB.known_hosts
@@ -153,8 +161,8 @@ class Bench:
     def facts(self) -> None:
         n = self.args.facts_nodes
         for run in range(1, self.args.gpufleet_runs + 1):
-            timed = tools.gpufleet_facts(self.inventory, n, WORK / "facts.json")
-            self._record("facts", "gpufleet", n, run, timed)
+            self._record("facts", "gpufleet", n, run,
+                         lambda: tools.gpufleet_facts(self.inventory, n, WORK / "facts.json"))
 
     def fanout(self) -> None:
         runners = self._runners()
@@ -166,18 +174,17 @@ class Bench:
             for run in range(1, self.args.runs + 1):
                 shift = (run - 1) % len(names)
                 for tool in names[shift:] + names[:shift]:  # alternate the order
-                    self._record("fanout", tool, n, run, runners[tool](n))
+                    self._record("fanout", tool, n, run, partial(runners[tool], n))
 
     def reprovision(self) -> None:
         n = max(self.args.nodes)
         for run in range(1, self.args.gpufleet_runs + 1):
             order = ["provision", "drift"] if run % 2 else ["drift", "provision"]
             for what in order:
-                if what == "provision":
-                    timed = tools.gpufleet_provision(self.inventory, n)
-                else:
-                    timed = tools.gpufleet_drift(self.inventory, n, self.reports / "reprov")
-                self._record("reprovision", what, n, run, timed)
+                measure = partial(tools.gpufleet_provision, self.inventory, n) \
+                    if what == "provision" else \
+                    partial(tools.gpufleet_drift, self.inventory, n, self.reports / "reprov")
+                self._record("reprovision", what, n, run, measure)
 
     def latency(self) -> None:
         import latency as lat
@@ -191,22 +198,22 @@ class Bench:
         info["rtt_without_delay"] = lat.rtt_report(self.inventory)
         for n in sizes:
             for run in runs:
-                self._record("drift_no_delay", "gpufleet", n, run, tools.gpufleet_drift(
-                    self.inventory, n, self.reports / f"lat0-{n}"))
+                self._record("drift_no_delay", "gpufleet", n, run, partial(
+                    tools.gpufleet_drift, self.inventory, n, self.reports / f"lat0-{n}"))
         info["breakdown_without_delay"] = lat.breakdown(self.inventory, largest)
         info["known_hosts_load_cpu_ms"] = {
             str(k): lat.known_hosts_cost(BENCH_LAB.known_hosts, k) for k in (32, 1000, 5000)}
         padded = lat.padded_inventory(self.inventory, 1000)
         for run in runs:
-            self._record("known_hosts_1000", "gpufleet", largest, run, tools.gpufleet_drift(
-                padded, largest, self.reports / "kh1000"))
+            self._record("known_hosts_1000", "gpufleet", largest, run, partial(
+                tools.gpufleet_drift, padded, largest, self.reports / "kh1000"))
         with lat.added_latency(self.args.one_way_ms):
             info["rtt_with_delay"] = lat.rtt_report(self.inventory)
             log(f"RTT with delay: {info['rtt_with_delay']}")
             for n in sizes:
                 for run in runs:
-                    self._record("drift_delay", "gpufleet", n, run, tools.gpufleet_drift(
-                        self.inventory, n, self.reports / f"lat-{n}"))
+                    self._record("drift_delay", "gpufleet", n, run, partial(
+                        tools.gpufleet_drift, self.inventory, n, self.reports / f"lat-{n}"))
             info["breakdown_with_delay"] = lat.breakdown(self.inventory, largest)
         shutil.rmtree(padded, ignore_errors=True)
         self.results["latency"] = info
@@ -216,6 +223,7 @@ class Bench:
     def analyse(self) -> None:
         table: dict[str, dict[str, dict[str, float]]] = {}
         cpu: dict[str, dict[str, dict[str, float]]] = {}
+        node_cpu: dict[str, dict[str, dict[str, float]]] = {}
         groups: dict[tuple[str, str, str], list[Sample]] = {}
         for s in self.samples:
             groups.setdefault((s.experiment, s.tool, str(s.nodes)), []).append(s)
@@ -224,8 +232,11 @@ class Bench:
                 median([r.wall_s for r in runs]), 3)
             cpu.setdefault(exp, {}).setdefault(tool, {})[size] = round(
                 median([r.cpu_s for r in runs]), 3)
+            node_cpu.setdefault(exp, {}).setdefault(tool, {})[size] = round(
+                median([float(r.extra.get("node_cpu_s", 0.0)) for r in runs]), 3)
         self.results["medians"] = table
         self.results["cpu_medians"] = cpu
+        self.results["node_cpu_medians"] = node_cpu
         fan = table.get("fanout", {})
         ratios: dict[str, dict[str, float]] = {}
         for other in ("ansible", "pyinfra"):
@@ -308,16 +319,22 @@ class Bench:
 def summary_markdown(r: dict[str, Any]) -> str:
     """The tables of docs/benchmarks.md, from a results document."""
     med, cpu, lines = r.get("medians", {}), r.get("cpu_medians", {}), []
+    node = r.get("node_cpu_medians", {})
     fan = med.get("fanout", {})
+    names = ("gpufleet", "ansible", "pyinfra")
     if fan:
-        lines += ["| nodes | gpufleet drift | ansible --check | pyinfra --dry | "
+        lines += ["| nodes | gpufleet drift | ansible-playbook --check | pyinfra --dry | "
                   "gpufleet/ansible | gpufleet/pyinfra |", "|---|---|---|---|---|---|"]
         for n in sorted(fan.get("gpufleet", {}), key=int):
-            g, a, p = (fan.get(t, {}).get(n) for t in ("gpufleet", "ansible", "pyinfra"))
-            gc, ac, pc = (cpu["fanout"].get(t, {}).get(n) for t in ("gpufleet", "ansible",
-                                                                     "pyinfra"))
-            lines.append(f"| {n} | {_s(g, gc)} | {_s(a, ac)} | {_s(p, pc)} | "
-                         f"{_x(g, a)} | {_x(g, p)} |")
+            g, a, p = (fan.get(t, {}).get(n) for t in names)
+            lines.append(f"| {n} | {_s(g)} | {_s(a)} | {_s(p)} | {_x(g, a)} | {_x(g, p)} |")
+        lines += ["", "CPU seconds, controller / nodes (median):", "",
+                  "| nodes | gpufleet | ansible | pyinfra |", "|---|---|---|---|"]
+        for n in sorted(fan.get("gpufleet", {}), key=int):
+            node_fan = node.get("fanout", {})
+            cells = [f"{cpu['fanout'][t][n]:.1f} / {node_fan.get(t, {}).get(n, 0.0):.1f}"
+                     if n in cpu["fanout"].get(t, {}) else "-" for t in names]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines.append("")
     for key, v in r.get("targets", {}).items():
         lines.append(f"- {key} at {v['nodes']} nodes: {v['ratio']:.3f}x (target <= "
@@ -334,8 +351,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _s(wall: float | None, cpu_s: float | None) -> str:
-    return "-" if wall is None else f"{wall:.2f} s (cpu {cpu_s:.1f} s)"
+def _s(wall: float | None) -> str:
+    return "-" if wall is None else f"{wall:.2f} s"
 
 
 def _x(a: float | None, b: float | None) -> str:

@@ -17,13 +17,13 @@ import pytest
 
 from gpufleet import parsers
 from gpufleet.conformance.allreduce import (
-    AllreduceRun,
     bisect,
     gpu_model,
     probe_args,
     run_allreduce,
     threshold,
 )
+from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import ParseError
 
@@ -36,7 +36,7 @@ def _port(node: Node) -> int:
     return int(node.var("allreduce_port", node.var("firewall_rendezvous_port", 29500)))
 
 
-def _problem(run: AllreduceRun, node: Node, count: int) -> str | None:
+def _problem(run: ProbeRun, node: Node, count: int) -> str | None:
     problem = run.error()
     if problem:
         return problem
@@ -49,7 +49,7 @@ def _problem(run: AllreduceRun, node: Node, count: int) -> str | None:
     return None
 
 
-def _record(run: AllreduceRun, record_property: pytest.RecordProperty) -> None:
+def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:
     largest = run.largest
     if largest:
         record_property("largest_size", largest["size"])

@@ -10,13 +10,13 @@ import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
+from gpufleet.conformance.launch import PROBES
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import GpufleetError
 
-PROBE = Path(__file__).resolve().parents[2] / "conformance" / "probes" / "reachability.py"
+PROBE = PROBES / "reachability.py"
 CONNECT_TIMEOUT_S = 2.0
 T = TypeVar("T")
 

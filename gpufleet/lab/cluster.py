@@ -8,6 +8,7 @@ mount and UTS namespace (bound under ``<root>/ns``) in which /etc, /var, /opt,
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
@@ -16,9 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 import yaml
 
@@ -182,28 +184,32 @@ def _ns_inode(path: Path) -> int | None:
         return None
 
 
+def _inside(pid: int, inodes: set[int]) -> bool:
+    """Whether the process's net or mount namespace is one of ``inodes``."""
+    for kind in ("net", "mnt"):
+        try:
+            link = os.readlink(f"/proc/{pid}/ns/{kind}")
+        except OSError:
+            continue
+        match = re.search(r"\[(\d+)\]", link)
+        if match and int(match.group(1)) in inodes:
+            return True
+    return False
+
+
 def _pids_in_namespaces(inodes: set[int]) -> list[int]:
     """Every process whose net or mount namespace is one of ``inodes``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        for kind in ("net", "mnt"):
-            try:
-                link = os.readlink(f"/proc/{entry}/ns/{kind}")
-            except OSError:
-                continue
-            match = re.search(r"\[(\d+)\]", link)
-            if match and int(match.group(1)) in inodes:
-                found.append(int(entry))
-                break
-    return found
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _inside(int(e), inodes)]
 
 
-def _kill_all(pids: Iterable[int]) -> None:
+def _kill_all(pids: Iterable[int], inodes: set[int] | None = None) -> None:
+    """SIGTERM, then SIGKILL after 3 s; with ``inodes``, each process is checked to still be
+    in those namespaces right before it is signalled (a reused PID is never hit)."""
     pids = [p for p in pids if p != os.getpid()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
+            if inodes is not None and not _inside(pid, inodes):
+                continue
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -237,6 +243,21 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.write_text(text)
     tmp.chmod(mode)
     tmp.replace(path)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exclusive(method: Callable[Concatenate[Lab, P], R]) -> Callable[Concatenate[Lab, P], R]:
+    """Serialise changes to one lab across processes (a lock file in its state directory)."""
+    def wrapper(self: Lab, *args: P.args, **kwargs: P.kwargs) -> R:
+        self.config.root.mkdir(parents=True, exist_ok=True)
+        with open(self.config.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return method(self, *args, **kwargs)
+    wrapper.__doc__ = method.__doc__
+    return wrapper
 
 
 class Lab:
@@ -288,6 +309,7 @@ class Lab:
 
     # ---- bring up --------------------------------------------------------------------
 
+    @_exclusive
     def up(self, count: int) -> list[NodeStatus]:
         """Converge the lab to exactly ``count`` running nodes (idempotent)."""
         self._preflight()
@@ -303,6 +325,7 @@ class Lab:
         self._write_inventory()
         return self.status()
 
+    @_exclusive
     def add(self) -> Node:
         """Create one more node, in the inventory but NOT in known_hosts (a fresh machine)."""
         self._preflight()
@@ -316,6 +339,7 @@ class Lab:
         self._write_inventory()
         return node
 
+    @_exclusive
     def remove(self, name: str) -> None:
         """Destroy one node and drop it from the inventory and known_hosts.
 
@@ -332,6 +356,7 @@ class Lab:
         text = known.read_text() if known.exists() else ""
         return {line.split()[0] for line in text.splitlines() if line.strip()}
 
+    @_exclusive
     def reboot(self, name: str, delay: float = 0.0) -> None:
         """Stop every process of a node and boot it again from its persistent overlay."""
         self._preflight()
@@ -492,6 +517,7 @@ class Lab:
 
     # ---- tear down -------------------------------------------------------------------
 
+    @_exclusive
     def down(self, purge: bool = False) -> None:
         """Remove every namespace, mount, process, link and bridge of the lab."""
         localcmd.require_root("the lab")
@@ -527,7 +553,7 @@ class Lab:
         inodes = {i for i in (_ns_inode(node.mnt_ns) if _mounted(node.mnt_ns) else None,
                               _ns_inode(Path("/run/netns", node.netns))) if i is not None}
         if inodes:
-            _kill_all(_pids_in_namespaces(inodes))
+            _kill_all(_pids_in_namespaces(inodes), inodes)
         for ns_file in (node.mnt_ns, node.uts_ns):
             if _mounted(ns_file):
                 localcmd.run(["umount", str(ns_file)])
@@ -552,7 +578,7 @@ class Lab:
         inode = _ns_inode(Path("/run/netns", name))
         if inode is None:
             return
-        _kill_all(_pids_in_namespaces({inode}))
+        _kill_all(_pids_in_namespaces({inode}), {inode})
         localcmd.run(["ip", "netns", "del", name])
 
     # ---- the outsider: an address on the lab bridge that is not in the inventory -----
@@ -583,6 +609,7 @@ class Lab:
             raise LabError(f"{node.name} is not running; run `invoke lab.up`")
         return [*node.nsenter(), "sh", "-c", command]
 
+    @_exclusive
     def power_off(self, name: str) -> None:
         """Stop a node abruptly: every process killed, its link down (disk kept)."""
         self._preflight()
@@ -590,6 +617,7 @@ class Lab:
         self._stop_node(node)
         localcmd.run(["ip", "link", "set", node.veth, "down"])
 
+    @_exclusive
     def power_on(self, name: str) -> None:
         """Boot a node that was powered off."""
         self._preflight()

@@ -1,0 +1,164 @@
+"""P2P probe: copy bandwidth between every pair of a node's GPUs and to and from the host.
+
+The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
+can be copied to a node and run there. torch is imported only when the probe runs, so the
+controller can import ``slow_pairs`` without it.
+
+For every ordered pair of GPUs it times ``dst.copy_(src, non_blocking=True)`` with CUDA
+events after a warm-up, and likewise host-to-device and device-to-host copies from pinned
+memory; GB/s are 1e9 bytes per second. It prints a ``pair`` line per pair, an ``h2d`` and a
+``d2h`` line per GPU and a ``summary``. Without a CUDA GPU it prints one ``skip`` line.
+
+Exit status: 0 when every copy was timed (or skipped), 3 when a buffer did not fit in
+memory, 64 on a bad command line.
+
+    python p2p.py --size-mb 1024 --iters 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import torch
+
+EXIT_OK = 0
+EXIT_MEMORY = 3
+EXIT_USAGE = 64  # sysexits' EX_USAGE
+
+MIB = 1024**2
+WARMUP = 2  # untimed copies before each timing
+SAFE_ENVIRONMENT = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def slow_pairs(pairs: Sequence[dict[str, Any]], min_gbps: float) -> list[str]:
+    """One sentence per ``pair`` line below ``min_gbps``; other events are passed over."""
+    return [
+        f"GPU{pair['src']}->GPU{pair['dst']} {pair['gbps']:.1f} GB/s < {min_gbps:g} GB/s"
+        for pair in pairs
+        if pair.get("event", "pair") == "pair" and pair["gbps"] < min_gbps
+    ]
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Print one JSON line in a single write."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
+    parser = _Parser(description="Time copies between GPUs and between host and GPU.")
+    parser.add_argument(
+        "--size-mb", type=_positive_int, default=1024, help="MiB per copy (default 1024)"
+    )
+    parser.add_argument("--iters", type=_positive_int, default=10, help="timed copies")
+    return parser
+
+
+def _gbps(dst: torch.Tensor, src: torch.Tensor, timer: int, iters: int) -> float:
+    """GB/s of ``dst.copy_(src)``, timed with events on GPU ``timer``'s current stream.
+
+    PyTorch runs a copy between GPUs on the source GPU's current stream, ordered after and
+    before work on the destination's, so events there bracket it whole.
+    """
+    import torch
+
+    with torch.cuda.device(timer):
+        for _ in range(WARMUP):
+            dst.copy_(src, non_blocking=True)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    return src.numel() * src.element_size() * iters / seconds / 1e9
+
+
+def _is_memory_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate" in text)
+    )
+
+
+def _buffers(size: int, gpus: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """A source and a destination buffer of ``size`` bytes on every GPU, and one pinned."""
+    import torch
+
+    sources = [torch.ones(size, dtype=torch.uint8, device=f"cuda:{i}") for i in range(gpus)]
+    targets = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{i}") for i in range(gpus)]
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=True).fill_(1)
+    return sources, targets, host
+
+
+def run(args: argparse.Namespace) -> int:
+    """Time every copy; returns the exit code."""
+    import torch
+
+    if not torch.cuda.is_available():
+        emit("skip", reason="no CUDA GPU")
+        return EXIT_OK
+    gpus = torch.cuda.device_count()
+    size = args.size_mb * MIB
+    try:
+        sources, targets, host = _buffers(size, gpus)
+    except Exception as exc:
+        if not _is_memory_error(exc):
+            raise
+        emit("error", size=size, message=str(exc))
+        return EXIT_MEMORY
+
+    for i in range(gpus):
+        for j in range(gpus):
+            if i != j:
+                emit(
+                    "pair",
+                    src=i,
+                    dst=j,
+                    gbps=_gbps(targets[j], sources[i], i, args.iters),
+                    peer_access=torch.cuda.can_device_access_peer(i, j),
+                )
+    for i in range(gpus):
+        emit("h2d", gpu=i, gbps=_gbps(targets[i], host, i, args.iters))
+        emit("d2h", gpu=i, gbps=_gbps(host, sources[i], i, args.iters))
+    emit("summary", gpus=gpus, devices=[torch.cuda.get_device_name(i) for i in range(gpus)])
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, set the environment before CUDA starts, and run."""
+    args = build_parser().parse_args(argv)
+    for key, value in SAFE_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

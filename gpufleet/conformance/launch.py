@@ -1,0 +1,203 @@
+"""Launch a probe with torchrun on one or many nodes over SSH (rendezvous on the first
+node's port), collect the JSON lines every rank printed, kill everything on timeout, and
+name the phase that hung. One process per GPU; gloo processes on nodes without GPUs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.conformance.session import Node
+from gpufleet.errors import GpufleetError
+
+PROBES = Path(__file__).resolve().parents[2] / "conformance" / "probes"
+
+PHASES = ("start", "rendezvous_done", "first_collective_done", "done")
+PHASE_ALIASES = {"first_step_done": "first_collective_done"}
+HUNG_IN = {None: "rendezvous (torchrun agents; no worker started)",
+           "start": "rendezvous (process group init)", "rendezvous_done": "the first collective",
+           "first_collective_done": "the measurements", "done": "shutdown"}
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+RC_MARK = "@@gpufleet-probe-rc="
+
+
+@dataclass
+class NodeOutput:
+    """What one node's torchrun printed and how it ended."""
+
+    rc: int | None
+    events: list[dict[str, Any]]
+    stderr_tail: str
+
+    def last_phase(self) -> str | None:
+        """The earliest phase any of the node's ranks got stuck after (slowest rank)."""
+        by_rank: dict[int, int] = {}
+        for event in self.events:
+            phase = PHASE_ALIASES.get(event.get("phase", ""), event.get("phase"))
+            if event.get("event") == "phase" and phase in PHASES:
+                rank = int(event.get("rank", -1))
+                by_rank[rank] = max(by_rank.get(rank, 0), PHASES.index(phase))
+        return PHASES[min(by_rank.values())] if by_rank else None
+
+
+@dataclass
+class ProbeRun:
+    """One probe run over some nodes."""
+
+    nodes: list[str]
+    outputs: dict[str, NodeOutput] = field(default_factory=dict)
+    timed_out: bool = False
+    duration: float = 0.0
+    leftovers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [e for o in self.outputs.values() for e in o.events if e.get("event") == "result"]
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        for output in self.outputs.values():
+            for event in output.events:
+                if event.get("event") == "summary":
+                    return event
+        return None
+
+    @property
+    def largest(self) -> dict[str, Any] | None:
+        return max(self.results, key=lambda r: int(r["size"]), default=None)
+
+    @property
+    def wrong(self) -> int:
+        return sum(int(r.get("wrong") or 0) for r in self.results)
+
+    def error(self) -> str | None:
+        """Why the run failed (hang with its phase, a node's exit status, wrong sums)."""
+        if self.timed_out:
+            stuck = []
+            for name in self.nodes:
+                output = self.outputs.get(name)
+                phase = output.last_phase() if output else None
+                if phase != "done":
+                    stuck.append(f"{name} hung in {HUNG_IN[phase]}")
+            return f"timed out after {self.duration:.0f}s: " + "; ".join(stuck or ["unknown"])
+        for name in self.nodes:
+            output = self.outputs.get(name)
+            if output is None or output.rc != 0:
+                rc = output.rc if output else None
+                tail = output.stderr_tail if output else "no output"
+                return f"{name}: torchrun exited with {rc}: {tail}"
+        if self.wrong:
+            return f"{self.wrong} reduced elements were wrong"
+        if not self.results:
+            return "the probe reported no result"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "ok": self.error() is None, "error": self.error(),
+                "duration_s": round(self.duration, 3), "results": self.results,
+                "summary": self.summary, "leftover_processes": self.leftovers}
+
+
+def socket_ifname(node: Node) -> str | None:
+    """The interface that carries the node's inventory address (for GLOO/NCCL sockets)."""
+    configured = node.var("gloo_socket_ifname") or (node.var("nccl_env") or {}).get(
+        "NCCL_SOCKET_IFNAME")
+    if configured:
+        return str(configured)
+    for iface in (node.facts.get("interfaces") if node.facts else None) or []:
+        if any(a.split("/")[0] == node.host.address for a in iface.get("addresses", [])):
+            return str(iface["name"])
+    return None
+
+
+def processes_per_node(node: Node) -> int:
+    """One process per GPU; ``allreduce_cpu_procs`` (default 1) on nodes without GPUs."""
+    gpus = node.facts.get("gpus") if node.facts else None
+    return len(gpus) if gpus else int(node.var("allreduce_cpu_procs", 1))
+
+
+def _torchrun(node: Node) -> str:
+    venv = node.var("pytorch_venv")
+    return f"{str(venv).rstrip('/')}/bin/torchrun" if venv else "torchrun"
+
+
+def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list[str],
+             timeout_s: float, port: int, nproc: int | None) -> str:
+    env = dict(SAFE_ENV, OMP_NUM_THREADS="1", TMPDIR=str(Path(probe).parent))
+    ifname = socket_ifname(node)
+    if ifname:
+        env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
+    launch = [_torchrun(node), f"--nproc-per-node={nproc or processes_per_node(node)}"]
+    if len(nodes) == 1:
+        launch += ["--standalone", "--nnodes=1"]
+    else:
+        launch += [f"--nnodes={len(nodes)}", f"--node-rank={rank}",
+                   f"--master-addr={nodes[0].host.address}", f"--master-port={port}"]
+    inner = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), "timeout", "-k", "10",
+                        str(int(timeout_s)), *launch, probe, *args])
+    return f"cd {shlex.quote(str(Path(probe).parent))} && {inner}; echo \"{RC_MARK}$?\""
+
+
+def _parse(stdout: str, stderr: str) -> NodeOutput:
+    events: list[dict[str, Any]] = []
+    rc: int | None = None
+    for raw in stdout.splitlines():
+        line = raw.strip()
+        if line.startswith(RC_MARK):
+            rc = int(line[len(RC_MARK):])
+        elif line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
+    return NodeOutput(rc, events, tail)
+
+
+def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: float, *,
+              port: int = 29500, nproc: int | None = None) -> ProbeRun:
+    """Run ``conformance/probes/<probe_name>.py`` under torchrun on ``nodes`` together
+    (``nproc`` processes per node, default one per GPU); every process is gone when this
+    returns."""
+    run = ProbeRun([n.name for n in nodes])
+    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
+    probe = f"{rundir}/{probe_name}.py"
+    content = (PROBES / f"{probe_name}.py").read_bytes()
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        def one(indexed: tuple[int, Node]) -> tuple[str, NodeOutput]:
+            rank, node = indexed
+            try:
+                node.conn.put(probe, content, backup=False)
+                command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
+                                   timeout_s=timeout_s, port=port, nproc=nproc)
+                result = node.run(command, timeout=timeout_s + 60)
+            except GpufleetError as exc:
+                return node.name, NodeOutput(None, [], str(exc))
+            return node.name, _parse(result.stdout, result.stderr)
+
+        run.outputs = dict(pool.map(one, enumerate(nodes)))
+        run.duration = time.monotonic() - start
+        run.timed_out = any(o.rc in (124, 137) for o in run.outputs.values())
+
+        def cleanup(node: Node) -> tuple[str, str]:
+            # The pattern and the glob match the probe's path, but this command line does
+            # not contain that path literally, so pkill cannot match its own shell.
+            pattern = shlex.quote("[/]" + probe.lstrip("/"))
+            glob = shlex.quote(rundir[:-1]) + f"[{rundir[-1]}]"
+            try:
+                left = node.run(f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; "
+                                f"rm -rf {glob}; true", timeout=30).stdout.strip()
+            except GpufleetError as exc:
+                left = f"cleanup failed: {exc}"
+            return node.name, left
+
+        run.leftovers = {n: left for n, left in pool.map(cleanup, nodes) if left}
+    return run

@@ -1,0 +1,215 @@
+"""The DDP probe: its pure helpers, its checksums, and real gloo runs on the CPU."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.probes.ddp import EXIT_FAILED, EXIT_USAGE, loss_trend, scaling_efficiency
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "conformance" / "probes" / "ddp.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+LAUNCH = [str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(PROBE)]
+PHASES = ["start", "rendezvous_done", "first_step_done", "done"]
+TINY = ["--width", "32", "--depth", "2", "--batch-size", "16", "--warmup-steps", "2"]
+TINY += ["--steps", "12", "--comm-steps", "3"]
+RESULT_KEYS = {
+    "event",
+    "world_size",
+    "nodes",
+    "backend",
+    "steps",
+    "samples_per_s",
+    "step_time_s",
+    "nosync_step_time_s",
+    "comm_share",
+    "loss_first",
+    "loss_last",
+    "params_identical",
+    "param_checksum_spread",
+    "device",
+}
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed"
+)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_scaling_efficiency() -> None:
+    assert scaling_efficiency(7200.0, 8, 1000.0) == pytest.approx(0.9)
+    assert scaling_efficiency(1000.0, 1, 1000.0) == 1.0
+    assert scaling_efficiency(0.0, 4, 10.0) == 0.0
+
+
+@pytest.mark.parametrize(("n", "one"), [(0, 1.0), (2, 0.0), (2, -1.0)])
+def test_scaling_efficiency_rejects(n: int, one: float) -> None:
+    with pytest.raises(ValueError):
+        scaling_efficiency(1.0, n, one)
+
+
+def test_loss_trend() -> None:
+    losses = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    assert loss_trend(losses) == pytest.approx((1.0, 0.6))
+    assert loss_trend(losses, tail=2) == pytest.approx((1.0, 0.45))
+    assert loss_trend([2.0, 3.0]) == (2.0, 2.5)
+    assert loss_trend([2.0]) == (2.0, 2.0)
+    with pytest.raises(ValueError):
+        loss_trend([])
+
+
+def test_probe_needs_only_stdlib_and_torch_on_python_3_9() -> None:
+    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module is not None
+            roots.add(node.module.split(".")[0])
+    assert roots - set(sys.stdlib_module_names) == {"torch"}
+
+
+def test_importing_the_probe_leaves_torch_unloaded() -> None:
+    code = "import sys, conformance.probes.ddp; print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+@needs_torch
+def test_param_checksums_see_any_change() -> None:
+    import torch
+
+    from conformance.probes.ddp import build_model, param_checksums
+
+    torch.manual_seed(0)
+    model = build_model(8, 2)
+    same = build_model(8, 2)
+    same.load_state_dict(model.state_dict())
+    base = param_checksums(model)
+    assert base.dtype == torch.float64
+    assert base.numel() == 2 * len(list(model.parameters()))
+    assert torch.equal(base, param_checksums(same))
+
+    weight = same[0].weight.data
+    weight.view(-1)[5] = torch.nextafter(weight.view(-1)[5], torch.tensor(1.0))
+    assert (param_checksums(same) != base).sum() == 2  # one ulp, in one tensor
+
+    same.load_state_dict(model.state_dict())
+    flat = same[2].weight.data.view(-1)
+    flat[[0, 1]] = flat[[1, 0]].clone()
+    changed = param_checksums(same) != base
+    assert changed.tolist() == [False] * 4 + [False, True] + [False] * 6  # moved, not altered
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def probe_env() -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"}
+    }
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return env
+
+
+def run_probe(command: list[str]) -> tuple[int, list[dict[str, Any]]]:
+    """Run a probe command; its exit code and every stdout line, each of which must be JSON."""
+    done = subprocess.run(
+        command, check=False, cwd=ROOT, env=probe_env(), capture_output=True, text=True, timeout=120
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return done.returncode, lines
+
+
+def events(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["event"] == kind]
+
+
+def check_phases(lines: list[dict[str, Any]], world: int) -> None:
+    for rank in range(world):
+        mine = [line for line in events(lines, "phase") if line["rank"] == rank]
+        assert [line["phase"] for line in mine] == PHASES
+        assert [line["t"] for line in mine] == sorted(line["t"] for line in mine)
+
+
+@needs_torch
+def test_torchrun_on_gloo_learns_and_agrees() -> None:
+    code, lines = run_probe([*LAUNCH, *TINY, "--lr", "0.01"])
+    assert code == 0, lines
+    check_phases(lines, 2)
+    [result] = events(lines, "result")
+    assert set(result) == RESULT_KEYS
+    assert (result["world_size"], result["nodes"], result["backend"]) == (2, 1, "gloo")
+    assert (result["steps"], result["device"]) == (12, "cpu")
+    assert result["params_identical"] is True
+    assert result["param_checksum_spread"] == 0.0
+    assert result["loss_last"] < result["loss_first"]
+    assert result["samples_per_s"] == pytest.approx(2 * 16 / result["step_time_s"])
+    assert result["nosync_step_time_s"] > 0
+    assert 0 <= result["comm_share"] < 1
+    assert result["comm_share"] == pytest.approx(
+        max(0.0, 1 - result["nosync_step_time_s"] / result["step_time_s"])
+    )
+    assert not events(lines, "error")
+
+
+@needs_torch
+def test_single_process_whose_loss_blows_up_exits_2() -> None:
+    code, lines = run_probe(
+        [
+            sys.executable,
+            str(PROBE),
+            *TINY,
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "1e6",
+            "--comm-steps",
+            "0",
+        ]
+    )
+    assert code == EXIT_FAILED
+    check_phases(lines, 1)
+    [result] = events(lines, "result")
+    assert (result["world_size"], result["nodes"]) == (1, 1)
+    assert result["params_identical"] is True
+    assert result["loss_last"] is None or result["loss_last"] >= result["loss_first"]
+    assert result["nosync_step_time_s"] is None
+    assert result["comm_share"] is None
+
+
+@pytest.mark.parametrize(
+    "argv", [["--steps", "0"], ["--warmup-steps", "0"], ["--lr", "0"], ["--optimizer", "lbfgs"]]
+)
+def test_bad_usage_exits_64(argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, str(PROBE), *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == EXIT_USAGE
+    assert "error:" in done.stderr
