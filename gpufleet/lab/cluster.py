@@ -251,7 +251,7 @@ R = TypeVar("R")
 
 def _exclusive(method: Callable[Concatenate[Lab, P], R]) -> Callable[Concatenate[Lab, P], R]:
     """Serialise changes to one lab across processes (a lock file in its state directory)."""
-    def wrapper(self: Lab, *args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(self: Lab, /, *args: P.args, **kwargs: P.kwargs) -> R:
         self.config.root.mkdir(parents=True, exist_ok=True)
         with open(self.config.root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
