@@ -111,7 +111,9 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
 
 
 @task(help=_help("inventory", "limit", "forks", "json",
-                 suite="comma-separated suites: stack, reachability, allreduce, rdma, gpu ...",
+                 suite="comma-separated suites or sets: conformance (default: stack, "
+                       "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
+                       "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
                  pairs="reachability pairs: all, ring or sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed"))

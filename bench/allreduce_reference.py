@@ -80,6 +80,9 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    nccl = None
+    if backend == "nccl":
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
     elem = torch.tensor([], dtype=torch.float32).element_size()
     for size in sizes(args.minbytes, args.maxbytes, args.stepfactor):
         count = size // elem
@@ -107,9 +110,7 @@ def main() -> None:
                 "time_us": round(seconds * 1e6, 2), "algbw_GBps": round(algbw, 3),
                 "busbw_GBps": round(algbw * bus_factor(world), 3), "correct": correct,
                 "backend": backend, "world_size": world, "device": str(device.type),
-                "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version()))
-                if backend == "nccl" else None,
+                "torch": torch.__version__, "nccl": nccl,
             }), flush=True)
         del tensor
         if device.type == "cuda":

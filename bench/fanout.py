@@ -87,6 +87,17 @@ def machine() -> dict[str, Any]:
             "loadavg_start": os.getloadavg()}
 
 
+def git_state() -> dict[str, Any]:
+    """The commit measured, and whether engine files differed from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines()
+             if line[3:].startswith(("gpufleet/", "roles/", "templates/", "tasks.py"))]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "engine_files_modified": dirty}
+
+
 class Bench:
     """The state of one bench run: lab, inventory, rendered desired state, samples."""
 
@@ -105,6 +116,7 @@ class Bench:
     # ---- setup -----------------------------------------------------------------------
 
     def setup(self) -> None:
+        self.results["git"] = git_state()
         self.results["versions"] = {} if self.args.skip_tools else ensure_tools()
         if self.args.skip_tools:
             self.results["versions"] = common.tool_versions()
@@ -187,6 +199,8 @@ class Bench:
                 self._record("reprovision", what, n, run, measure)
 
     def latency(self) -> None:
+        """drift with and without added latency, interleaved run by run so that both see
+        the same background load; the known_hosts experiment the same way."""
         import latency as lat
 
         sizes = self.args.latency_nodes
@@ -196,25 +210,31 @@ class Bench:
                                 "method": "TCP relay + nftables redirect (no sch_netem in "
                                           "this kernel); see bench/delay_relay.py"}
         info["rtt_without_delay"] = lat.rtt_report(self.inventory)
+        with lat.added_latency(self.args.one_way_ms):
+            info["rtt_with_delay"] = lat.rtt_report(self.inventory)
+        log(f"SSH RTT without / with added delay: {info['rtt_without_delay']['ssh']} / "
+            f"{info['rtt_with_delay']['ssh']}")
         for n in sizes:
             for run in runs:
-                self._record("drift_no_delay", "gpufleet", n, run, partial(
-                    tools.gpufleet_drift, self.inventory, n, self.reports / f"lat0-{n}"))
+                for delayed in ((False, True) if run % 2 else (True, False)):
+                    report = self.reports / f"lat{int(delayed)}-{n}"
+                    measure = partial(tools.gpufleet_drift, self.inventory, n, report)
+                    if delayed:
+                        with lat.added_latency(self.args.one_way_ms):
+                            self._record("drift_delay", "gpufleet", n, run, measure)
+                    else:
+                        self._record("drift_no_delay", "gpufleet", n, run, measure)
         info["breakdown_without_delay"] = lat.breakdown(self.inventory, largest)
+        with lat.added_latency(self.args.one_way_ms):
+            info["breakdown_with_delay"] = lat.breakdown(self.inventory, largest)
         info["known_hosts_load_cpu_ms"] = {
             str(k): lat.known_hosts_cost(BENCH_LAB.known_hosts, k) for k in (32, 1000, 5000)}
         padded = lat.padded_inventory(self.inventory, 1000)
         for run in runs:
-            self._record("known_hosts_1000", "gpufleet", largest, run, partial(
-                tools.gpufleet_drift, padded, largest, self.reports / "kh1000"))
-        with lat.added_latency(self.args.one_way_ms):
-            info["rtt_with_delay"] = lat.rtt_report(self.inventory)
-            log(f"RTT with delay: {info['rtt_with_delay']}")
-            for n in sizes:
-                for run in runs:
-                    self._record("drift_delay", "gpufleet", n, run, partial(
-                        tools.gpufleet_drift, self.inventory, n, self.reports / f"lat-{n}"))
-            info["breakdown_with_delay"] = lat.breakdown(self.inventory, largest)
+            for inventory, label in ((self.inventory, "known_hosts_32"),
+                                     (padded, "known_hosts_1000"))[::1 if run % 2 else -1]:
+                self._record(label, "gpufleet", largest, run, partial(
+                    tools.gpufleet_drift, inventory, largest, self.reports / label))
         shutil.rmtree(padded, ignore_errors=True)
         self.results["latency"] = info
 
@@ -274,7 +294,8 @@ class Bench:
         cpu_slope = (delay_cpu[hi] - delay_cpu[lo]) / span
         cpu_fixed = delay_cpu[lo] - cpu_slope * int(lo)
         seq = lat["breakdown_with_delay"]["sequential"]
-        per_host_s = (seq["connect_wall"] + seq["facts_wall"] + seq["plan_cpu"]) / 1000
+        per_host_s = (seq["connect_wall"] + seq["facts_wall"] + seq["parse_cpu"]
+                      + seq["plan_cpu"]) / 1000
         fixed_s = max(0.0, delay_wall[lo] - per_host_s)
         forks, fleet = DEFAULT_FORKS, 1000
         waves = math.ceil(fleet / forks)
@@ -339,7 +360,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
     for key, v in r.get("targets", {}).items():
         lines.append(f"- {key} at {v['nodes']} nodes: {v['ratio']:.3f}x (target <= "
                      f"{v['target']}x): {'MET' if v['met'] else 'MISSED'}")
-    for exp in ("reprovision", "facts", "known_hosts_1000", "drift_no_delay", "drift_delay"):
+    for exp in ("reprovision", "facts", "known_hosts_32", "known_hosts_1000", "drift_no_delay",
+                "drift_delay"):
         if exp in med:
             lines += ["", f"{exp}:"]
             for tool, rows in med[exp].items():

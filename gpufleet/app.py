@@ -316,15 +316,20 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 # ---- conformance ---------------------------------------------------------------------------
 
 PROJECT = Path(__file__).resolve().parent.parent
-SUITES = ("stack", "reachability", "allreduce", "rdma", "gpu")
+SUITE_SETS = {
+    "conformance": ("stack", "reachability", "allreduce", "rdma", "gpu"),
+    "acceptance": ("ddp", "thermal", "storage", "host_sizing", "p2p"),
+}
 
 
 def suite_files(suites: str | None) -> list[str]:
-    """The check files of the named suites (all of them when None)."""
+    """The check files of the named suites or sets (``conformance`` when None; ``all``)."""
     available = sorted(p.stem.removeprefix("test_")
                        for p in (PROJECT / "conformance").glob("test_*.py"))
-    wanted = [s.strip() for s in suites.split(",") if s.strip()] if suites else \
-        [s for s in SUITES if s in available]
+    sets = dict(SUITE_SETS, all=tuple(available))
+    wanted: list[str] = []
+    for name in [s.strip() for s in (suites or "conformance").split(",") if s.strip()]:
+        wanted += [s for s in sets.get(name, (name,)) if s not in wanted]
     unknown = [s for s in wanted if s not in available]
     if unknown:
         raise GpufleetError(f"unknown suite(s) {', '.join(unknown)}; suites are "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.conformance.session import Node
+from gpufleet.drift import training_python
 from gpufleet.errors import GpufleetError
 
 PROBES = Path(__file__).resolve().parents[2] / "conformance" / "probes"
@@ -201,3 +202,17 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
 
         run.leftovers = {n: left for n, left in pool.map(cleanup, nodes) if left}
     return run
+
+
+def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float
+               ) -> NodeOutput:
+    """Run a single-process probe (``conformance/probes/<probe_name>.py``) on one node with
+    its training interpreter; the probe file is removed afterwards."""
+    path = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}-{probe_name}.py"
+    node.conn.put(path, (PROBES / f"{probe_name}.py").read_bytes(), backup=False)
+    python = training_python(node.host)
+    env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
+    command = (f"env {env} {shlex.join([python, path, *args])}; echo \"{RC_MARK}$?\"; "
+               f"rm -f {shlex.quote(path)}")
+    result = node.run(command, timeout=timeout_s + 30)
+    return _parse(result.stdout, result.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpufleet-with-nccl-tests", action="store_true",
                     help="also run nccl-tests' all_reduce_perf where installed")
     group.addoption("--gpufleet-json", default=None, help="write the JSON report here")
+    group.addoption("--gpufleet-artifacts", default=None,
+                    help="directory for plots and CSV files (default: beside the JSON report)")
     group.addoption("--gpufleet-forks", type=int, default=DEFAULT_FORKS)
     group.addoption("--gpufleet-connect-timeout", type=float, default=10.0)
 
@@ -74,7 +77,12 @@ def _session(config: pytest.Config) -> ConformanceSession:
         fleet = FleetOptions(forks=config.getoption("gpufleet_forks"), connect=ConnectOptions(
             connect_timeout=config.getoption("gpufleet_connect_timeout"),
             known_hosts_base=base))
+        json_path = config.getoption("gpufleet_json")
+        artifacts = config.getoption("gpufleet_artifacts") or (
+            str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
+            else "reports/conformance-artifacts")
         config.stash[SESSION_KEY] = ConformanceSession.start(inventory, hosts, fleet, {
+            "artifacts": Path(artifacts),
             "pairs": config.getoption("gpufleet_pairs"),
             "with_nccl_tests": config.getoption("gpufleet_with_nccl_tests"),
             "fleet": fleet})

@@ -1,0 +1,83 @@
+"""thermal: a sustained bf16 matrix-product load on every GPU while temperature, power, SM
+clock and clock event reasons are sampled every second; fails above the temperature limit,
+on any thermal or power slowdown, or when clock and temperature move as mirror images (the
+cooling cannot keep up). The curves are saved as CSV and PNG beside the report.
+
+Variables: thermal_seconds (300), thermal_size (8192), thermal_max_temp_c (85, or
+gpu_max_temp_c), thermal_mirror_threshold (-0.8), thermal_min_clock_drop (0.05).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.probes.thermal import thermal_verdict
+from gpufleet.conformance.launch import run_script
+from gpufleet.conformance.session import ConformanceSession, Node
+
+COLUMNS = ("t", "gpu", "temp_c", "power_w", "sm_mhz", "reasons", "hw_thermal",
+           "hw_power_brake", "sw_thermal")
+
+
+def save_curves(samples: list[dict[str, Any]], directory: Path, name: str) -> list[Path]:
+    """The samples as CSV and as a PNG of temperature, SM clock and power per GPU."""
+    directory.mkdir(parents=True, exist_ok=True)
+    csv_path = directory / f"thermal-{name}.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(samples)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    for gpu in sorted({s["gpu"] for s in samples}):
+        series = [s for s in samples if s["gpu"] == gpu]
+        times = [s["t"] for s in series]
+        for ax, key in zip(axes, ("temp_c", "sm_mhz", "power_w"), strict=True):
+            ax.plot(times, [s.get(key) for s in series], label=f"GPU{gpu}")
+    for ax, label in zip(axes, ("temperature (C)", "SM clock (MHz)", "power (W)"), strict=True):
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", ncol=4)
+    axes[-1].set_xlabel("seconds under load")
+    fig.suptitle(f"{name}: sustained bf16 matmul load")
+    png_path = directory / f"thermal-{name}.png"
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return [csv_path, png_path]
+
+
+def test_thermal_soak(node: Node, conformance: ConformanceSession,
+                      record_property: pytest.RecordProperty) -> None:
+    if not node.facts.get("gpus"):  # type: ignore[union-attr]
+        pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
+    seconds = float(node.var("thermal_seconds", 300))
+    output = run_script(node, "thermal", ["--seconds", str(seconds), "--size",
+                                          str(node.var("thermal_size", 8192))], seconds + 300)
+    skip = next((e for e in output.events if e.get("event") == "skip"), None)
+    if skip:
+        pytest.skip(skip["reason"])
+    samples = [e for e in output.events if e.get("event") == "sample"]
+    if output.rc != 0 or not samples:
+        error = next((e.get("message") for e in output.events if e.get("event") == "error"),
+                     output.stderr_tail)
+        pytest.fail(f"unknown: the thermal probe failed (exit {output.rc}): {error}")
+    files = save_curves(samples, conformance.options["artifacts"], node.name)
+    summary = next((e for e in output.events if e.get("event") == "summary"), {})
+    conformance.add_report("thermal", node.name, {"summary": summary,
+                                                  "files": [str(f) for f in files]})
+    record_property("files", [str(f) for f in files])
+    record_property("tflops_per_gpu", summary.get("tflops_per_gpu"))
+    record_property("max_temp_c", max(s["temp_c"] for s in samples if s.get("temp_c")))
+    problems = thermal_verdict(
+        samples, float(node.var("thermal_max_temp_c", node.var("gpu_max_temp_c", 85))),
+        float(node.var("thermal_mirror_threshold", -0.8)),
+        float(node.var("thermal_min_clock_drop", 0.05)))
+    assert not problems, "; ".join(problems)
