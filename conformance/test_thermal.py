@@ -4,7 +4,8 @@ on any thermal or power slowdown, or when clock and temperature move as mirror i
 cooling cannot keep up). The curves are saved as CSV and PNG beside the report.
 
 Variables: thermal_seconds (300), thermal_size (8192), thermal_max_temp_c (85, or
-gpu_max_temp_c), thermal_mirror_threshold (-0.8), thermal_min_clock_drop (0.05).
+gpu_max_temp_c), thermal_mirror_threshold (-0.8), thermal_min_clock_drop (0.05),
+thermal_warmup_s (15: clocks fall from idle boost to their power-capped level first).
 """
 
 from __future__ import annotations
@@ -79,5 +80,6 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     problems = thermal_verdict(
         samples, float(node.var("thermal_max_temp_c", node.var("gpu_max_temp_c", 85))),
         float(node.var("thermal_mirror_threshold", -0.8)),
-        float(node.var("thermal_min_clock_drop", 0.05)))
+        float(node.var("thermal_min_clock_drop", 0.05)),
+        float(node.var("thermal_warmup_s", 15)))
     assert not problems, "; ".join(problems)

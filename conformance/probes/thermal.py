@@ -139,14 +139,16 @@ def thermal_verdict(
     max_temp_c: float,
     mirror_threshold: float = -0.8,
     min_clock_drop: float = 0.05,
+    warmup_s: float = 15.0,
 ) -> list[str]:
     """Problems seen in ``sample`` lines, one sentence each; empty when the GPUs kept cool.
 
     Per GPU: a temperature above ``max_temp_c``; any sample with a hardware thermal, hardware
-    power brake or software thermal slowdown; and a clock that mirrors the temperature
-    (``mirror_score`` at most ``mirror_threshold``) while falling by more than
-    ``min_clock_drop`` from its highest in the first third of the run to its lowest in the
-    last: the cooling cannot keep up.
+    power brake or software thermal slowdown; and, after the first ``warmup_s`` seconds of
+    load (when clocks fall from idle boost to their power-capped level as the GPU warms up),
+    a clock that mirrors the temperature (``mirror_score`` at most ``mirror_threshold``)
+    while falling by more than ``min_clock_drop`` from its highest in the first third of
+    that window to its lowest in the last: the cooling cannot keep up.
     """
     by_gpu: dict[int, list[dict[str, Any]]] = {}
     for sample in samples:
@@ -165,6 +167,7 @@ def thermal_verdict(
             (s["temp_c"], s["sm_mhz"])
             for s in series
             if s.get("temp_c") is not None and s.get("sm_mhz") is not None
+            and s.get("t", 0.0) >= warmup_s
         ]
         third = len(paired) // 3
         if third == 0:
