@@ -23,7 +23,14 @@ import fabric
 import paramiko
 
 from gpufleet.errors import GpufleetError
-from gpufleet.hostkeys import HostKeyError, VerifyPolicy, changed_key_message, fingerprint
+from gpufleet.hostkeys import (
+    HostKeyError,
+    VerifyPolicy,
+    changed_key_message,
+    fingerprint,
+    known_hosts_name,
+    trust_known,
+)
 from gpufleet.inventory import Host
 
 BACKUP_SUFFIX = ".gpufleet-bak"
@@ -266,7 +273,7 @@ class SSHConnection(_CommandRunner):
         conn = fabric.Connection(address, user=user or self.host.user, port=int(port or 22),
                                  connect_kwargs=self._auth_kwargs(),
                                  connect_timeout=int(self.options.connect_timeout))
-        self._harden(conn.client, accept_new=False)
+        self._harden(conn.client, known_hosts_name(conn.host, conn.port), accept_new=False)
         return conn
 
     def _auth_kwargs(self) -> dict[str, object]:
@@ -281,10 +288,8 @@ class SSHConnection(_CommandRunner):
             kwargs["password"] = password
         return kwargs
 
-    def _harden(self, client: paramiko.SSHClient, accept_new: bool) -> VerifyPolicy:
-        for path in self.known_hosts:
-            if path.is_file():
-                client.load_host_keys(str(path))
+    def _harden(self, client: paramiko.SSHClient, name: str, accept_new: bool) -> VerifyPolicy:
+        trust_known(client, name, self.known_hosts)
         policy = VerifyPolicy(self.known_hosts, accept_new=accept_new,
                               record_to=self.known_hosts[0],
                               expect_fingerprint=self.options.expect_fingerprint)
@@ -299,10 +304,12 @@ class SSHConnection(_CommandRunner):
             connect_timeout=int(self.options.connect_timeout),
             gateway=self._gateway(),
         )
-        policy = self._harden(conn.client, self.options.accept_new_host_keys)
+        policy = self._harden(conn.client, known_hosts_name(conn.host, conn.port),
+                              self.options.accept_new_host_keys)
         gateway = conn.gateway
-        while isinstance(gateway, fabric.Connection):
-            self._harden(gateway.client, accept_new=False)  # a jump host from ssh_config too
+        while isinstance(gateway, fabric.Connection):  # a jump host from ssh_config too
+            self._harden(gateway.client, known_hosts_name(gateway.host, gateway.port),
+                         accept_new=False)
             gateway = gateway.gateway
         where = f"{host.address}:{host.port}"
         try:

@@ -28,6 +28,32 @@ def known_hosts_name(address: str, port: int) -> str:
 
 
 _record_lock = threading.Lock()
+_cache_lock = threading.Lock()
+_cache: dict[Path, tuple[int, int, paramiko.HostKeys]] = {}
+
+
+def known_keys(path: Path) -> paramiko.HostKeys:
+    """A known_hosts file, parsed once per content (keyed by mtime and size): a fleet run
+    connects to every host, and parsing a large file per connection costs O(hosts^2)."""
+    stat = path.stat()
+    with _cache_lock:
+        cached = _cache.get(path)
+        if cached and cached[:2] == (stat.st_mtime_ns, stat.st_size):
+            return cached[2]
+    keys = paramiko.HostKeys(str(path))
+    with _cache_lock:
+        _cache[path] = (stat.st_mtime_ns, stat.st_size, keys)
+    return keys
+
+
+def trust_known(client: paramiko.SSHClient, name: str, files: list[Path]) -> None:
+    """Give ``client`` the recorded keys of ``name`` (as known_hosts names it) only."""
+    for path in files:
+        if not path.is_file():
+            continue
+        entry = known_keys(path).lookup(name)
+        for key_type, key in (entry or {}).items():
+            client.get_host_keys().add(name, key_type, key)
 
 
 def record_key(path: Path, address: str, port: int, key: paramiko.PKey) -> None:
