@@ -11,7 +11,7 @@ Also: `invoke facts` on 16 nodes.
 
 Everything runs on the bench's own lab (gfbench, 10.81.0.0/24, /srv/gpufleet-lab-bench),
 which is torn down at the end (--keep-lab keeps it). Results: bench/results/latest.json
-and bench/results/summary.md; plots: docs/img/.
+and bench/results/latest.md; plots: docs/img/.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "CPU-bound; more forks do not help on 2 cores)")
     p.add_argument("--skip-tools", action="store_true", help="gpufleet only (no Ansible, "
                    "no pyinfra)")
+    p.add_argument("--tools", default="gpufleet,ansible,pyinfra",
+                   help="tools compared in the fan-out (comma-separated)")
+    p.add_argument("--skip-gpufleet-only", action="store_true",
+                   help="skip facts and re-provision (the fan-out only)")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--keep-lab", action="store_true", help="leave the bench lab up")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "latest.json")
@@ -164,11 +168,12 @@ class Bench:
         runners: dict[str, Callable[[int], Timed]] = {
             "gpufleet": lambda n: tools.gpufleet_drift(self.inventory, n,
                                                        self.reports / f"fanout-{n}")}
+        wanted = {t.strip() for t in self.args.tools.split(",")}
         if not self.args.skip_tools:
             runners["ansible"] = lambda n: tools.ansible_check(self.inventory, n, self.desired,
                                                                known_hosts)
             runners["pyinfra"] = lambda n: tools.pyinfra_dry(self.inventory, n, self.desired)
-        return runners
+        return {name: run for name, run in runners.items() if name in wanted}
 
     def facts(self) -> None:
         n = self.args.facts_nodes
@@ -325,7 +330,7 @@ class Bench:
         self.results["samples"] = [s.to_dict() for s in self.samples]
         self.args.results.parent.mkdir(parents=True, exist_ok=True)
         self.args.results.write_text(json.dumps(self.results, indent=2) + "\n")
-        summary = self.args.results.with_name("summary.md")
+        summary = self.args.results.with_suffix(".md")
         summary.write_text(summary_markdown(self.results))
         log(f"results: {self.args.results}, {summary}")
         try:
@@ -353,7 +358,7 @@ def summary_markdown(r: dict[str, Any]) -> str:
                   "| nodes | gpufleet | ansible | pyinfra |", "|---|---|---|---|"]
         for n in sorted(fan.get("gpufleet", {}), key=int):
             node_fan = node.get("fanout", {})
-            cells = [f"{cpu['fanout'][t][n]:.1f} / {node_fan.get(t, {}).get(n, 0.0):.1f}"
+            cells = [f"{cpu['fanout'][t][n]:.1f} / {_cpu(node_fan.get(t, {}).get(n))}"
                      if n in cpu["fanout"].get(t, {}) else "-" for t in names]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -377,6 +382,10 @@ def _s(wall: float | None) -> str:
     return "-" if wall is None else f"{wall:.2f} s"
 
 
+def _cpu(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
+
+
 def _x(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a / b:.3f}x"
 
@@ -391,9 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         bench.setup()
-        bench.facts()
+        if not args.skip_gpufleet_only:
+            bench.facts()
         bench.fanout()
-        bench.reprovision()
+        if not args.skip_gpufleet_only:
+            bench.reprovision()
         if not args.skip_latency:
             bench.latency()
         bench.analyse()

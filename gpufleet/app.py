@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import pytest
 from rich.markup import escape
 
 import roles as role_registry
@@ -343,6 +342,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
                     pairs: str = "all", with_nccl_tests: bool = False,
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None) -> int:
     """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
+    import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
     load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",

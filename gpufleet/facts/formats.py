@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet import parsers
 from gpufleet.errors import ParseError
 
 
@@ -38,6 +40,26 @@ def file_state(path: str, text: str) -> FileState:
     except binascii.Error as exc:
         raise ParseError(f"bad base64 content for {path}: {exc}") from exc
     return FileState(path, True, content, fields[1], fields[2])
+
+
+_TORCH_VERSION = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.MULTILINE)
+_TORCH_CUDA = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*(?:None|['"]([^'"]*)['"])""", re.MULTILINE)
+_NCCL_WHEEL = re.compile(r"-(\d[^-/]*)\.dist-info$")
+
+
+def torch_files(text: str) -> dict[str, Any]:
+    """torch's version, CUDA and bundled NCCL from the files of a virtual environment
+    (``@venv``/``@nccl`` lines, then torch/version.py), or the probe's JSON otherwise."""
+    if not text.startswith("@venv"):
+        return parsers.torch_info(text)
+    head, nccl_line, body = [*text.split("\n", 2), "", ""][:3]
+    version = _TORCH_VERSION.search(body)
+    cuda = _TORCH_CUDA.search(body)
+    if version is None or cuda is None:
+        raise ParseError(f"torch/version.py without __version__ or cuda: {body[:80]!r}")
+    wheel = _NCCL_WHEEL.search(nccl_line.strip())
+    return {"python": head.removeprefix("@venv").strip() or None, "torch": version.group(1),
+            "cuda": cuda.group(1), "nccl": wheel.group(1) if wheel else None}
 
 
 def link_target(text: str) -> str | None:
