@@ -250,8 +250,10 @@ R = TypeVar("R")
 
 
 def _exclusive(method: Callable[Concatenate[Lab, P], R]) -> Callable[Concatenate[Lab, P], R]:
-    """Serialise changes to one lab across processes (a lock file in its state directory)."""
+    """Serialise changes to one lab across processes (a lock file in its state directory);
+    only root may take the lock."""
     def wrapper(self: Lab, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        localcmd.require_root("the lab")
         self.config.root.mkdir(parents=True, exist_ok=True)
         with open(self.config.root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -520,7 +522,6 @@ class Lab:
     @_exclusive
     def down(self, purge: bool = False) -> None:
         """Remove every namespace, mount, process, link and bridge of the lab."""
-        localcmd.require_root("the lab")
         localcmd.require_tools(("ip", "umount"), INSTALL_HINT)
         cfg = self.config
         for node in self.nodes():

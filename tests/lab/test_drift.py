@@ -142,7 +142,7 @@ def test_new_and_resolved_since_the_last_run(lab: Lab, provisioned: Path,
     code, doc, _, _ = drift(provisioned, tmp_path, "third")
     assert code == 0
     assert doc["resolved_since_last"] == ["node03 nccl/hold libnccl-dev"]
-    history = sorted((tmp_path / "history").glob("drift-*.json"))
+    history = sorted((tmp_path / "history").glob("*/drift-*.json"))
     assert len(history) == 3
 
 
@@ -150,7 +150,7 @@ def test_history_is_bounded(provisioned: Path, tmp_path: Path) -> None:
     outputs = app.DriftOutputs(report_dir=str(tmp_path / "history"), keep=2)
     for _ in range(4):
         assert app.drift_cmd(str(provisioned), limit="node01", outputs=outputs) == 0
-    assert len(list((tmp_path / "history").glob("drift-*.json"))) == 2
+    assert len(list((tmp_path / "history").glob("*/drift-*.json"))) == 2
 
 
 def test_a_pending_reboot_is_drift(lab: Lab, provisioned: Path, tmp_path: Path) -> None:

@@ -67,39 +67,39 @@ def test_nodes_have_their_own_hostname_address_and_proc_view(lab: Lab) -> None:
 
 
 def test_nodes_reach_each_other_over_tcp(lab: Lab) -> None:
-    target = lab.node("node02")
+    target = lab.node("node13")
     listener = subprocess.Popen(
-        lab.exec_argv("node02", "python3 -c \"import socket; s=socket.socket(); "
+        lab.exec_argv("node13", "python3 -c \"import socket; s=socket.socket(); "
                       "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                       f"s.bind(('{target.address}', 29555)); s.listen(); "
                       "c, a = s.accept(); c.sendall(a[0].encode()); c.close()\""),
         stdout=subprocess.PIPE, text=True)
     try:
-        node_sh(lab, "node02", "for i in $(seq 300); do ss -ltn | grep -q ':29555 ' && exit 0; "
+        node_sh(lab, "node13", "for i in $(seq 300); do ss -ltn | grep -q ':29555 ' && exit 0; "
                 "sleep 0.1; done; exit 1")
         connect = (f"import socket; s=socket.create_connection(('{target.address}', 29555), 5); "
                    "print(s.recv(64).decode())")
-        out = node_sh(lab, "node01", f"python3 -c \"{connect}\"")
-        assert out.strip() == lab.node("node01").address
+        out = node_sh(lab, "node12", f"python3 -c \"{connect}\"")
+        assert out.strip() == lab.node("node12").address
     finally:
         listener.kill()
         listener.wait()
 
 
 def test_nftables_rules_on_one_node_affect_only_that_node(lab: Lab) -> None:
-    node_sh(lab, "node04", "nft add table inet gftest && nft 'add chain inet gftest out "
+    node_sh(lab, "node14", "nft add table inet gftest && nft 'add chain inet gftest out "
             "{ type filter hook output priority 0; }' && nft add rule inet gftest out "
             "ip daddr 10.78.0.1 icmp type echo-request drop")
     try:
-        blocked = node_sh(lab, "node04", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
+        blocked = node_sh(lab, "node14", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
                           "blocked").strip()
-        other = node_sh(lab, "node05", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
+        other = node_sh(lab, "node15", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
                         "blocked").strip()
         assert (blocked, other) == ("blocked", "ok")
         assert "gftest" not in subprocess.run(["nft", "list", "tables"], capture_output=True,
                                               text=True, check=True).stdout
     finally:
-        node_sh(lab, "node04", "nft delete table inet gftest")
+        node_sh(lab, "node14", "nft delete table inet gftest")
 
 
 def test_apt_uses_the_lab_repository_and_installs_stay_on_one_node(lab: Lab) -> None:
