@@ -201,19 +201,32 @@ def test_verdict_ignores_missing_values() -> None:
     assert thermal_verdict([], max_temp_c=85) == []
 
 
+def _h200_trace(name: str) -> list[dict[str, Any]]:
+    rows = list(csv.DictReader((FIXTURES / "h200x2" / "gpufleet" / name).open()))
+    return [{"t": float(r["t"]), "gpu": int(r["gpu"]), "temp_c": float(r["temp_c"]),
+             "power_w": float(r["power_w"]), "sm_mhz": float(r["sm_mhz"]),
+             "reasons": int(r["reasons"]), "hw_thermal": r["hw_thermal"] == "True",
+             "hw_power_brake": r["hw_power_brake"] == "True",
+             "sw_thermal": r["sw_thermal"] == "True"} for r in rows]
+
+
 def test_a_real_power_capped_h200_soak_is_healthy() -> None:
     """2x H200, 120 s of bf16 matmuls: clocks fall from the 1980 MHz idle boost to ~1430 MHz
     in the first seconds (SW power cap at 700 W, reasons 0x4) while the GPUs warm up, then
     hold. Past the warm-up that is healthy; counted from t=0 it would look like mirroring."""
-    rows = list(csv.DictReader((FIXTURES / "h200x2" / "gpufleet" / "thermal.csv").open()))
-    samples = [{"t": float(r["t"]), "gpu": int(r["gpu"]), "temp_c": float(r["temp_c"]),
-                "power_w": float(r["power_w"]), "sm_mhz": float(r["sm_mhz"]),
-                "reasons": int(r["reasons"]), "hw_thermal": r["hw_thermal"] == "True",
-                "hw_power_brake": r["hw_power_brake"] == "True",
-                "sw_thermal": r["sw_thermal"] == "True"} for r in rows]
+    samples = _h200_trace("thermal.csv")
     assert len(samples) == 242
     assert thermal_verdict(samples, max_temp_c=85) == []
     assert len(thermal_verdict(samples, max_temp_c=85, warmup_s=0)) == 2
+
+
+def test_a_second_h200_soak_passes_and_fails_on_a_low_temperature_limit() -> None:
+    """The run after the warm-up fix, on another 2x H200 host: healthy at 85 C; a limit
+    under its peak (61 C on GPU 0) names that GPU."""
+    samples = _h200_trace("thermal-pass.csv")
+    assert thermal_verdict(samples, max_temp_c=85) == []
+    problems = thermal_verdict(samples, max_temp_c=58)
+    assert problems == ["GPU0 reached 61 C, above the 58 C limit"]
 
 
 # --------------------------------------------------------------------------- sampler
