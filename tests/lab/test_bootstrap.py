@@ -22,13 +22,13 @@ from tests.lab.test_provision import override, run
 @pytest.fixture(scope="module")
 def fresh(lab: Lab, provisioned: Path) -> Iterator[str]:
     """A new node in the inventory whose host key nobody has recorded yet; afterwards it is
-    removed and the other nodes' firewalls forget it."""
+    removed and the provisioned nodes' firewalls forget it."""
     node = lab.add()
     try:
         yield node.name
     finally:
         lab.remove(node.name)
-        run(provisioned, "all", role_names="firewall")
+        run(provisioned, PROVISIONED, role_names="firewall")
 
 
 @pytest.fixture
