@@ -26,10 +26,11 @@ from gpufleet.connection import (
     known_hosts_files,
 )
 from gpufleet.drift import comparable, consistency_request
-from gpufleet.engine import RunOptions, active_roles, fact_request, provision
+from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import Facts, gather_facts
-from gpufleet.fleet import FleetOptions
+from gpufleet.facts.formats import FileState
+from gpufleet.fleet import FleetOptions, Outcome
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import ApplyOptions
 from gpufleet.role import RoleVars
@@ -209,25 +210,40 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
 
 def admit(inventory: Inventory, host: Host, peer: str | None, fleet: FleetOptions
           ) -> tuple[str, dict[str, Any]]:
-    """Apply the firewall role on the other hosts of the cluster group, so that they admit
-    the new node on the rendezvous port and NCCL's range (the peer must succeed)."""
+    """Apply the firewall role on the other hosts of the cluster group whose firewall
+    gpufleet already manages, so that they admit the new node on the rendezvous port and
+    NCCL's range (the peer, when it is one of them, must succeed). Hosts without
+    gpufleet's firewall are left alone: bootstrapping one node never firewalls another."""
     v = RoleVars(host, firewall.ROLE.defaults)
     if not firewall.ROLE.active(v):
         return "the firewall is not managed", {}
     group = v.string("firewall_cluster_group")
     others = [inventory.hosts[h] for h in inventory.hosts
               if h in inventory.groups.get(group, set()) and h != host.name]
-    outcomes = provision(inventory, others, [firewall.ROLE],
+    looked = provision(inventory, others, [firewall.ROLE],
+                       RunOptions(check=True, apply=ApplyOptions(), fleet=fleet))
+    managed = [h for h in others if _manages_firewall(looked[h.name])]
+    outcomes = provision(inventory, managed, [firewall.ROLE],
                          RunOptions(apply=ApplyOptions(), fleet=fleet))
-    failed = {n: f"{o.status}: {o.error}" for n, o in outcomes.items()
+    failed = {n: f"{o.status}: {o.error}" for n, o in (looked | outcomes).items()
               if o.status in ("failed", "unreachable")}
     if peer in failed:
         raise GpufleetError(f"the peer {peer} could not admit {host.name}: {failed[peer]}")
     changed = sorted(n for n, o in outcomes.items() if o.status == "changed")
-    detail = f"{len(changed)} of {len(others)} node(s) of group {group} updated their firewall"
+    unmanaged = sorted(h.name for h in others if h.name not in failed and h not in managed)
+    detail = f"{len(changed)} of {len(managed)} node(s) of group {group} updated their firewall"
+    if unmanaged:
+        detail += f"; {len(unmanaged)} without gpufleet's firewall left alone"
     if failed:
         detail += f"; NOT updated: {', '.join(f'{n} ({e})' for n, e in failed.items())}"
-    return detail, {"updated": changed, "not_updated": failed}
+    return detail, {"updated": changed, "unmanaged": unmanaged, "not_updated": failed}
+
+
+def _manages_firewall(outcome: Outcome[HostRun]) -> bool:
+    """Whether gpufleet has loaded its firewall on the host (its state file is there)."""
+    facts = outcome.value.facts if outcome.value else None
+    state = facts.values.get(f"file:{firewall.STATE_FILE}") if facts else None
+    return isinstance(state, FileState) and state.exists
 
 
 # ---- 5. certify ----------------------------------------------------------------------------

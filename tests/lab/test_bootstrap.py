@@ -76,6 +76,10 @@ def test_a_fresh_node_is_taken_to_ready_and_then_shows_no_drift(
     assert steps["trust"]["data"]["fingerprint"].startswith("SHA256:")
     assert lab.node(fresh).address in lab.config.known_hosts.read_text()
     assert "rebooted" in steps["provision"]["detail"]
+    admitted = steps["admit"]["data"]
+    assert admitted["updated"] == ["node01", "node02", "node03", "node04"]
+    assert "node12" in admitted["unmanaged"]  # never provisioned: left without a firewall
+    assert "gpufleet" not in node_sh(lab, "node12", "nft list tables")
     state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
     assert (state["status"], state["peer"], state["versions"]["nccl"]) == \
         ("ready", "node01", "2.21.5-1+cuda12.4")
