@@ -1,7 +1,7 @@
 """AllReduce probe: torchrun starts it on every node, and it reports in JSON lines on stdout.
 
-The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
-can be copied to a node and run there. torch is imported only when the probe runs, so the
+It is copied to a node with ``probe_common.py`` and runs there on the standard library and
+PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
 controller can import ``parse_sizes`` and ``bus_bandwidth`` without it.
 
 Every rank prints ``phase`` lines (start, rendezvous_done, first_collective_done, done) so a
@@ -18,25 +18,25 @@ Exit status: 0 when every element summed right, 2 when any was wrong, 3 on a mem
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import re
-import socket
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple
+
+try:
+    from . import probe_common as common
+except ImportError:  # run as a script, beside its copy of probe_common.py
+    import probe_common as common
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     import torch
 
 EXIT_OK = 0
 EXIT_WRONG = 2
 EXIT_MEMORY = 3
-EXIT_USAGE = 64  # sysexits' EX_USAGE, kept apart from argparse's 2, which means wrong sums here
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_SIZES = {"gloo": "1M,16M,64M,256M", "nccl": "1M,16M,256M,1G,4G,8G"}
@@ -44,17 +44,10 @@ DEFAULT_ITERS = {"gloo": 5, "nccl": 20}
 DEFAULT_WARMUP = {"gloo": 2, "nccl": 5}
 # Every integer from 0 up to this bound is exact in the dtype.
 EXACT_INTEGERS = {"float32": 2**24, "bfloat16": 2**8, "float16": 2**11}
-# NVLink multicast stays off: on some hosts using it takes the GPUs out of service.
-SAFE_ENVIRONMENT = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _SIZE = re.compile(r"(\d+)([KMG]?)", re.IGNORECASE)
 _CHECK_CHUNK = 64 * 1024**2  # elements compared at a time, to bound the mask's memory
-_HOST_BYTES = 256  # room for a host name (at most 253 bytes) in the gather
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -96,76 +89,12 @@ def _cycle_sum(world_size: int, cycle: int) -> int:
     return full * cycle * (cycle + 1) // 2 + rest * (rest + 1) // 2
 
 
-def emit(event: str, **fields: Any) -> None:
-    """Print one JSON line in a single write, so lines of ranks sharing stdout don't mix."""
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where this process sits in the job: torchrun's variables, or a world of one without them."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    host: str
-    launched: bool
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> Placement:
-        host = socket.gethostname()
-        if "RANK" in environ and "WORLD_SIZE" in environ:
-            return cls(
-                rank=int(environ["RANK"]),
-                local_rank=int(environ.get("LOCAL_RANK", "0")),
-                world_size=int(environ["WORLD_SIZE"]),
-                local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
-                host=host,
-                launched=True,
-            )
-        return cls(0, 0, 1, 1, host, launched=False)
-
-    def phase(self, name: str) -> None:
-        """Report that this rank reached a phase."""
-        emit(
-            "phase",
-            phase=name,
-            rank=self.rank,
-            local_rank=self.local_rank,
-            host=self.host,
-            t=time.time(),
-        )
-
-
 class Measurement(NamedTuple):
     """One message size, agreed by all ranks."""
 
     seconds: float  # the slowest rank's time per all-reduce
     wrong: int  # elements off the expected sum, over all ranks
     iters: int  # timed all-reduces
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
 
 
 def _sizes(text: str) -> list[int]:
@@ -175,15 +104,9 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
-    parser = _Parser(description="Time and check torch.distributed all_reduce.")
+    """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
+    parser = common.ProbeParser(description="Time and check torch.distributed all_reduce.")
     parser.add_argument(
         "--backend",
         choices=("auto", "nccl", "gloo"),
@@ -197,96 +120,36 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_SIZES['gloo']} for gloo, {DEFAULT_SIZES['nccl']} for nccl)",
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--iters", type=_positive_int, help="timed all-reduces (20 nccl, 5 gloo)")
-    parser.add_argument("--warmup", type=_nonnegative_int, help="untimed first (5 nccl, 2 gloo)")
+    parser.add_argument(
+        "--iters", type=common.positive_int, help="timed all-reduces (20 nccl, 5 gloo)"
+    )
+    parser.add_argument(
+        "--warmup", type=common.nonnegative_int, help="untimed first (5 nccl, 2 gloo)"
+    )
     parser.add_argument(
         "--init-timeout-s",
-        type=_positive_float,
+        type=common.positive_float,
         default=120.0,
         help="timeout of init_process_group and of each collective",
     )
     parser.add_argument(
         "--max-seconds-per-size",
-        type=_positive_float,
+        type=common.positive_float,
         help="time single all-reduces first, then cut warmup and iterations to fit these seconds",
     )
     return parser
-
-
-def _is_memory_error(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-    )
-
-
-def _exit_now(code: int) -> NoReturn:
-    """Leave without tearing down the process group, which could wait on peers mid-collective."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _init_process_group(backend: str, place: Placement, timeout_s: float) -> None:
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if place.launched:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    else:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{_free_port()}",
-            rank=0,
-            world_size=1,
-            timeout=timeout,
-        )
-
-
-def _synchronize(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _barrier(device: torch.device) -> None:
-    import torch.distributed as dist
-
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
 
 
 def _timed(view: torch.Tensor, iters: int) -> float:
     """Seconds per all-reduce on this rank, over ``iters`` back-to-back operations."""
     import torch.distributed as dist
 
-    _synchronize(view.device)
+    common.synchronize(view.device)
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(view)
-    _synchronize(view.device)
+    common.synchronize(view.device)
     return (time.perf_counter() - start) / iters
-
-
-def _slowest(seconds: float, device: torch.device) -> float:
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return float(value.item())
 
 
 def _count_wrong(view: torch.Tensor, expected: int) -> torch.Tensor:
@@ -316,13 +179,13 @@ def measure(
     wrong = _count_wrong(view, expected)
     if max_seconds is not None:
         # The faster of two single operations, as the first may carry one-off set-up costs.
-        one = _slowest(min(_timed(view, 1), _timed(view, 1)), view.device)
+        one = common.slowest(min(_timed(view, 1), _timed(view, 1)), view.device)
         fit = max(1, int(max_seconds / one))
         iters, warmup = min(iters, fit), min(warmup, fit)
     for _ in range(warmup):
         dist.all_reduce(view)
-    _barrier(view.device)
-    seconds = _slowest(_timed(view, iters), view.device)
+    common.barrier(view.device)
+    seconds = common.slowest(_timed(view, iters), view.device)
     dist.all_reduce(wrong)
     return Measurement(seconds, int(wrong.item()), iters)
 
@@ -334,7 +197,7 @@ def _allocate(count: int, dtype: torch.dtype, device: torch.device) -> tuple[tor
     try:
         return torch.empty(count, dtype=dtype, device=device), ""
     except Exception as exc:
-        if not _is_memory_error(exc):
+        if not common.is_memory_error(exc):
             raise
         return torch.empty(0, dtype=dtype, device=device), str(exc)
 
@@ -349,44 +212,17 @@ def _nccl_version() -> str | None:
     return f"{major}.{minor}.{patch}" + "".join(str(part) for part in suffix)
 
 
-def _choose_device(requested: str, place: Placement) -> tuple[str, torch.device]:
-    """The backend (``auto`` resolved) and this rank's device, made current for CUDA."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    backend = ("nccl" if cuda else "gloo") if requested == "auto" else requested
-    if backend == "gloo":
-        return backend, torch.device("cpu")
-    if not cuda:
-        raise SystemExit("--backend nccl needs CUDA, and torch sees no GPU")
-    torch.cuda.set_device(place.local_rank)
-    return backend, torch.device("cuda", place.local_rank)
-
-
-def _gather_hosts(place: Placement, device: torch.device) -> list[str]:
-    """Every rank's host name, indexed by rank.
-
-    Padded byte tensors rather than ``all_gather_object``, which needs numpy on some versions.
-    """
-    import torch
-    import torch.distributed as dist
-
-    name = place.host.encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
-    mine = torch.tensor(list(name), dtype=torch.uint8, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(place.world_size)]
-    dist.all_gather(gathered, mine)
-    return [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in gathered]
-
-
-def _report_summary(place: Placement, backend: str, device: torch.device, sizes: int) -> None:
+def _report_summary(
+    place: common.Placement, backend: str, device: torch.device, sizes: int
+) -> None:
     """Rank 0 prints the job's shape and software; every rank takes part in gathering hosts."""
     import torch
 
-    hosts = _gather_hosts(place, device)
+    hosts = common.gather_hosts(place, device)
     if place.rank != 0:
         return
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    emit(
+    common.emit(
         "summary",
         world_size=place.world_size,
         nodes=len(set(hosts)),
@@ -400,12 +236,12 @@ def _report_summary(place: Placement, backend: str, device: torch.device, sizes:
     )
 
 
-def run(args: argparse.Namespace, place: Placement) -> int:
+def run(args: argparse.Namespace, place: common.Placement) -> int:
     """The probe on one rank, from the process group's start to its end; returns the exit code."""
     import torch
     import torch.distributed as dist
 
-    backend, device = _choose_device(args.backend, place)
+    backend, device = common.choose_device(args.backend, place)
     sizes = args.sizes or parse_sizes(DEFAULT_SIZES[backend])
     iters = args.iters if args.iters is not None else DEFAULT_ITERS[backend]
     warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[backend]
@@ -413,13 +249,13 @@ def run(args: argparse.Namespace, place: Placement) -> int:
     itemsize = torch.empty(0, dtype=dtype).element_size()
     if min(sizes) < itemsize:
         sys.stderr.write(f"message size {min(sizes)} is below one {args.dtype} element\n")
-        return EXIT_USAGE
+        return common.EXIT_USAGE
     counts = [size // itemsize for size in sizes]
 
-    _init_process_group(backend, place, args.init_timeout_s)
+    common.init_process_group(backend, place, args.init_timeout_s)
     place.phase("rendezvous_done")
     dist.all_reduce(torch.ones(1, device=device))
-    _synchronize(device)
+    common.synchronize(device)
     place.phase("first_collective_done")
 
     buf, failure = _allocate(max(counts), dtype, device)
@@ -427,7 +263,7 @@ def run(args: argparse.Namespace, place: Placement) -> int:
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
         if failure:
-            emit("error", size=max(counts) * itemsize, rank=place.rank, message=failure)
+            common.emit("error", size=max(counts) * itemsize, rank=place.rank, message=failure)
         dist.destroy_process_group()
         return EXIT_MEMORY
 
@@ -445,14 +281,14 @@ def run(args: argparse.Namespace, place: Placement) -> int:
                 max_seconds=args.max_seconds_per_size,
             )
         except Exception as exc:
-            if not _is_memory_error(exc):
+            if not common.is_memory_error(exc):
                 raise
-            emit("error", size=size, rank=place.rank, message=str(exc))
-            _exit_now(EXIT_MEMORY)
+            common.emit("error", size=size, rank=place.rank, message=str(exc))
+            common.exit_now(EXIT_MEMORY)
         wrong_total += got.wrong
         if place.rank == 0:
             algbw, busbw = bus_bandwidth(size, got.seconds, place.world_size)
-            emit(
+            common.emit(
                 "result",
                 size=size,
                 count=count,
@@ -475,10 +311,9 @@ def run(args: argparse.Namespace, place: Placement) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, report the start, set NCCL's environment and run."""
     args = build_parser().parse_args(argv)
-    place = Placement.from_environ(os.environ)
+    place = common.Placement.from_environ(os.environ)
     place.phase("start")
-    for key, value in SAFE_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
+    common.set_safe_environment()
     return run(args, place)
 
 

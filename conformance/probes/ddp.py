@@ -1,7 +1,7 @@
 """DDP probe: trains a small MLP with DistributedDataParallel and reports in JSON lines on stdout.
 
-The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
-can be copied to a node and run there. torch is imported only when the probe runs, so the
+It is copied to a node with ``probe_common.py`` and runs there on the standard library and
+PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
 controller can import ``scaling_efficiency`` and ``loss_trend`` without it.
 
 Every rank trains on its share of a synthetic regression set (``y = X @ W + noise`` from a
@@ -23,24 +23,24 @@ not (or when the process group did not start), 64 on a bad command line.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
-import socket
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
+
+try:
+    from . import probe_common as common
+except ImportError:  # run as a script, beside its copy of probe_common.py
+    import probe_common as common
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Iterator, Sequence
 
     import torch
 
 EXIT_OK = 0
 EXIT_FAILED = 2
-EXIT_USAGE = 64  # sysexits' EX_USAGE, kept apart from argparse's 2, which means a failed check
 
 FEATURES = 256  # inputs per sample
 OUTPUTS = 16  # regression targets per sample
@@ -48,14 +48,7 @@ SAMPLES = 16384  # at least this many in the data set, and two batches for every
 NOISE = 0.01
 LOSS_TAIL = 5  # steps averaged for the final loss
 DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
-# NVLink multicast stays off: on some hosts using it takes the GPUs out of service.
-SAFE_ENVIRONMENT = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
-_HOST_BYTES = 256  # room for a host name (at most 253 bytes) in the gather
 _MODULUS = 2**52  # checksums are kept below it, where float64 holds every integer
 _WEIGHT_CYCLE = 65521  # position weights of the second checksum run 1..this, then repeat
 
@@ -75,107 +68,38 @@ def loss_trend(losses: Sequence[float], tail: int = LOSS_TAIL) -> tuple[float, f
     return losses[0], sum(last) / len(last)
 
 
-def emit(event: str, **fields: Any) -> None:
-    """Print one JSON line in a single write, so lines of ranks sharing stdout don't mix."""
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-def _finite(value: float) -> float | None:
-    """The value, or None for NaN and infinities, which JSON cannot carry."""
-    return value if math.isfinite(value) else None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where this process sits in the job: torchrun's variables, or a world of one without them."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    host: str
-    launched: bool
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> Placement:
-        host = socket.gethostname()
-        if "RANK" in environ and "WORLD_SIZE" in environ:
-            return cls(
-                rank=int(environ["RANK"]),
-                local_rank=int(environ.get("LOCAL_RANK", "0")),
-                world_size=int(environ["WORLD_SIZE"]),
-                local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
-                host=host,
-                launched=True,
-            )
-        return cls(0, 0, 1, 1, host, launched=False)
-
-    def phase(self, name: str) -> None:
-        """Report that this rank reached a phase."""
-        emit(
-            "phase",
-            phase=name,
-            rank=self.rank,
-            local_rank=self.local_rank,
-            host=self.host,
-            t=time.time(),
-        )
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
-    parser = _Parser(description="Train a small MLP with DDP; check and time it.")
+    """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
+    parser = common.ProbeParser(description="Train a small MLP with DDP; check and time it.")
     parser.add_argument(
         "--backend",
         choices=("auto", "nccl", "gloo"),
         default="auto",
         help="auto: nccl when CUDA is available, else gloo",
     )
-    parser.add_argument("--steps", type=_positive_int, default=30, help="timed training steps")
+    parser.add_argument(
+        "--steps", type=common.positive_int, default=30, help="timed training steps"
+    )
     parser.add_argument(
         "--warmup-steps",
-        type=_positive_int,
+        type=common.positive_int,
         default=5,
         help="untimed steps before them, the first step among them",
     )
     parser.add_argument(
         "--comm-steps",
-        type=_nonnegative_int,
+        type=common.nonnegative_int,
         default=10,
         help="steps timed under no_sync() after the check (0: skip)",
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=64, help="samples per rank")
-    parser.add_argument("--width", type=_positive_int, default=1024, help="hidden layer width")
     parser.add_argument(
-        "--depth", type=_positive_int, default=4, help="hidden layers of --width units"
+        "--batch-size", type=common.positive_int, default=64, help="samples per rank"
+    )
+    parser.add_argument(
+        "--width", type=common.positive_int, default=1024, help="hidden layer width"
+    )
+    parser.add_argument(
+        "--depth", type=common.positive_int, default=4, help="hidden layers of --width units"
     )
     parser.add_argument(
         "--optimizer",
@@ -185,94 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lr",
-        type=_positive_float,
+        type=common.positive_float,
         help=f"learning rate (default {DEFAULT_LR['adam']} adam, {DEFAULT_LR['sgd']} sgd)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the model")
     parser.add_argument(
         "--init-timeout-s",
-        type=_positive_float,
+        type=common.positive_float,
         default=120.0,
         help="timeout of init_process_group and of each collective",
     )
     return parser
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _init_process_group(backend: str, place: Placement, timeout_s: float) -> None:
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if place.launched:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    else:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{_free_port()}",
-            rank=0,
-            world_size=1,
-            timeout=timeout,
-        )
-
-
-def _choose_device(requested: str, place: Placement) -> tuple[str, torch.device]:
-    """The backend (``auto`` resolved) and this rank's device, made current for CUDA."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    backend = ("nccl" if cuda else "gloo") if requested == "auto" else requested
-    if backend == "gloo":
-        return backend, torch.device("cpu")
-    if not cuda:
-        raise SystemExit("--backend nccl needs CUDA, and torch sees no GPU")
-    torch.cuda.set_device(place.local_rank)
-    return backend, torch.device("cuda", place.local_rank)
-
-
-def _synchronize(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _barrier(device: torch.device) -> None:
-    import torch.distributed as dist
-
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
-def _slowest(seconds: float, device: torch.device) -> float:
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return float(value.item())
-
-
-def _gather_hosts(place: Placement, device: torch.device) -> list[str]:
-    """Every rank's host name, indexed by rank.
-
-    Padded byte tensors rather than ``all_gather_object``, which needs numpy on some versions.
-    """
-    import torch
-    import torch.distributed as dist
-
-    name = place.host.encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
-    mine = torch.tensor(list(name), dtype=torch.uint8, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(place.world_size)]
-    dist.all_gather(gathered, mine)
-    return [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in gathered]
 
 
 def build_model(width: int, depth: int) -> torch.nn.Module:
@@ -339,7 +186,9 @@ def _batches(
 class _Trainer:
     """One rank's model, optimizer and data."""
 
-    def __init__(self, args: argparse.Namespace, place: Placement, device: torch.device) -> None:
+    def __init__(
+        self, args: argparse.Namespace, place: common.Placement, device: torch.device
+    ) -> None:
         import torch
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader, DistributedSampler
@@ -379,12 +228,12 @@ class _Trainer:
 
     def timed(self, steps: int, losses: list[torch.Tensor]) -> float:
         """Seconds this rank took for ``steps`` steps, started together with the other ranks."""
-        _barrier(self.device)
-        _synchronize(self.device)
+        common.barrier(self.device)
+        common.synchronize(self.device)
         start = time.perf_counter()
         for _ in range(steps):
             losses.append(self.step())
-        _synchronize(self.device)
+        common.synchronize(self.device)
         return time.perf_counter() - start
 
     def timed_no_sync(self, steps: int) -> float:
@@ -404,37 +253,37 @@ def _mean_losses(losses: list[torch.Tensor], world_size: int) -> list[float]:
     return [value / world_size for value in total.tolist()]
 
 
-def run(args: argparse.Namespace, place: Placement) -> int:
+def run(args: argparse.Namespace, place: common.Placement) -> int:
     """The probe on one rank, from the process group's start to its end; returns the exit code."""
     import torch
     import torch.distributed as dist
 
-    backend, device = _choose_device(args.backend, place)
+    backend, device = common.choose_device(args.backend, place)
     try:
-        _init_process_group(backend, place, args.init_timeout_s)
+        common.init_process_group(backend, place, args.init_timeout_s)
     except Exception as exc:
-        emit("error", phase="rendezvous", rank=place.rank, message=str(exc))
+        common.emit("error", phase="rendezvous", rank=place.rank, message=str(exc))
         return EXIT_FAILED
     place.phase("rendezvous_done")
 
     trainer = _Trainer(args, place, device)
     losses = [trainer.step()]
-    _synchronize(device)
+    common.synchronize(device)
     place.phase("first_step_done")
     for _ in range(args.warmup_steps - 1):
         losses.append(trainer.step())
-    sync_s = _slowest(trainer.timed(args.steps, losses), device) / args.steps
+    sync_s = common.slowest(trainer.timed(args.steps, losses), device) / args.steps
     spread = _checksum_spread(trainer.model)
     loss_first, loss_last = loss_trend(_mean_losses(losses, place.world_size))
     nosync_s = None
     if args.comm_steps:
-        nosync_s = _slowest(trainer.timed_no_sync(args.comm_steps), device) / args.comm_steps
-    hosts = _gather_hosts(place, device)
+        nosync_s = common.slowest(trainer.timed_no_sync(args.comm_steps), device) / args.comm_steps
+    hosts = common.gather_hosts(place, device)
 
     identical = spread == 0.0
     went_down = loss_last < loss_first
     if place.rank == 0:
-        emit(
+        common.emit(
             "result",
             world_size=place.world_size,
             nodes=len(set(hosts)),
@@ -444,8 +293,8 @@ def run(args: argparse.Namespace, place: Placement) -> int:
             step_time_s=sync_s,
             nosync_step_time_s=nosync_s,
             comm_share=None if nosync_s is None else max(0.0, 1 - nosync_s / sync_s),
-            loss_first=_finite(loss_first),
-            loss_last=_finite(loss_last),
+            loss_first=common.finite(loss_first),
+            loss_last=common.finite(loss_last),
             params_identical=identical,
             param_checksum_spread=spread,
             device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -458,10 +307,9 @@ def run(args: argparse.Namespace, place: Placement) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, report the start, set NCCL's environment and run."""
     args = build_parser().parse_args(argv)
-    place = Placement.from_environ(os.environ)
+    place = common.Placement.from_environ(os.environ)
     place.phase("start")
-    for key, value in SAFE_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
+    common.set_safe_environment()
     return run(args, place)
 
 

@@ -1,7 +1,7 @@
 """P2P probe: copy bandwidth between every pair of a node's GPUs and to and from the host.
 
-The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
-can be copied to a node and run there. torch is imported only when the probe runs, so the
+It is copied to a node with ``probe_common.py`` and runs there on the standard library and
+PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
 controller can import ``slow_pairs`` without it.
 
 For every ordered pair of GPUs it times ``dst.copy_(src, non_blocking=True)`` with CUDA
@@ -18,10 +18,13 @@ memory, 64 on a bad command line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
+
+try:
+    from . import probe_common as common
+except ImportError:  # run as a script, beside its copy of probe_common.py
+    import probe_common as common
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,15 +33,9 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_MEMORY = 3
-EXIT_USAGE = 64  # sysexits' EX_USAGE
 
 MIB = 1024**2
 WARMUP = 2  # untimed copies before each timing
-SAFE_ENVIRONMENT = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 
 def slow_pairs(pairs: Sequence[dict[str, Any]], min_gbps: float) -> list[str]:
@@ -50,32 +47,13 @@ def slow_pairs(pairs: Sequence[dict[str, Any]], min_gbps: float) -> list[str]:
     ]
 
 
-def emit(event: str, **fields: Any) -> None:
-    """Print one JSON line in a single write."""
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
-    parser = _Parser(description="Time copies between GPUs and between host and GPU.")
+    """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
+    parser = common.ProbeParser(description="Time copies between GPUs and between host and GPU.")
     parser.add_argument(
-        "--size-mb", type=_positive_int, default=1024, help="MiB per copy (default 1024)"
+        "--size-mb", type=common.positive_int, default=1024, help="MiB per copy (default 1024)"
     )
-    parser.add_argument("--iters", type=_positive_int, default=10, help="timed copies")
+    parser.add_argument("--iters", type=common.positive_int, default=10, help="timed copies")
     return parser
 
 
@@ -101,13 +79,6 @@ def _gbps(dst: torch.Tensor, src: torch.Tensor, timer: int, iters: int) -> float
     return src.numel() * src.element_size() * iters / seconds / 1e9
 
 
-def _is_memory_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, MemoryError) or (
-        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate" in text)
-    )
-
-
 def _buffers(size: int, gpus: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """A source and a destination buffer of ``size`` bytes on every GPU, and one pinned."""
     import torch
@@ -123,22 +94,22 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        emit("skip", reason="no CUDA GPU")
+        common.emit("skip", reason="no CUDA GPU")
         return EXIT_OK
     gpus = torch.cuda.device_count()
     size = args.size_mb * MIB
     try:
         sources, targets, host = _buffers(size, gpus)
     except Exception as exc:
-        if not _is_memory_error(exc):
+        if not common.is_memory_error(exc):
             raise
-        emit("error", size=size, message=str(exc))
+        common.emit("error", size=size, message=str(exc))
         return EXIT_MEMORY
 
     for i in range(gpus):
         for j in range(gpus):
             if i != j:
-                emit(
+                common.emit(
                     "pair",
                     src=i,
                     dst=j,
@@ -146,17 +117,16 @@ def run(args: argparse.Namespace) -> int:
                     peer_access=torch.cuda.can_device_access_peer(i, j),
                 )
     for i in range(gpus):
-        emit("h2d", gpu=i, gbps=_gbps(targets[i], host, i, args.iters))
-        emit("d2h", gpu=i, gbps=_gbps(host, sources[i], i, args.iters))
-    emit("summary", gpus=gpus, devices=[torch.cuda.get_device_name(i) for i in range(gpus)])
+        common.emit("h2d", gpu=i, gbps=_gbps(targets[i], host, i, args.iters))
+        common.emit("d2h", gpu=i, gbps=_gbps(host, sources[i], i, args.iters))
+    common.emit("summary", gpus=gpus, devices=[torch.cuda.get_device_name(i) for i in range(gpus)])
     return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, set the environment before CUDA starts, and run."""
     args = build_parser().parse_args(argv)
-    for key, value in SAFE_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
+    common.set_safe_environment()
     return run(args)
 
 

