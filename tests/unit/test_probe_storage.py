@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,20 @@ def test_missing_path_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert probe(capsys, "--path", str(tmp_path / "file"), *SMALL)[0] == EXIT_PATH
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
-def test_read_only_path_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tmp_path.chmod(0o555)
-    try:
-        code, lines = probe(capsys, "--path", str(tmp_path), *SMALL)
-    finally:
-        tmp_path.chmod(0o755)
-    assert code == EXIT_PATH
-    assert "not writable" in lines[0]["message"]
+def test_read_only_path_exits_3() -> None:
+    """A directory the probe may not write to (as nobody when the tests run as root, who
+    may write anywhere)."""
+    as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        os.chmod(scratch, 0o555)
+        done = subprocess.run(
+            [*(as_user if os.geteuid() == 0 else []), sys.executable, str(PROBE),
+             "--path", scratch, *SMALL],
+            check=False, capture_output=True, text=True, timeout=60,
+        )
+        assert not os.listdir(scratch)
+    assert done.returncode == EXIT_PATH, done.stderr
+    assert "not writable" in json.loads(done.stdout.splitlines()[0])["message"]
 
 
 @pytest.mark.parametrize(
