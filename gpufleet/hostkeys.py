@@ -34,16 +34,16 @@ _cache: dict[Path, tuple[int, int, paramiko.HostKeys]] = {}
 
 def known_keys(path: Path) -> paramiko.HostKeys:
     """A known_hosts file, parsed once per content (keyed by mtime and size): a fleet run
-    connects to every host, and parsing a large file per connection costs O(hosts^2)."""
+    connects to every host, and parsing a large file per connection costs O(hosts^2). The
+    first of many threads asking at once parses it; the others wait for its result."""
     stat = path.stat()
     with _cache_lock:
         cached = _cache.get(path)
         if cached and cached[:2] == (stat.st_mtime_ns, stat.st_size):
             return cached[2]
-    keys = paramiko.HostKeys(str(path))
-    with _cache_lock:
+        keys = paramiko.HostKeys(str(path))
         _cache[path] = (stat.st_mtime_ns, stat.st_size, keys)
-    return keys
+        return keys
 
 
 def trust_known(client: paramiko.SSHClient, name: str, files: list[Path]) -> None:

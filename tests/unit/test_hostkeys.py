@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import paramiko
 import pytest
 
+from gpufleet import hostkeys
 from gpufleet.hostkeys import (
     HostKeyError,
     VerifyPolicy,
@@ -143,3 +146,31 @@ def test_changed_key_message_names_both_fingerprints(keys: dict[str, Path]) -> N
         f"HOST KEY CHANGED for gpu01: known_hosts (/a/known_hosts, /b/known_hosts) has "
         f"{fingerprint(old)}, the host presented {fingerprint(new)}; refusing to connect "
         "(if the node was reinstalled, remove its old line)")
+
+
+def test_many_threads_parse_known_hosts_once(keys: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    public = keys["ed25519"].with_suffix(".pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"10.9.{i // 250}.{i % 250} {public[0]} {public[1]}\n"
+                             for i in range(1000)))
+    parses: list[str] = []
+
+    class CountingHostKeys(paramiko.HostKeys):
+        def __init__(self, filename: str) -> None:
+            parses.append(filename)
+            super().__init__(filename)
+
+    monkeypatch.setattr(hostkeys.paramiko, "HostKeys", CountingHostKeys)
+    start = threading.Barrier(32)
+
+    def look(i: int) -> bool:
+        start.wait()
+        return hostkeys.known_keys(known).lookup(f"10.9.0.{i}") is not None
+
+    with ThreadPoolExecutor(32) as pool:
+        assert all(pool.map(look, range(32)))
+    assert parses == [str(known)]
+    known.write_text(known.read_text() + f"10.9.9.9 {public[0]} {public[1]}\n")
+    assert hostkeys.known_keys(known).lookup("10.9.9.9") is not None
+    assert len(parses) == 2
