@@ -246,10 +246,12 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     drift.add_consistency_items(hosts, inconsistencies, managed)
     history = History(Path(outputs.report_dir) / _slug(target.inventory.path), "drift",
                       outputs.keep)
-    new, resolved = drift.mark_new(hosts, history.last_items(), {r.name for r in selected})
+    checked = {r.name for r in selected}
+    new, resolved = drift.mark_new(hosts, history.last_items(), checked)
     run = drift_report.DriftRun(str(target.inventory.path), target.inventory.digest(), hosts,
                                 inconsistencies, new, resolved, started,
-                                time.time() - started)
+                                time.time() - started,
+                                sorted(checked | {drift.CONSISTENCY_ROLE}))
     if remediate:
         run.remediation = _remediate(target, selected, hosts, fleet, reboot)
     document = drift_report.to_json(run)

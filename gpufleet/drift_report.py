@@ -31,6 +31,7 @@ class DriftRun:
     resolved: list[str]
     started: float
     duration: float
+    roles_checked: list[str] = field(default_factory=list)
     remediation: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
@@ -54,7 +55,8 @@ def to_json(run: DriftRun) -> dict[str, Any]:
                    duration_s=round(run.duration, 3), summary=run.summary(),
                    hosts={n: h.to_dict() for n, h in run.hosts.items()},
                    consistency=[i.to_dict() for i in run.inconsistencies],
-                   new_since_last=run.new, resolved_since_last=run.resolved)
+                   new_since_last=run.new, resolved_since_last=run.resolved,
+                   roles_checked=run.roles_checked)
     if run.remediation:
         doc["remediation"] = run.remediation
     return doc

@@ -25,16 +25,31 @@ class History:
 
     def last_items(self, checked_statuses: tuple[str, ...] = ("clean", "drifted")
                    ) -> dict[str, set[str]]:
-        """Per host, the items of the newest run in which that host was checked."""
+        """Per host, its items (``role/item``) as last seen: each role's items come from the
+        newest run in which that host was checked with that role (``roles_checked``; a run
+        without it checked every role)."""
         found: dict[str, set[str]] = {}
+        covered: dict[str, set[str] | None] = {}  # None: every role is accounted for
         for path in reversed(self.runs()):
             try:
                 document = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
+            roles = document.get("roles_checked")
             for host, entry in document.get("hosts", {}).items():
-                if host not in found and entry.get("status") in checked_statuses:
-                    found[host] = {i["item"] for i in entry.get("items", [])}
+                done = covered.setdefault(host, set())
+                if done is None or entry.get("status") not in checked_statuses:
+                    continue
+                items = {i["item"] for i in entry.get("items", [])}
+                if roles is None:
+                    found.setdefault(host, set()).update(
+                        i for i in items if i.split("/", 1)[0] not in done)
+                    covered[host] = None
+                    continue
+                fresh = set(roles) - done
+                found.setdefault(host, set()).update(
+                    i for i in items if i.split("/", 1)[0] in fresh)
+                done.update(fresh)
         return found
 
     def save(self, document: dict[str, Any]) -> Path:

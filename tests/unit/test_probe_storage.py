@@ -120,7 +120,7 @@ def test_missing_path_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_read_only_path_exits_3() -> None:
     """A directory the probe may not write to (as nobody when the tests run as root, who
     may write anywhere)."""
-    as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]  # nobody
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
         os.chmod(scratch, 0o555)
         done = subprocess.run(
