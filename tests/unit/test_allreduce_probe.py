@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,17 +14,11 @@ from conformance.probes.allreduce import (
     fill_values,
     parse_sizes,
 )
-from conformance.probes.probe_common import EXIT_USAGE
+from tests.probe_runs import PROBES, TORCHRUN, check_phases, events, needs_torch, run_probe
 
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "conformance" / "probes" / "allreduce.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+PROBE = PROBES / "allreduce.py"
 SIZES = [1024, 64 * 1024, 1024 * 1024]
 PHASES = ["start", "rendezvous_done", "first_collective_done", "done"]
-
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed"
-)
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -83,25 +72,6 @@ def test_fill_values_sum_stays_exact(dtype: str, world: int) -> None:
 # --------------------------------------------------------------------------- real runs
 
 
-def probe_env() -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"}
-    }
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    return env
-
-
-def run_probe(command: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    """Run a probe command; its exit code and every stdout line, each of which must be JSON."""
-    done = subprocess.run(
-        command, check=False, cwd=ROOT, env=probe_env(), capture_output=True, text=True, timeout=60
-    )
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    return done.returncode, lines
-
-
 def torchrun(ranks: int, *options: str) -> tuple[int, list[dict[str, Any]]]:
     return run_probe(
         [
@@ -125,24 +95,12 @@ def torchrun(ranks: int, *options: str) -> tuple[int, list[dict[str, Any]]]:
     )
 
 
-def events(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [line for line in lines if line["event"] == kind]
-
-
-def check_phases(lines: list[dict[str, Any]], world: int) -> None:
-    for rank in range(world):
-        mine = [line for line in events(lines, "phase") if line["rank"] == rank]
-        assert [line["phase"] for line in mine] == PHASES
-        assert [line["t"] for line in mine] == sorted(line["t"] for line in mine)
-        assert all(line["host"] and line["local_rank"] == rank for line in mine)
-
-
 @needs_torch
 @pytest.mark.parametrize(("ranks", "dtype", "itemsize"), [(2, "float32", 4), (3, "bfloat16", 2)])
 def test_torchrun_on_gloo(ranks: int, dtype: str, itemsize: int) -> None:
     code, lines = torchrun(ranks, "--dtype", dtype)
     assert code == 0, lines
-    check_phases(lines, ranks)
+    check_phases(lines, ranks, PHASES)
     results = events(lines, "result")
     assert [result["size"] for result in results] == SIZES
     for result in results:
@@ -181,7 +139,7 @@ def test_single_process_without_torchrun() -> None:
         ]
     )
     assert code == 0, lines
-    check_phases(lines, 1)
+    check_phases(lines, 1, PHASES)
     results = events(lines, "result")
     assert [result["size"] for result in results] == [1024, 4096]
     assert all(result["wrong"] == 0 and result["world_size"] == 1 for result in results)
@@ -201,14 +159,3 @@ def test_memory_error_is_reported_with_exit_3() -> None:
     assert "memory" in error["message"].lower()
     assert not events(lines, "result")
 
-
-def test_bad_sizes_exit_with_usage_code() -> None:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), "--sizes", "1X"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == EXIT_USAGE
-    assert "bad message size '1X'" in done.stderr

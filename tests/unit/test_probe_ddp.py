@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conformance.probes.ddp import EXIT_FAILED, loss_trend, scaling_efficiency
-from conformance.probes.probe_common import EXIT_USAGE
+from tests.probe_runs import PROBES, TORCHRUN, check_phases, events, needs_torch, run_probe
 
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "conformance" / "probes" / "ddp.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+PROBE = PROBES / "ddp.py"
 LAUNCH = [str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(PROBE)]
 PHASES = ["start", "rendezvous_done", "first_step_done", "done"]
 TINY = ["--width", "32", "--depth", "2", "--batch-size", "16", "--warmup-steps", "2"]
@@ -38,10 +30,6 @@ RESULT_KEYS = {
     "param_checksum_spread",
     "device",
 }
-
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed"
-)
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -98,41 +86,11 @@ def test_param_checksums_see_any_change() -> None:
 # --------------------------------------------------------------------------- real runs
 
 
-def probe_env() -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"}
-    }
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    return env
-
-
-def run_probe(command: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    """Run a probe command; its exit code and every stdout line, each of which must be JSON."""
-    done = subprocess.run(
-        command, check=False, cwd=ROOT, env=probe_env(), capture_output=True, text=True, timeout=120
-    )
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    return done.returncode, lines
-
-
-def events(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [line for line in lines if line["event"] == kind]
-
-
-def check_phases(lines: list[dict[str, Any]], world: int) -> None:
-    for rank in range(world):
-        mine = [line for line in events(lines, "phase") if line["rank"] == rank]
-        assert [line["phase"] for line in mine] == PHASES
-        assert [line["t"] for line in mine] == sorted(line["t"] for line in mine)
-
-
 @needs_torch
 def test_torchrun_on_gloo_learns_and_agrees() -> None:
     code, lines = run_probe([*LAUNCH, *TINY, "--lr", "0.01"])
     assert code == 0, lines
-    check_phases(lines, 2)
+    check_phases(lines, 2, PHASES)
     [result] = events(lines, "result")
     assert set(result) == RESULT_KEYS
     assert (result["world_size"], result["nodes"], result["backend"]) == (2, 1, "gloo")
@@ -165,7 +123,7 @@ def test_single_process_whose_loss_blows_up_exits_2() -> None:
         ]
     )
     assert code == EXIT_FAILED
-    check_phases(lines, 1)
+    check_phases(lines, 1, PHASES)
     [result] = events(lines, "result")
     assert (result["world_size"], result["nodes"]) == (1, 1)
     assert result["params_identical"] is True
@@ -173,17 +131,3 @@ def test_single_process_whose_loss_blows_up_exits_2() -> None:
     assert result["nosync_step_time_s"] is None
     assert result["comm_share"] is None
 
-
-@pytest.mark.parametrize(
-    "argv", [["--steps", "0"], ["--warmup-steps", "0"], ["--lr", "0"], ["--optimizer", "lbfgs"]]
-)
-def test_bad_usage_exits_64(argv: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), *argv],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == EXIT_USAGE
-    assert "error:" in done.stderr

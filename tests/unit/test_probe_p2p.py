@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 
 from conformance.probes.p2p import slow_pairs
-from conformance.probes.probe_common import EXIT_USAGE
-
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "conformance" / "probes" / "p2p.py"
-
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed"
-)
+from tests.probe_runs import needs_torch, run_without_gpu
 
 
 def test_slow_pairs_names_each_pair_below_the_threshold() -> None:
@@ -46,29 +32,9 @@ def test_without_a_gpu_it_skips() -> None:
         "import os, sys, conformance.probes.p2p as p; loaded = 'torch' in sys.modules; "
         "code = p.main([]); print(loaded, code, os.environ['NCCL_NVLS_ENABLE'])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_gpu(code)
     assert done.returncode == 0, done.stderr
     skip, last = done.stdout.splitlines()
     assert json.loads(skip) == {"event": "skip", "reason": "no CUDA GPU"}
     assert last == "False 0 0"
 
-
-@pytest.mark.parametrize("argv", [["--size-mb", "0"], ["--iters", "-1"], ["--iters", "x"]])
-def test_bad_usage_exits_64(argv: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), *argv],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == EXIT_USAGE
-    assert "error:" in done.stderr

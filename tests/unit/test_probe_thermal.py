@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import csv
 import datetime
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,23 +15,17 @@ from typing import Any
 import pytest
 
 from conformance.probes import thermal
-from conformance.probes.probe_common import EXIT_USAGE
 from conformance.probes.thermal import (
     mirror_score,
     parse_sample_line,
     thermal_verdict,
 )
 from tests.conftest import FIXTURES
+from tests.probe_runs import needs_torch, run_without_gpu
 
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "conformance" / "probes" / "thermal.py"
 STAMP = "2025/03/04 05:06:07.890"
 IDLE = "Not Active, Not Active, Not Active"
 LINE = f"{STAMP}, 3, 71, 652.31, 1980, 0x0000000000000004, {IDLE}"
-
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed"
-)
 
 
 def series(gpu: int, temps: list[float], clocks: list[float], **flags: Any) -> list[dict[str, Any]]:
@@ -308,28 +300,9 @@ def test_without_a_gpu_it_skips() -> None:
         "import sys, conformance.probes.thermal as t; loaded = 'torch' in sys.modules; "
         "code = t.main(['--seconds', '1']); print(loaded, code)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_gpu(code)
     assert done.returncode == 0, done.stderr
     skip, last = done.stdout.splitlines()
     assert json.loads(skip) == {"event": "skip", "reason": "no CUDA GPU"}
     assert last == "False 0"
 
-
-def test_bad_usage_exits_64() -> None:
-    done = subprocess.run(
-        [sys.executable, str(PROBE), "--seconds", "0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == EXIT_USAGE
-    assert "must be above 0" in done.stderr

@@ -72,3 +72,26 @@ def test_a_probe_runs_from_the_two_shipped_files_alone(name: str, tmp_path: Path
                           check=False, capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
     assert "No module named 'probe_common'" in done.stderr
+
+
+@pytest.mark.parametrize(("name", "argv", "says"), [
+    ("allreduce", ["--sizes", "1X"], "bad message size '1X'"),
+    ("ddp", ["--steps", "0"], "error:"),
+    ("ddp", ["--warmup-steps", "0"], "error:"),
+    ("ddp", ["--lr", "0"], "error:"),
+    ("ddp", ["--optimizer", "lbfgs"], "error:"),
+    ("p2p", ["--size-mb", "0"], "error:"),
+    ("p2p", ["--iters", "-1"], "error:"),
+    ("p2p", ["--iters", "x"], "error:"),
+    ("storage", [], "error:"),
+    ("storage", ["--path", "/tmp", "--readers", "0"], "error:"),
+    ("storage", ["--path", "/tmp", "--file-gb", "-1"], "error:"),
+    ("thermal", ["--seconds", "0"], "must be above 0"),
+])
+def test_bad_usage_exits_64(name: str, argv: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, str(PROBES / f"{name}.py"), *argv], check=False,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == EXIT_USAGE
+    assert says in done.stderr
+    assert done.stdout == ""
+
