@@ -4,6 +4,7 @@ can use a covering ring or a sample instead of every pair."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shlex
@@ -59,10 +60,16 @@ class Matrix:
 
     def failures_to(self, target: str) -> dict[int, list[str]]:
         """Port -> "source (state)" for every non-open connection to ``target``."""
-        found: dict[int, list[str]] = {}
-        for (source, t, port), state in sorted(self.results.items()):
-            if t == target and state != "open":
-                found.setdefault(port, []).append(f"{source} ({state})")
+        return self._failures.get(target, {})
+
+    @functools.cached_property
+    def _failures(self) -> dict[str, dict[int, list[str]]]:
+        """Every target's failures, indexed once (the matrix is complete when read)."""
+        found: dict[str, dict[int, list[str]]] = {}
+        for (source, target, port), state in sorted(self.results.items()):
+            if state != "open":
+                found.setdefault(target, {}).setdefault(port, []).append(
+                    f"{source} ({state})")
         return found
 
     def to_dict(self) -> dict[str, object]:
@@ -72,6 +79,7 @@ class Matrix:
         return {"ports": self.ports, "matrix": table, "listeners": self.listeners}
 
 
+@functools.cache
 def _script() -> str:
     return PROBE.read_text()
 
@@ -98,7 +106,10 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
     nodes = {n: node for n, node in session.nodes.items() if node.facts is not None}
     wanted = pairs(list(nodes), mode)
     targets = sorted({t for _, t in wanted})
-    sources = sorted({s for s, _ in wanted})
+    targets_of: dict[str, list[str]] = {}
+    for source, target in wanted:
+        targets_of.setdefault(source, []).append(target)
+    sources = sorted(targets_of)
     matrix = Matrix(ports)
     lifetime = 60.0 + CONNECT_TIMEOUT_S * 2
     pids: dict[str, str] = {}
@@ -114,8 +125,7 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
                 pids[target], matrix.listeners[target] = value
 
         def connect_from(source: str) -> dict[str, str]:
-            plan = [[t, nodes[t].host.address, p] for s, t in wanted if s == source
-                    for p in ports]
+            plan = [[t, nodes[t].host.address, p] for t in targets_of[source] for p in ports]
             command = shlex.join([_python(nodes[source]), "-c", _script(), "connect",
                                   str(CONNECT_TIMEOUT_S), json.dumps(plan)])
             result = nodes[source].run(command, timeout=60)
@@ -127,9 +137,7 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
 
         connected = list(pool.map(lambda s: _try(lambda: connect_from(s)), sources))
         for source, (states, error) in zip(sources, connected, strict=True):
-            for s, t in wanted:
-                if s != source:
-                    continue
+            for t in targets_of[source]:
                 for port in ports:
                     state = f"unknown: {error}" if error or states is None \
                         else states.get(f"{t} {port}", "unknown")
