@@ -97,14 +97,17 @@ def _resolve(address: str) -> tuple[str, ...]:
     return tuple(sorted({str(info[4][0]) for info in infos}))
 
 
-def _split_families(networks: list[str]) -> dict[str, list[str]]:
+@cache
+def _split_families(networks: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """IPv4 and IPv6 sources, single addresses without their prefix; cached, because every
+    host of a group renders the same cluster sources for every port."""
     families: dict[str, list[str]] = {"ipv4": [], "ipv6": []}
     for net in sorted(set(networks), key=lambda n: (":" in n, n)):
         parsed = ipaddress.ip_network(net, strict=False)
         family = "ipv4" if parsed.version == 4 else "ipv6"
         text = str(parsed.network_address) if parsed.num_addresses == 1 else str(parsed)
         families[family].append(text)
-    return families
+    return {family: tuple(texts) for family, texts in families.items()}
 
 
 @dataclass(eq=False)
@@ -263,11 +266,11 @@ class FirewallRole:
         return render("iptables.rules.j2", header=header, policy=policy, rules=rules)
 
     def _render_nft(self, header: str, policy: str, ports: list[tuple[str, list[str]]]) -> str:
-        sets: list[tuple[str, str, list[str]]] = []
+        sets: list[tuple[str, str, tuple[str, ...]]] = []
         rules: list[str] = []
         names: dict[tuple[str, ...], str] = {}
         for port, sources in ports:
-            for family, elements in _split_families(sources).items():
+            for family, elements in _split_families(tuple(sources)).items():
                 if not elements:
                     continue
                 key = (family, *elements)
