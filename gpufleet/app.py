@@ -39,12 +39,6 @@ class Target:
     inventory: Inventory
     hosts: list[Host]
 
-    @property
-    def base(self) -> Path:
-        path = self.inventory.path
-        return path if path.is_dir() else path.parent
-
-
 @dataclass
 class FleetArgs:
     """Fan-out options shared by every command."""
@@ -62,7 +56,7 @@ class FleetArgs:
             max_fail_percent=self.max_fail_percent,
             connect=ConnectOptions(connect_timeout=self.connect_timeout,
                                    accept_new_host_keys=self.accept_new_host_keys,
-                                   known_hosts_base=target.base))
+                                   known_hosts_base=target.inventory.base))
 
 
 def load_target(inventory: str, limit: str | None) -> Target:
@@ -102,10 +96,8 @@ def _outcome_code(outcomes: dict[str, Outcome[Any]]) -> int:
 def facts_request(host: Host) -> FactRequest:
     """What ``facts`` asks each host: the roles' needs, system NCCL and torch."""
     pairs = active_roles(host, role_registry.ALL)
-    venv = host.vars.get("pytorch_venv")
-    python = f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
     return fact_request(pairs) | FactRequest(packages=frozenset({SYSTEM_NCCL}),
-                                             pythons=frozenset({python}))
+                                             pythons=frozenset({drift.training_python(host)}))
 
 
 @guarded

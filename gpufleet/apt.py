@@ -12,7 +12,6 @@ from gpufleet.managed import HEADER, file_change
 from gpufleet.plan import ApplyContext, Change, Run
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
-LOCK_EXIT = 100
 
 
 class PackageUnavailable(GpufleetError):

@@ -230,7 +230,8 @@ def admit(inventory: Inventory, host: Host, peer: str | None, fleet: FleetOption
     if peer in failed:
         raise GpufleetError(f"the peer {peer} could not admit {host.name}: {failed[peer]}")
     changed = sorted(n for n, o in outcomes.items() if o.status == "changed")
-    unmanaged = sorted(h.name for h in others if h.name not in failed and h not in managed)
+    names = {h.name for h in managed}
+    unmanaged = sorted(h.name for h in others if h.name not in failed and h.name not in names)
     detail = f"{len(changed)} of {len(managed)} node(s) of group {group} updated their firewall"
     if unmanaged:
         detail += f"; {len(unmanaged)} without gpufleet's firewall left alone"
@@ -351,12 +352,11 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
     if options.host not in inventory.hosts:
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
-    base = inventory.path if inventory.path.is_dir() else inventory.path.parent
     fleet = FleetOptions(connect=ConnectOptions(connect_timeout=options.connect_timeout,
-                                                known_hosts_base=base))
+                                                known_hosts_base=inventory.base))
     result = Bootstrap(host.name)
     try:
-        _timed(result, "trust", lambda: trust(host, base, options))
+        _timed(result, "trust", lambda: trust(host, inventory.base, options))
     except StepFailure as exc:
         result.reason = str(exc)
         return result

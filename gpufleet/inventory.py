@@ -276,9 +276,14 @@ class Inventory:
         end = int(match["end"]) if match["end"] else None
         return set(members[start:end])
 
+    @property
+    def base(self) -> Path:
+        """The inventory's directory: where group_vars/, host_vars/ and known_hosts live."""
+        return self.path if self.path.is_dir() else self.path.parent
+
     def digest(self) -> str:
         """SHA-256 over every source file's path (relative to the inventory) and bytes."""
-        root = self.path if self.path.is_dir() else self.path.parent
+        root = self.base
         entries = sorted((Path(os.path.relpath(src, root)).as_posix(), src) for src in self.sources)
         digest = hashlib.sha256()
         for relative, source in entries:

@@ -73,10 +73,9 @@ def _session(config: pytest.Config) -> ConformanceSession:
         hosts = inventory.select(config.getoption("gpufleet_limit"))
         if not hosts:
             raise pytest.UsageError("--gpufleet-limit selects no host")
-        base = inventory.path if inventory.path.is_dir() else inventory.path.parent
         fleet = FleetOptions(forks=config.getoption("gpufleet_forks"), connect=ConnectOptions(
             connect_timeout=config.getoption("gpufleet_connect_timeout"),
-            known_hosts_base=base))
+            known_hosts_base=inventory.base))
         json_path = config.getoption("gpufleet_json")
         artifacts = config.getoption("gpufleet_artifacts") or (
             str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import testinfra.backend.base
@@ -129,8 +128,3 @@ class ConformanceSession:
     def close(self) -> None:
         for node in self.nodes.values():
             node.close()
-
-    @property
-    def base(self) -> Path:
-        path = self.inventory.path
-        return path if path.is_dir() else path.parent
