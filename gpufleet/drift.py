@@ -17,6 +17,8 @@ from gpufleet.facts.summary import SYSTEM_NCCL
 from gpufleet.fleet import Outcome
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import Change
+from gpufleet.role import RoleVars
+from roles import pytorch
 
 SCHEMA = "gpufleet.drift/1"
 CONSISTENCY_ROLE = "consistency"
@@ -87,9 +89,12 @@ class HostDrift:
 
 
 def training_python(host: Host) -> str:
-    """The interpreter that trains on the host: the pytorch role's venv, else python3."""
-    venv = host.vars.get("pytorch_venv")
-    return f"{str(venv).rstrip('/')}/bin/python" if venv else "python3"
+    """The interpreter that trains on the host: the venv the pytorch role manages (its
+    default path when only ``pytorch_version`` is set), else python3."""
+    v = RoleVars(host, pytorch.ROLE.defaults)
+    if pytorch.ROLE.active(v) or "pytorch_venv" in host.vars:
+        return pytorch.ROLE.venv_python(v)
+    return "python3"
 
 
 def consistency_request(host: Host) -> FactRequest:

@@ -126,8 +126,9 @@ def processes_per_node(node: Node) -> int:
 
 
 def _torchrun(node: Node) -> str:
-    venv = node.var("pytorch_venv")
-    return f"{str(venv).rstrip('/')}/bin/torchrun" if venv else "torchrun"
+    """torchrun beside the training interpreter, else the one on PATH."""
+    python = training_python(node.host)
+    return str(Path(python).with_name("torchrun")) if "/" in python else "torchrun"
 
 
 def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list[str],
