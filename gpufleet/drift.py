@@ -18,11 +18,10 @@ from gpufleet.fleet import Outcome
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import Change
 from gpufleet.role import RoleVars
-from roles import pytorch
+from roles import nccl_env, pytorch
 
 SCHEMA = "gpufleet.drift/1"
 CONSISTENCY_ROLE = "consistency"
-NCCL_CONF = "/etc/nccl.conf"
 KINDS = {"package": "package", "hold": "hold", "file": "file", "link": "link",
          "sysctl": "sysctl", "kernel": "reboot", "torch": "torch", "venv": "torch",
          "live": "firewall", "alternative": "link"}
@@ -97,9 +96,14 @@ def training_python(host: Host) -> str:
     return "python3"
 
 
+def nccl_conf(host: Host) -> str:
+    """Where the host's nccl.conf lives (the nccl_env role's ``nccl_conf_path``)."""
+    return RoleVars(host, nccl_env.ROLE.defaults).string("nccl_conf_path")
+
+
 def consistency_request(host: Host) -> FactRequest:
     """Facts the consistency check compares even where the inventory pins nothing."""
-    return FactRequest(packages=frozenset({SYSTEM_NCCL}), files=frozenset({NCCL_CONF}),
+    return FactRequest(packages=frozenset({SYSTEM_NCCL}), files=frozenset({nccl_conf(host)}),
                        pythons=frozenset({training_python(host)}))
 
 
@@ -120,7 +124,7 @@ def comparable(facts: Facts, host: Host) -> dict[str, str]:
         "kernel": facts.get("kernel"),
         "port_range": " ".join(map(str, facts.get("port_range") or ())) or None,
     }
-    conf = facts.values.get(f"file:{NCCL_CONF}")
+    conf = facts.values.get(f"file:{nccl_conf(host)}")
     if conf is not None:
         candidates["nccl_conf"] = (hashlib.sha256(conf.content).hexdigest()[:12]
                                    if conf.exists else "absent")

@@ -1,10 +1,10 @@
-"""The interpreter drift, facts and the probes look at is the one the pytorch role manages."""
+"""Drift, facts and the probes look where the roles put things: the pytorch venv, nccl.conf."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.drift import training_python
+from gpufleet.drift import consistency_request, training_python
 from gpufleet.inventory import load_inventory
 
 
@@ -20,3 +20,11 @@ def test_training_python_follows_the_pytorch_role(tmp_path: Path) -> None:
     assert training_python(hosts["placed"]) == "/srv/torch/bin/python"
     assert training_python(hosts["venv_only"]) == "/srv/other/bin/python"
     assert training_python(hosts["bare"]) == "python3"
+
+
+def test_consistency_reads_nccl_conf_where_the_role_writes_it(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  hosts:\n    moved: {nccl_conf_path: /etc/nccl/nccl.conf}\n    default: {}\n")
+    hosts = load_inventory(tmp_path / "hosts.yml").hosts
+    assert consistency_request(hosts["moved"]).files == frozenset({"/etc/nccl/nccl.conf"})
+    assert consistency_request(hosts["default"]).files == frozenset({"/etc/nccl.conf"})
