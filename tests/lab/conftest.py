@@ -23,6 +23,21 @@ from tests.conftest import ROOT
 
 LAB_NODES = 16
 PROVISIONED = "node01:node02:node03:node04"
+# Several checkouts may run their lab tests at once on one machine: each picks its own
+# second octet (GPUFLEET_TEST_NET, default 78), from which every test lab takes its subnet,
+# name and state directory.
+TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
+SUBNET = f"10.{TEST_NET}.0"
+
+
+def lab_config_for(role: str, offset: int, inventory_dir: Path) -> LabConfig:
+    """A test lab's config: ``role`` names it (``t`` is the session lab), ``offset`` moves its
+    subnet away from the session lab's."""
+    suffix = "" if TEST_NET == 78 else str(TEST_NET)
+    name = f"gf{role}{suffix}"
+    root = Path(f"/srv/gpufleet-lab-{name}")
+    return LabConfig(name=name, root=root, subnet=f"10.{TEST_NET + offset}.0",
+                     inventory_dir=inventory_dir)
 
 
 def _require_root() -> None:
@@ -36,8 +51,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     _require_root()
     inventory_dir = tmp_path_factory.mktemp("inventory") / "lab"
     shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
-    the_lab = Lab(LabConfig(name="gft", root=Path("/srv/gpufleet-lab-test"), subnet="10.78.0",
-                            inventory_dir=inventory_dir))
+    the_lab = Lab(lab_config_for("t", 0, inventory_dir))
     the_lab.down()
     the_lab.up(LAB_NODES)
     yield the_lab

@@ -4,6 +4,7 @@ timeouts, become, ProxyJump, atomic writes."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -19,7 +20,7 @@ from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
 from gpufleet.hostkeys import HostKeyError
 from gpufleet.inventory import Host, Inventory, load_inventory
 from gpufleet.lab.cluster import Lab
-from tests.lab.conftest import node_sh, ssh
+from tests.lab.conftest import SUBNET, node_sh, ssh
 
 
 def _host(inventory: Inventory, name: str, **extra: object) -> Host:
@@ -76,19 +77,19 @@ def test_unreachable_node_is_reported_while_others_succeed(
     assert outcomes["node05"].status == "ok"
     assert outcomes["node07"].status == "ok"
     assert outcomes["node06"].status == "unreachable"
-    assert outcomes["node06"].error == "connect to 10.78.0.16:22 timed out after 2s"
+    assert outcomes["node06"].error == f"connect to {SUBNET}.16:22 timed out after 2s"
 
 
 def test_changed_host_key_is_refused(inventory: Inventory, lab: Lab, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     lines = lab.config.known_hosts.read_text().splitlines()
-    other_key = next(line for line in lines if line.startswith("10.78.0.12 ")).split(None, 1)[1]
-    known.write_text("".join(f"10.78.0.11 {other_key}\n" if line.startswith("10.78.0.11 ")
+    other_key = next(line for line in lines if line.startswith(f"{SUBNET}.12 ")).split(None, 1)[1]
+    known.write_text("".join(f"{SUBNET}.11 {other_key}\n" if line.startswith(f"{SUBNET}.11 ")
                              else line + "\n" for line in lines))
     conn = ssh(_host(inventory, "node01", gpufleet_known_hosts=str(known)), tmp_path)
     with pytest.raises(HostKeyError) as err:
         conn.run("true")
-    assert str(err.value).startswith(f"HOST KEY CHANGED for 10.78.0.11: known_hosts ({known}")
+    assert str(err.value).startswith(f"HOST KEY CHANGED for {SUBNET}.11: known_hosts ({known}")
     assert "refusing to connect" in str(err.value)
 
 
@@ -97,14 +98,15 @@ def test_unknown_host_key_is_refused_unless_accepted_and_then_recorded(
     known = tmp_path / "known_hosts"
     host = _host(inventory, "node02", gpufleet_known_hosts=str(known))
     home = Path.home() / ".ssh" / "known_hosts"
-    assert not home.exists() or "10.78.0.12" not in home.read_text()
-    with pytest.raises(HostKeyError, match=r"host key of 10\.78\.0\.12 \(ssh-ed25519 SHA256:"):
+    assert not home.exists() or f"{SUBNET}.12" not in home.read_text()
+    refused = rf"host key of {re.escape(SUBNET)}\.12 \(ssh-ed25519 SHA256:"
+    with pytest.raises(HostKeyError, match=refused):
         ssh(host, tmp_path).run("true")
     assert not known.exists()
     conn = ssh(host, tmp_path, accept_new_host_keys=True)
     assert conn.run("hostname").stdout.strip() == "node02"
     conn.close()
-    assert known.read_text().startswith("10.78.0.12 ssh-ed25519 ")
+    assert known.read_text().startswith(f"{SUBNET}.12 ssh-ed25519 ")
     assert ssh(host, tmp_path).run("hostname").stdout.strip() == "node02"
 
 
@@ -176,13 +178,13 @@ def test_proxyjump_through_another_node(lab: Lab, inventory: Inventory,
                                         inventory_path: Path) -> None:
     node_sh(lab, "node08", "nft add table inet jumponly && nft 'add chain inet jumponly in "
             "{ type filter hook input priority 0; }' && nft add rule inet jumponly in "
-            "ip saddr 10.78.0.1 tcp dport 22 drop")
+            f"ip saddr {SUBNET}.1 tcp dport 22 drop")
     try:
         direct = ssh(inventory.hosts["node08"], inventory_path, connect_timeout=2)
         with pytest.raises(GpufleetError, match="timed out"):
             direct.run("true")
         jumped = ssh(_host(inventory, "node08",
-                           ansible_ssh_common_args="-o ProxyJump=root@10.78.0.11"),
+                           ansible_ssh_common_args=f"-o ProxyJump=root@{SUBNET}.11"),
                      inventory_path)
         assert jumped.run("hostname").stdout.strip() == "node08"
         jumped.close()

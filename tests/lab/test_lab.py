@@ -14,7 +14,7 @@ import pytest
 from gpufleet.errors import GpufleetError
 from gpufleet.lab.cluster import Lab, LabConfig
 from tests.conftest import ROOT
-from tests.lab.conftest import node_sh
+from tests.lab.conftest import lab_config_for, node_sh
 
 
 def _paramiko(lab: Lab, address: str, known_hosts: Path) -> paramiko.SSHClient:
@@ -89,12 +89,12 @@ def test_nodes_reach_each_other_over_tcp(lab: Lab) -> None:
 def test_nftables_rules_on_one_node_affect_only_that_node(lab: Lab) -> None:
     node_sh(lab, "node14", "nft add table inet gftest && nft 'add chain inet gftest out "
             "{ type filter hook output priority 0; }' && nft add rule inet gftest out "
-            "ip daddr 10.78.0.1 icmp type echo-request drop")
+            f"ip daddr {lab.config.controller_address} icmp type echo-request drop")
     try:
-        blocked = node_sh(lab, "node14", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
-                          "blocked").strip()
-        other = node_sh(lab, "node15", "ping -c1 -W1 10.78.0.1 >/dev/null && echo ok || echo "
-                        "blocked").strip()
+        ping = (f"ping -c1 -W1 {lab.config.controller_address} >/dev/null && echo ok || "
+                "echo blocked")
+        blocked = node_sh(lab, "node14", ping).strip()
+        other = node_sh(lab, "node15", ping).strip()
         assert (blocked, other) == ("blocked", "ok")
         assert "gftest" not in subprocess.run(["nft", "list", "tables"], capture_output=True,
                                               text=True, check=True).stdout
@@ -119,7 +119,7 @@ def test_lab_up_is_idempotent(lab: Lab) -> None:
     assert [(s.name, s.sshd_pid) for s in after] == [(s.name, s.sshd_pid) for s in before]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            check=True).stdout
-    assert len(re.findall(r"^gft-node\d+", netns, re.MULTILINE)) == len(before)
+    assert len(re.findall(rf"^{lab.config.name}-node\d+", netns, re.MULTILINE)) == len(before)
     hosts = (lab.config.inventory_dir / "hosts.yml").read_text()
     assert hosts.count("ansible_host:") == len(before)
 
@@ -134,20 +134,20 @@ def test_a_node_reboot_keeps_its_disk_and_changes_its_boot_id(lab: Lab) -> None:
 
 
 def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
-    small = Lab(LabConfig(name="gfdn", root=Path("/srv/gpufleet-lab-test-down"), subnet="10.79.0",
-                          inventory_dir=tmp_path / "inventory"))
+    small = Lab(lab_config_for("dn", 1, tmp_path / "inventory"))
+    name, root = small.config.name, str(small.config.root)
     small.up(2)
     orphan = int(node_sh(small, "node01", "setsid sleep 600 >/dev/null 2>&1 < /dev/null & "
                          "echo $!").strip())
-    node_ns = {os.stat(f"/run/netns/gfdn-{n}").st_ino for n in ("node01", "node02")}
+    node_ns = {os.stat(f"/run/netns/{name}-{n}").st_ino for n in ("node01", "node02")}
     small.down()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            check=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
                            check=True).stdout
-    assert "gfdn-" not in netns
-    assert "gfdn-" not in links
-    assert "/srv/gpufleet-lab-test-down" not in Path("/proc/mounts").read_text()
+    assert f"{name}-" not in netns
+    assert f"{name}-" not in links
+    assert root not in Path("/proc/mounts").read_text()
     assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text()
     still_inside = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -158,7 +158,7 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
         if inode in node_ns:
             still_inside.append(pid)
     assert still_inside == []
-    sshd = subprocess.run(["pgrep", "-af", "/srv/gpufleet-lab-test-down"], capture_output=True,
+    sshd = subprocess.run(["pgrep", "-af", root], capture_output=True,
                           text=True, check=False).stdout
     assert sshd.strip() == ""
     assert not (tmp_path / "inventory" / "hosts.yml").exists()
@@ -191,8 +191,7 @@ def test_lab_commands_name_a_missing_system_tool(tmp_path: Path) -> None:
 
 
 def test_a_lab_of_32_nodes(tmp_path: Path) -> None:
-    big = Lab(LabConfig(name="gf32", root=Path("/srv/gpufleet-lab-test-32"), subnet="10.80.0",
-                        inventory_dir=tmp_path / "inventory"))
+    big = Lab(lab_config_for("32", 2, tmp_path / "inventory"))
     try:
         statuses = big.up(32)
         assert len(statuses) == 32 and all(s.up for s in statuses)
