@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
@@ -27,6 +28,8 @@ FLEET_HELP = {
     "serial": "rolling batches: N hosts or N%",
     "max_fail_percent": "stop starting batches once this % of a batch failed",
     "accept_new_host_keys": "trust unknown host keys and record them (never the default)",
+    "timeout": "seconds each host may take in all; a host past it is failed and gets no "
+               "further command (default per command, or gpufleet_host_timeout)",
     "json": "write the JSON report to this file",
 }
 
@@ -41,18 +44,35 @@ def _exit(code: int) -> None:
 
 
 def _fleet(c: Context, forks: int | None, serial: str | None, max_fail_percent: float | None,
-           accept_new_host_keys: bool) -> app.FleetArgs:
+           accept_new_host_keys: bool, timeout: float | None = None) -> app.FleetArgs:
     default_forks = c.config.get("gpufleet", {}).get("forks", 128)
-    return app.FleetArgs(forks=int(forks or default_forks), serial=serial,
-                         max_fail_percent=float(max_fail_percent) if max_fail_percent else None,
-                         accept_new_host_keys=accept_new_host_keys)
+    return app.FleetArgs(forks=_number(int, "--forks", forks or default_forks), serial=serial,
+                         max_fail_percent=_number(float, "--max-fail-percent",
+                                                  max_fail_percent),
+                         accept_new_host_keys=accept_new_host_keys,
+                         timeout=_number(float, "--timeout", timeout))
 
 
-@task(help=_help("inventory", "limit", "forks", "accept_new_host_keys", "json"))
-def facts(c, inventory="lab", limit=None, json=None, forks=None, accept_new_host_keys=False):
+N = TypeVar("N", int, float)
+
+
+def _number(kind: type[N], flag: str, value: Any) -> N | None:
+    """A numeric flag's value; a clear error (exit 2) when it is not a number."""
+    if value is None or value == "":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        print(f"error: {flag} must be a number, got {value!r}", file=sys.stderr)
+        raise Exit(code=2) from None
+
+
+@task(help=_help("inventory", "limit", "forks", "accept_new_host_keys", "json", "timeout"))
+def facts(c, inventory="lab", limit=None, json=None, forks=None, accept_new_host_keys=False,
+          timeout=None):
     """Gather facts from each host in one round trip and show the key ones."""
     _exit(app.facts(inventory, limit=limit, json_path=json,
-                    fleet=_fleet(c, forks, None, None, accept_new_host_keys)))
+                    fleet=_fleet(c, forks, None, None, accept_new_host_keys, timeout)))
 
 
 @task(help=_help(*FLEET_HELP, check="show the plan, change nothing",
@@ -62,12 +82,12 @@ def facts(c, inventory="lab", limit=None, json=None, forks=None, accept_new_host
                  lock_timeout="seconds to wait for a held apt/dpkg lock"))
 def provision(c, inventory="lab", limit=None, check=False, diff=False, roles=None, reboot=False,
               lock_timeout=300, json=None, forks=None, serial=None, max_fail_percent=None,
-              accept_new_host_keys=False):
+              accept_new_host_keys=False, timeout=None):
     """Bring hosts to the inventory's pinned stack and configuration."""
     _exit(app.provision_cmd(inventory, limit=limit, check=check, diff=diff, roles=roles,
                             reboot=reboot, lock_timeout=int(lock_timeout), json_path=json,
                             fleet=_fleet(c, forks, serial, max_fail_percent,
-                                         accept_new_host_keys)))
+                                         accept_new_host_keys, timeout)))
 
 
 @task(help=_help(*FLEET_HELP, roles="comma-separated roles to check (default: all)",
@@ -80,14 +100,15 @@ def provision(c, inventory="lab", limit=None, check=False, diff=False, roles=Non
                  no_diff="leave file diffs out of the terminal report"))
 def drift(c, inventory="lab", limit=None, roles=None, json=None, junit=None, prometheus=None,
           report_dir=None, keep=30, remediate=False, reboot=False, no_diff=False, forks=None,
-          serial=None, max_fail_percent=None, accept_new_host_keys=False):
+          serial=None, max_fail_percent=None, accept_new_host_keys=False, timeout=None):
     """Report every host's drift from the inventory and from its group (read-only)."""
     outputs = app.DriftOutputs(json, junit, prometheus,
                                report_dir or c.config.get("gpufleet", {}).get(
                                    "drift_report_dir", "reports/drift"), int(keep))
     _exit(app.drift_cmd(inventory, limit=limit, roles=roles, outputs=outputs,
                         remediate=remediate, reboot=reboot, diff=not no_diff,
-                        fleet=_fleet(c, forks, serial, max_fail_percent, accept_new_host_keys)))
+                        fleet=_fleet(c, forks, serial, max_fail_percent, accept_new_host_keys,
+                                     timeout)))
 
 
 @task(help={"inventory": FLEET_HELP["inventory"], "at": "time of day, HH:MM (24-hour)",
@@ -110,7 +131,7 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
     _exit(app.schedule_cmd(app.Schedule(Path.cwd().resolve(), args, at), unit_dir))
 
 
-@task(help=_help("inventory", "limit", "forks", "json",
+@task(help=_help("inventory", "limit", "forks", "json", "timeout",
                  suite="comma-separated suites or sets: conformance (default: stack, "
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
@@ -118,11 +139,11 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
                  pairs="reachability pairs: all, ring or sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed"))
 def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None, pairs="all",
-                with_nccl_tests=False, forks=None):
+                with_nccl_tests=False, forks=None, timeout=None):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
-                              fleet=_fleet(c, forks, None, None, False)))
+                              fleet=_fleet(c, forks, None, None, False, timeout)))
 
 
 @task(help={"inventory": FLEET_HELP["inventory"], "host": "the new node (inventory name)",
@@ -130,12 +151,15 @@ def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=Non
             "expect_fingerprint": "refuse unless the host key has this SHA256 fingerprint",
             "reboot": "reboot when the installed driver needs it",
             "recertify": "run the conformance suites even on a node already certified",
-            "json": "write the bootstrap report to this file"})
+            "json": "write the bootstrap report to this file",
+            "timeout": "seconds the whole bootstrap may take (default 7200, or "
+                       "gpufleet_host_timeout)"})
 def bootstrap(c, host, inventory="lab", peer=None, expect_fingerprint=None, reboot=False,
-              recertify=False, json=None):
+              recertify=False, json=None, timeout=None):
     """Take a new node to certified-ready: trust, preflight, provision, certify, mark."""
     options = app.BootstrapOptions(host=host, peer=peer, expect_fingerprint=expect_fingerprint,
-                                   reboot=reboot, recertify=recertify)
+                                   reboot=reboot, recertify=recertify,
+                                   timeout=_number(float, "--timeout", timeout))
     _exit(app.bootstrap_cmd(inventory, options, json))
 
 

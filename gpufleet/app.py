@@ -39,21 +39,31 @@ class Target:
     inventory: Inventory
     hosts: list[Host]
 
+# Each command's time budget per host when neither --timeout nor the inventory's
+# gpufleet_host_timeout sets one: long enough for its slowest legitimate step (pip of a
+# CUDA torch build, an apt transaction, a reboot), short enough to end a hung host.
+HOST_TIMEOUTS = {"facts": 300.0, "drift": 900.0, "provision": 7200.0, "conformance": 3600.0,
+                 "bootstrap": 7200.0}
+
+
 @dataclass
 class FleetArgs:
-    """Fan-out options shared by every command."""
+    """Fan-out options shared by every command; ``timeout`` is ``--timeout``."""
 
     forks: int = DEFAULT_FORKS
-    host_timeout: float = 1800.0
+    timeout: float | None = None
     serial: str | None = None
     max_fail_percent: float | None = None
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
 
-    def options(self, target: Target) -> FleetOptions:
+    def options(self, target: Target, command: str) -> FleetOptions:
+        if self.timeout is not None and not self.timeout > 0:
+            raise GpufleetError(f"--timeout must be a positive number of seconds, "
+                                f"got {self.timeout:g}")
         return FleetOptions(
-            forks=self.forks, host_timeout=self.host_timeout, serial=self.serial,
-            max_fail_percent=self.max_fail_percent,
+            forks=self.forks, host_timeout=self.timeout, default_timeout=HOST_TIMEOUTS[command],
+            serial=self.serial, max_fail_percent=self.max_fail_percent,
             connect=ConnectOptions(connect_timeout=self.connect_timeout,
                                    accept_new_host_keys=self.accept_new_host_keys,
                                    known_hosts_base=target.inventory.base))
@@ -111,7 +121,7 @@ def facts(inventory: str, *, limit: str | None = None, json_path: str | None = N
         gathered = gather_facts(conn, facts_request(host))
         return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
 
-    outcomes = run_fleet(target.hosts, task, fleet.options(target),
+    outcomes = run_fleet(target.hosts, task, fleet.options(target, "facts"),
                          terminal.TerminalProgress("facts"))
     con = terminal.console(out)
     con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
@@ -159,7 +169,7 @@ def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = Fal
     selected = role_registry.select(roles)
     options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
                                                          lock_timeout_s=lock_timeout),
-                         fleet=fleet.options(target))
+                         fleet=fleet.options(target, "provision"))
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("check" if check else "provision"))
     con = terminal.console(out)
@@ -226,7 +236,7 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     outputs = outputs or DriftOutputs()
     selected = role_registry.select(roles)
     started = time.time()
-    options = RunOptions(check=True, fleet=fleet.options(target),
+    options = RunOptions(check=True, fleet=fleet.options(target, "drift"),
                          extra_facts=drift.consistency_request)
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("drift"))
@@ -269,7 +279,8 @@ def _remediate(target: Target, selected: list[Any], hosts: dict[str, drift.HostD
     drifted = [h for h in target.hosts if hosts[h.name].status == "drifted"]
     if not drifted:
         return {}
-    options = RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet.options(target))
+    options = RunOptions(apply=ApplyOptions(reboot=reboot),
+                         fleet=fleet.options(target, "provision"))
     outcomes = provision(target.inventory, drifted, selected, options,
                          terminal.TerminalProgress("remediate"))
     return {name: {"status": "reboot required" if o.value and o.value.reboot_pending
@@ -337,13 +348,16 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None) -> int:
     """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
     import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
-    load_target(inventory, limit)
+    target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
+    fleet.options(target, "conformance")
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
             "--rootdir", str(PROJECT), "-q", "--tb=no", "--no-header", "-rN",
             "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,
             "--gpufleet-forks", str(fleet.forks),
             "--gpufleet-connect-timeout", str(fleet.connect_timeout)]
+    if fleet.timeout is not None:
+        args += ["--gpufleet-timeout", str(fleet.timeout)]
     if limit:
         args += ["--gpufleet-limit", limit]
     if with_nccl_tests:

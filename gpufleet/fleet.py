@@ -1,7 +1,10 @@
 """Fan a per-host function out over many hosts: forks, timeouts, serial batches, max-fail.
 
 Hosts are independent: one host's failure or hang never stops the others, and
-every host ends with exactly one outcome.
+every host ends with exactly one outcome. Each host works under its own budget: when
+its time is up the host is reported failed at once, its connections are closed, and it
+gets no further command, reconnect or reboot; the report keeps what the task had
+published as its progress (``Budget.progress``) by then.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
 
-from gpufleet.connection import Connection, ConnectOptions, Unreachable, connect
+from gpufleet.connection import Budget, Connection, ConnectOptions, Unreachable, connect
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory import Host
 
 T = TypeVar("T")
 Status = Literal["ok", "changed", "failed", "unreachable", "skipped"]
 DEFAULT_FORKS = 128
+DEFAULT_HOST_TIMEOUT_S = 1800.0
+HOST_TIMEOUT_VAR = "gpufleet_host_timeout"
 
 
 @dataclass
@@ -31,6 +36,7 @@ class TaskResult(Generic[T]):
     value: T
     changed: bool = False
     failed: str | None = None
+    unreachable: str | None = None
 
 
 @dataclass
@@ -47,10 +53,12 @@ class Outcome(Generic[T]):
 
 @dataclass
 class FleetOptions:
-    """How to fan out."""
+    """How to fan out. ``host_timeout`` (``--timeout``) wins over the inventory's
+    ``gpufleet_host_timeout``, which wins over the command's ``default_timeout``."""
 
     forks: int = DEFAULT_FORKS
-    host_timeout: float = 1800.0
+    host_timeout: float | None = None
+    default_timeout: float = DEFAULT_HOST_TIMEOUT_S
     serial: str | None = None
     max_fail_percent: float | None = None
     connect: ConnectOptions = field(default_factory=ConnectOptions)
@@ -65,6 +73,23 @@ class ProgressSink(Protocol):
 
 
 HostTask = Callable[[Host, Connection], TaskResult[T]]
+
+
+def host_timeout(host: Host, options: FleetOptions) -> float:
+    """The host's time budget in seconds."""
+    if options.host_timeout is not None:
+        return options.host_timeout
+    value = host.vars.get(HOST_TIMEOUT_VAR)
+    if value is None:
+        return options.default_timeout
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if isinstance(value, bool) or not seconds > 0:
+        raise GpufleetError(f"host {host.name}: variable {HOST_TIMEOUT_VAR} must be a "
+                            f"positive number of seconds, got {value!r}")
+    return seconds
 
 
 def batches(hosts: Sequence[Host], serial: str | None) -> list[list[Host]]:
@@ -85,11 +110,12 @@ def _run_one(host: Host, conn: Connection, task: HostTask[T]) -> Outcome[T]:
     start = time.monotonic()
     try:
         result = task(host, conn)
-    except Unreachable as exc:
-        return Outcome(host.name, "unreachable", str(exc), time.monotonic() - start,
-                       round_trips=conn.round_trips)
     except GpufleetError as exc:
-        return Outcome(host.name, "failed", str(exc), time.monotonic() - start,
+        if conn.budget.spent:
+            return Outcome(host.name, "failed", _timed_out(conn, str(exc)),
+                           time.monotonic() - start, conn.budget.progress, conn.round_trips)
+        status: Status = "unreachable" if isinstance(exc, Unreachable) else "failed"
+        return Outcome(host.name, status, str(exc), time.monotonic() - start,
                        round_trips=conn.round_trips)
     except Exception as exc:  # a bug must fail one host, never the run
         last = traceback.extract_tb(exc.__traceback__)[-1]
@@ -99,9 +125,20 @@ def _run_one(host: Host, conn: Connection, task: HostTask[T]) -> Outcome[T]:
                        round_trips=conn.round_trips)
     finally:
         conn.close()
-    status: Status = "failed" if result.failed else ("changed" if result.changed else "ok")
-    return Outcome(host.name, status, result.failed, time.monotonic() - start, result.value,
+    error = result.failed or result.unreachable
+    if error and conn.budget.spent:
+        return Outcome(host.name, "failed", _timed_out(conn, error), time.monotonic() - start,
+                       result.value, conn.round_trips)
+    status = "failed" if result.failed else (
+        "unreachable" if result.unreachable else ("changed" if result.changed else "ok"))
+    return Outcome(host.name, status, error, time.monotonic() - start, result.value,
                    conn.round_trips)
+
+
+def _timed_out(conn: Connection, error: str) -> str:
+    """A failure that happened because the host's time was up, said so first."""
+    prefix = f"host timed out after {conn.budget.limit_s:g}s"
+    return error if error.startswith(prefix) else f"{prefix}: {error}"
 
 
 def run_fleet(hosts: Sequence[Host], task: HostTask[T], options: FleetOptions | None = None,
@@ -138,12 +175,21 @@ def run_fleet(hosts: Sequence[Host], task: HostTask[T], options: FleetOptions | 
 
 def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
                options: FleetOptions, progress: ProgressSink | None) -> dict[str, Outcome[T]]:
-    conns: dict[str, Connection] = {h.name: connect(h, options.connect) for h in batch}
+    budgets = {h.name: Budget() for h in batch}
+    conns: dict[str, Connection] = {h.name: connect(h, options.connect, budgets[h.name])
+                                    for h in batch}
+    limits: dict[str, float] = {}
     started: dict[str, float] = {}
     lock = threading.Lock()
 
     def job(host: Host) -> Outcome[T]:
+        try:
+            limit = host_timeout(host, options)
+        except GpufleetError as exc:
+            return Outcome(host.name, "failed", str(exc))
+        budgets[host.name].start(limit)
         with lock:
+            limits[host.name] = limit
             started[host.name] = time.monotonic()
         return _run_one(host, conns[host.name], task)
 
@@ -161,13 +207,14 @@ def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
         for fut in list(pending):
             host = futures[fut]
             with lock:
-                began = started.get(host.name)
-            if began is not None and now - began > options.host_timeout:
+                began, limit = started.get(host.name), limits.get(host.name)
+            if began is not None and limit is not None and now - began > limit:
                 pending.discard(fut)
+                budget = budgets[host.name]
+                budget.cancel(f"host timed out after {limit:g}s")
                 results[host.name] = Outcome(
-                    host.name, "failed", f"host timed out after {options.host_timeout:g}s",
-                    now - began, round_trips=conns[host.name].round_trips)
-                conns[host.name].close()
+                    host.name, "failed", f"host timed out after {limit:g}s", now - began,
+                    budget.progress, round_trips=conns[host.name].round_trips)
                 _report(progress, results[host.name])
     return results
 

@@ -22,6 +22,7 @@ from gpufleet.inventory import load_inventory, resolve_inventory
 from gpufleet.report.jsonfile import envelope, write_json
 
 FLEET = "fleet"
+CONFORMANCE_TIMEOUT_S = 3600.0
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 RESULTS_KEY = pytest.StashKey[list["Result"]]()
 
@@ -57,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="directory for plots and CSV files (default: beside the JSON report)")
     group.addoption("--gpufleet-forks", type=int, default=DEFAULT_FORKS)
     group.addoption("--gpufleet-connect-timeout", type=float, default=10.0)
+    group.addoption("--gpufleet-timeout", type=float, default=None,
+                    help="seconds each node may take for the whole run")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,9 +76,11 @@ def _session(config: pytest.Config) -> ConformanceSession:
         hosts = inventory.select(config.getoption("gpufleet_limit"))
         if not hosts:
             raise pytest.UsageError("--gpufleet-limit selects no host")
-        fleet = FleetOptions(forks=config.getoption("gpufleet_forks"), connect=ConnectOptions(
-            connect_timeout=config.getoption("gpufleet_connect_timeout"),
-            known_hosts_base=inventory.base))
+        fleet = FleetOptions(forks=config.getoption("gpufleet_forks"),
+                             host_timeout=config.getoption("gpufleet_timeout"),
+                             default_timeout=CONFORMANCE_TIMEOUT_S, connect=ConnectOptions(
+                                 connect_timeout=config.getoption("gpufleet_connect_timeout"),
+                                 known_hosts_base=inventory.base))
         json_path = config.getoption("gpufleet_json")
         artifacts = config.getoption("gpufleet_artifacts") or (
             str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path

@@ -11,11 +11,11 @@ import testinfra.backend.base
 import testinfra.host
 
 import roles as role_registry
-from gpufleet.connection import CommandResult, Connection, ConnectOptions, connect
+from gpufleet.connection import Budget, CommandResult, Connection, ConnectOptions, connect
 from gpufleet.drift import consistency_request
 from gpufleet.engine import active_roles, fact_request
 from gpufleet.facts import FactRequest, Facts, gather_facts
-from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
+from gpufleet.fleet import FleetOptions, TaskResult, host_timeout, run_fleet
 from gpufleet.inventory import Host, Inventory
 from gpufleet.role import RoleVars
 
@@ -40,12 +40,14 @@ class GpufleetBackend(testinfra.backend.base.BaseBackend):  # type: ignore[misc]
 
 @dataclass
 class Node:
-    """One selected host: its facts (or why they are missing) and a lazy connection."""
+    """One selected host: its facts (or why they are missing) and a lazy connection, under
+    the node's budget for the whole run (once it is spent, checks get no further command)."""
 
     host: Host
     connect_options: ConnectOptions
     facts: Facts | None = None
     error: str | None = None
+    budget: Budget = field(default_factory=Budget)
     _conn: Connection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,7 +73,7 @@ class Node:
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
-                self._conn = connect(self.host, self.connect_options)
+                self._conn = connect(self.host, self.connect_options, self.budget)
             return self._conn
 
     def run(self, command: str, timeout: float = CHECK_TIMEOUT_S,
@@ -117,6 +119,8 @@ class ConformanceSession:
             node = Node(host, fleet.connect, outcome.value)
             if outcome.value is None:
                 node.error = f"{outcome.status}: {outcome.error}"
+            else:
+                node.budget.start(host_timeout(host, fleet))
             nodes[host.name] = node
         return cls(inventory, nodes, options)
 

@@ -307,3 +307,55 @@ def test_a_timed_out_host_does_not_hold_up_the_next_batch(tmp_path: Path) -> Non
         release.set()
     assert outcomes["n01"].status == "failed"
     assert started["n02"] - begin < 1.6
+
+
+def test_a_timed_out_host_keeps_the_progress_it_published(tmp_path: Path) -> None:
+    def task(host: Host, conn: Connection) -> TaskResult[list[str]]:
+        done: list[str] = []
+        conn.budget.progress = done
+        done.append("first change")
+        conn.run("sleep 30", timeout=600)
+        done.append("never")
+        return TaskResult(done)
+
+    start = time.monotonic()
+    [outcome] = run_fleet(hosts(tmp_path, 1), task, FleetOptions(host_timeout=1.0)).values()
+    assert time.monotonic() - start < 5
+    assert outcome.status == "failed"
+    assert outcome.error is not None and outcome.error.startswith("host timed out after 1s")
+    assert outcome.value == ["first change"]
+
+
+def test_the_inventory_sets_a_hosts_budget_and_the_flag_wins(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  vars:\n    ansible_connection: local\n  hosts:\n"
+                    "    slow:\n      gpufleet_host_timeout: 1\n    fast:\n")
+    inventory = load_inventory(path)
+
+    def task(host: Host, conn: Connection) -> TaskResult[float | None]:
+        return TaskResult(conn.budget.limit_s)
+
+    outcomes = run_fleet(inventory.select("all"), task, FleetOptions(default_timeout=99))
+    assert {n: o.value for n, o in outcomes.items()} == {"slow": 1.0, "fast": 99}
+    outcomes = run_fleet(inventory.select("all"), task, FleetOptions(host_timeout=7))
+    assert {n: o.value for n, o in outcomes.items()} == {"slow": 7, "fast": 7}
+
+
+def test_a_bad_host_timeout_fails_that_host_with_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  vars:\n    ansible_connection: local\n  hosts:\n"
+                    "    bad:\n      gpufleet_host_timeout: soon\n    good:\n")
+    outcomes = run_fleet(load_inventory(path).select("all"), lambda h, c: TaskResult(None))
+    assert outcomes["good"].status == "ok"
+    assert (outcomes["bad"].status, outcomes["bad"].error) == (
+        "failed", "host bad: variable gpufleet_host_timeout must be a positive number of "
+                  "seconds, got 'soon'")
+
+
+def test_a_task_reports_a_host_lost_with_what_it_kept(tmp_path: Path) -> None:
+    def task(host: Host, conn: Connection) -> TaskResult[str]:
+        return TaskResult("applied one", changed=True, unreachable="connection dropped")
+
+    [outcome] = run_fleet(hosts(tmp_path, 1), task).values()
+    assert (outcome.status, outcome.error, outcome.value) == (
+        "unreachable", "connection dropped", "applied one")
