@@ -3,15 +3,22 @@ drift and bootstrap."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.connection import Connection, ConnectOptions, connect
+from gpufleet.connection import Connection
 from gpufleet.facts import FactRequest, Facts, gather_facts
 from gpufleet.fleet import FleetOptions, Outcome, ProgressSink, TaskResult, run_fleet
 from gpufleet.inventory import Host, Inventory
-from gpufleet.plan import ApplyContext, ApplyOptions, Change, Plan, StepFailed, apply_plan
+from gpufleet.plan import (
+    ApplyContext,
+    ApplyOptions,
+    Change,
+    HostLost,
+    Plan,
+    StepFailed,
+    apply_plan,
+)
 from gpufleet.role import PlanContext, Role, RoleVars
 
 
@@ -76,34 +83,34 @@ class RunOptions:
 def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role],
               options: RunOptions, progress: ProgressSink | None = None,
               ) -> dict[str, Outcome[HostRun]]:
-    """Plan every host, and apply the plans unless ``options.check``."""
-    reboot_lock = threading.Lock()
-    connect_options: ConnectOptions = options.fleet.connect
+    """Plan every host, and apply the plans unless ``options.check``.
+
+    Each host publishes its HostRun as its progress, and ``applied`` grows as changes
+    complete, so a host cut off at its deadline or lost mid-run still reports them.
+    """
 
     def task(host: Host, conn: Connection) -> TaskResult[HostRun]:
         run = HostRun()
+        conn.budget.progress = run
         extra = options.extra_facts(host) if options.extra_facts else None
         run.facts, run.plan = gather_and_plan(inventory, host, roles, conn, extra)
         if options.check or run.plan.empty:
             run.reboot_pending = _pending_reason(run.plan)
             return TaskResult(run, changed=not run.plan.empty)
-        ctx = ApplyContext(conn, host, options.apply,
-                           reconnect=lambda: connect(host, connect_options),
-                           reboot_lock=reboot_lock)
+        ctx = ApplyContext(conn, host, options.apply, applied=run.applied, log=run.log)
         try:
-            run.applied = apply_plan(run.plan, ctx)
+            apply_plan(run.plan, ctx)
         except StepFailed as exc:
-            run.applied = exc.applied
-            run.log = ctx.log
             return TaskResult(run, changed=bool(run.applied), failed=str(exc))
+        except HostLost as exc:
+            return TaskResult(run, changed=bool(run.applied), unreachable=str(exc))
         finally:
             if ctx.conn is not conn:
                 ctx.conn.close()
-        run.log = ctx.log
         run.reboot_pending = ctx.memo.get("reboot_pending")
         run.rebooted = any(line.startswith("rebooted") for line in ctx.log)
         if run.rebooted:
-            return _verify_after_reboot(inventory, host, roles, run, connect_options)
+            return _verify_after_reboot(inventory, host, roles, run, conn)
         changed = [c for c in run.applied if not c.pending_reboot]
         return TaskResult(run, changed=bool(changed) or run.rebooted)
 
@@ -118,8 +125,8 @@ def _pending_reason(plan: Plan) -> str | None:
 
 
 def _verify_after_reboot(inventory: Inventory, host: Host, roles: Sequence[Role], run: HostRun,
-                         connect_options: ConnectOptions) -> TaskResult[HostRun]:
-    conn = connect(host, connect_options)
+                         before: Connection) -> TaskResult[HostRun]:
+    conn = before.reopen()
     try:
         facts, plan = gather_and_plan(inventory, host, roles, conn)
     finally:

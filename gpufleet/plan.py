@@ -8,8 +8,6 @@ transaction for two packages) runs once.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,15 +27,19 @@ class ApplyOptions:
 
 @dataclass
 class ApplyContext:
-    """What steps see while applying on one host."""
+    """What steps see while applying on one host; ``applied`` grows as changes complete,
+    so that a host cut off mid-run still reports what it had applied."""
 
     conn: Connection
     host: Host
     options: ApplyOptions
-    reconnect: Callable[[], Connection]
-    reboot_lock: threading.Lock
     memo: dict[str, Any] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    applied: list[Change] = field(default_factory=list)
+
+    def reconnect(self) -> Connection:
+        """A new connection to the host, under the same budget (refused once cut off)."""
+        return self.conn.reopen()
 
 
 class Step(Protocol):
@@ -147,25 +149,36 @@ class StepFailed(GpufleetError):
         self.applied = applied
 
 
+class HostLost(Unreachable):
+    """The host became unreachable while applying; carries what was applied before."""
+
+    def __init__(self, change: Change, step: Step, error: Exception,
+                 applied: list[Change]) -> None:
+        super().__init__(f"{change.item}: {step.describe()}: {error}")
+        self.applied = applied
+
+
 def apply_plan(plan: Plan, ctx: ApplyContext) -> list[Change]:
-    """Apply every step in order; return the changes whose steps all ran.
+    """Apply every step in order; return the changes whose steps all ran (also kept in
+    ``ctx.applied`` as they complete).
 
     Stops at the first failing step: later changes may depend on it, and a
     half-converged host is reported as failed, never hidden.
     """
     finished: set[int] = set()
-
-    def applied() -> list[Change]:
-        return [c for c in plan.changes
-                if c.steps and all(id(s) in finished for s in c.steps)]
-
+    done: set[int] = {id(c) for c in ctx.applied}
     for change, step in plan.steps():
         try:
             step.apply(ctx)
-        except Unreachable:
-            raise
+        except Unreachable as exc:
+            raise HostLost(change, step, exc, list(ctx.applied)) from exc
         except GpufleetError as exc:
-            raise StepFailed(change, step, exc, applied()) from exc
+            raise StepFailed(change, step, exc, list(ctx.applied)) from exc
         finished.add(id(step))
         ctx.log.append(f"{change.item}: {step.describe()}")
-    return applied()
+        for completed in plan.changes:
+            if id(completed) not in done and completed.steps and \
+                    all(id(s) in finished for s in completed.steps):
+                done.add(id(completed))
+                ctx.applied.append(completed)
+    return list(ctx.applied)

@@ -1,4 +1,9 @@
-"""Opt-in reboots: one host at a time, waiting for it to come back with a new boot id."""
+"""Opt-in reboots, waiting for the host to come back with a new boot id.
+
+Hosts reboot in parallel within a batch (``--serial`` bounds how many at once); the wait
+is bounded by the reboot timeout and by what is left of the host's budget, and a host cut
+off at its deadline is never rebooted or reconnected.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from gpufleet.connection import Connection, Unreachable
+from gpufleet.connection import Connection, HostCancelled, Unreachable
 from gpufleet.errors import GpufleetError
 from gpufleet.plan import ApplyContext
 
@@ -31,12 +36,11 @@ class Reboot:
         if not ctx.options.reboot:
             ctx.memo["reboot_pending"] = self.reason
             return
-        with ctx.reboot_lock:
-            before = ctx.conn.run(BOOT_ID, timeout=30).check("reading boot id").stdout.strip()
-            with contextlib.suppress(Unreachable):
-                ctx.conn.run(f"({self.command}) >/dev/null 2>&1 &", timeout=30)
-            ctx.conn.close()
-            ctx.conn = wait_for_new_boot(ctx, before)
+        before = ctx.conn.run(BOOT_ID, timeout=30).check("reading boot id").stdout.strip()
+        with contextlib.suppress(Unreachable):
+            ctx.conn.run(f"({self.command}) >/dev/null 2>&1 &", timeout=30)
+        ctx.conn.close()
+        ctx.conn = wait_for_new_boot(ctx, before)
         ctx.log.append(f"rebooted ({self.reason})")
 
 
@@ -49,6 +53,9 @@ def wait_for_new_boot(ctx: ApplyContext, old_boot_id: str) -> Connection:
         conn = ctx.reconnect()
         try:
             boot_id = conn.run(BOOT_ID, timeout=15).stdout.strip()
+        except HostCancelled:
+            conn.close()
+            raise
         except GpufleetError as exc:
             last_error = str(exc)
             conn.close()

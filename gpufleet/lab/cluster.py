@@ -64,6 +64,10 @@ class LabConfig:
         return f"{self.name}-outside"
 
     @property
+    def second_controller_address(self) -> str:
+        return f"{self.subnet}.251"
+
+    @property
     def key(self) -> Path:
         return self.root / "id_ed25519"
 
@@ -162,12 +166,13 @@ def _mounted(path: Path) -> bool:
 
 
 def _pid_alive(pidfile: Path) -> int | None:
+    """The pid in ``pidfile`` if that process runs (a zombie, dead but not reaped, does not)."""
     try:
         pid = int(pidfile.read_text().strip())
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid
+    return None if _zombie(pid) else pid
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -258,6 +263,23 @@ def _exclusive(method: Callable[Concatenate[Lab, P], R]) -> Callable[Concatenate
         with open(self.config.root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return method(self, *args, **kwargs)
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+def _node_exclusive(method: Callable[Concatenate[Lab, str, P], R]
+                    ) -> Callable[Concatenate[Lab, str, P], R]:
+    """Serialise changes to one node, while other nodes change in parallel: a shared lock
+    on the lab (lab.up and lab.down wait for it) and an exclusive one on the node."""
+    def wrapper(self: Lab, name: str, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        localcmd.require_root("the lab")
+        self.config.root.mkdir(parents=True, exist_ok=True)
+        with open(self.config.root / ".lock", "w") as lab_lock:
+            fcntl.flock(lab_lock, fcntl.LOCK_SH)
+            node = self.node(name)
+            with open(node.dir / ".lock", "w") as node_lock:
+                fcntl.flock(node_lock, fcntl.LOCK_EX)
+                return method(self, name, *args, **kwargs)
     wrapper.__doc__ = method.__doc__
     return wrapper
 
@@ -358,12 +380,16 @@ class Lab:
         text = known.read_text() if known.exists() else ""
         return {line.split()[0] for line in text.splitlines() if line.strip()}
 
-    @_exclusive
     def reboot(self, name: str, delay: float = 0.0) -> None:
-        """Stop every process of a node and boot it again from its persistent overlay."""
+        """Stop every process of a node and boot it again from its persistent overlay;
+        other nodes may reboot at the same time."""
+        time.sleep(delay)
+        self._reboot(name)
+
+    @_node_exclusive
+    def _reboot(self, name: str) -> None:
         self._preflight()
         node = self.node(name)
-        time.sleep(delay)
         self._stop_node(node)
         self._boot(node)
 
@@ -408,7 +434,14 @@ class Lab:
                            "choose another lab subnet")
 
     def _ensure_node(self, node: Node) -> None:
+        """Start a node that is not running. A node whose network namespace and link
+        survive (only its sshd or mounts died) is booted again inside them, so its
+        nftables rules and net sysctls stay as they were."""
         if self._node_running(node):
+            return
+        if _netns_exists(node.netns) and _link_exists(node.veth) and node.dir.is_dir():
+            self._stop_node(node)
+            self._boot(node)
             return
         self._destroy_node(node, keep_files=node.dir.is_dir())
         self._create_netns(node)
@@ -582,21 +615,29 @@ class Lab:
         _kill_all(_pids_in_namespaces({inode}), {inode})
         localcmd.run(["ip", "netns", "del", name])
 
-    # ---- the outsider: an address on the lab bridge that is not in the inventory -----
+    # ---- side namespaces: addresses on the lab bridge that are not nodes ---------------
 
     def outsider(self) -> str:
         """Ensure a namespace on the bridge outside the cluster; return its netns name."""
+        cfg = self.config
+        return self._side_namespace(cfg.outsider_netns, "vout", cfg.outsider_address)
+
+    def second_controller(self) -> str:
+        """Ensure a namespace on the bridge from which gpufleet can run as a second
+        controller (address ``<subnet>.251``, not a node); return its netns name."""
+        cfg = self.config
+        return self._side_namespace(f"{cfg.name}-ctl2", "vctl2", cfg.second_controller_address)
+
+    def _side_namespace(self, name: str, veth_suffix: str, address: str) -> str:
         self._preflight()
         cfg = self.config
-        name = cfg.outsider_netns
         if not _netns_exists(name):
-            veth = f"{cfg.name}-vout"
+            veth = f"{cfg.name}-{veth_suffix}"
             localcmd.run(["ip", "netns", "add", name])
             localcmd.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
                           "netns", name])
             localcmd.run(["ip", "link", "set", veth, "master", cfg.bridge, "up"])
-            localcmd.run(["ip", "-n", name, "addr", "add", f"{cfg.outsider_address}/24", "dev",
-                          "eth0"])
+            localcmd.run(["ip", "-n", name, "addr", "add", f"{address}/24", "dev", "eth0"])
             localcmd.run(["ip", "-n", name, "link", "set", "eth0", "up"])
             localcmd.run(["ip", "-n", name, "link", "set", "lo", "up"])
         return name
@@ -650,6 +691,7 @@ class Lab:
                     "ansible_user": "root",
                     "ansible_ssh_private_key_file": str(cfg.key),
                     "gpufleet_known_hosts": str(cfg.known_hosts),
+                    "gpufleet_controllers": [cfg.controller_address],
                 },
                 "children": {"lab": {"hosts": hosts}},
             }

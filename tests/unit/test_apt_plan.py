@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gpufleet import apt
-from gpufleet.connection import CommandResult
+from gpufleet.connection import Budget, CommandResult
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import Facts
 from gpufleet.facts.formats import FileState
@@ -133,6 +132,7 @@ class FakeConnection:
     def __init__(self, answers: list[tuple[Callable[[str], bool], CommandResult]]) -> None:
         self.host = Host("gpu01", {}, frozenset({"all"}))
         self.round_trips = 0
+        self.budget = Budget()
         self.commands: list[str] = []
         self.answers = answers
 
@@ -153,9 +153,7 @@ class FakeConnection:
 
 
 def ctx_for(conn: FakeConnection) -> ApplyContext:
-    return ApplyContext(conn, conn.host, ApplyOptions(lock_timeout_s=60),  # type: ignore[arg-type]
-                        reconnect=lambda: conn,  # type: ignore[arg-type,return-value]
-                        reboot_lock=threading.Lock())
+    return ApplyContext(conn, conn.host, ApplyOptions(lock_timeout_s=60))  # type: ignore[arg-type]
 
 
 MADISON = (" libnccl2 | 2.23.4-1+cuda12.6 | file:/repo ./ Packages\n"

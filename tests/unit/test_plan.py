@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from gpufleet.plan import (
     ApplyContext,
     ApplyOptions,
     Change,
+    HostLost,
     Plan,
     Put,
     Run,
@@ -55,8 +55,7 @@ def host() -> Host:
 
 def context() -> ApplyContext:
     h = host()
-    return ApplyContext(LocalConnection(h), h, ApplyOptions(),
-                        reconnect=lambda: LocalConnection(h), reboot_lock=threading.Lock())
+    return ApplyContext(LocalConnection(h), h, ApplyOptions())
 
 
 def test_plan_steps_runs_a_shared_step_once_with_its_first_change() -> None:
@@ -122,13 +121,19 @@ def test_a_failing_shared_step_is_charged_to_its_first_change() -> None:
     assert calls.names == ["install"]
 
 
-def test_unreachable_is_not_wrapped() -> None:
+def test_a_host_lost_mid_apply_keeps_the_changes_applied_before() -> None:
     calls = Calls()
     lost = Unreachable("connection to 10.0.0.1 was lost")
-    change = Change("r", "x", "set", None, "1", [calls.step("x", lost)])
-    with pytest.raises(Unreachable) as caught:
-        apply_plan(Plan("h", [change]), context())
-    assert caught.value is lost
+    first = Change("r", "a", "set", None, "1", [calls.step("a")])
+    second = Change("r", "x", "set", None, "1", [calls.step("x", lost)])
+    ctx = context()
+    with pytest.raises(HostLost) as caught:
+        apply_plan(Plan("h", [first, second]), ctx)
+    assert isinstance(caught.value, Unreachable)
+    assert caught.value.__cause__ is lost
+    assert str(caught.value) == "r/x: mark x: connection to 10.0.0.1 was lost"
+    assert caught.value.applied == [first]
+    assert ctx.applied == [first]
 
 
 def test_a_programming_error_in_a_step_is_not_wrapped() -> None:
