@@ -30,6 +30,8 @@ def _gpus(node: Node) -> list[dict[str, object]]:
     gpus = facts.get("gpus")
     if gpus is None:
         reason = facts.why_absent("gpus")
+        if facts.timed_out("gpus"):
+            pytest.fail(f"nvidia-smi hung: {reason}")
         if "not found" in reason or not facts.get("pci_gpus"):
             pytest.skip(f"no NVIDIA GPU: {reason}")
         pytest.fail(f"unknown: NVIDIA GPUs on the PCI bus but nvidia-smi failed: {reason}")

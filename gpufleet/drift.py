@@ -72,7 +72,8 @@ def item_from_change(host: str, change: Change) -> DriftItem:
 
 @dataclass
 class HostDrift:
-    """A host's drift: its items, or why it could not be checked."""
+    """A host's drift: its items, or why it could not be checked; ``timed_out`` names the
+    facts whose tool did not answer in time (a hung nvidia-smi), with the reason."""
 
     host: str
     status: str  # clean | drifted | unreachable | error
@@ -80,11 +81,13 @@ class HostDrift:
     error: str | None = None
     duration: float = 0.0
     round_trips: int = 0
+    timed_out: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.error,
                 "duration_s": round(self.duration, 3), "round_trips": self.round_trips,
-                "items": [i.to_dict() for i in self.items]}
+                "items": [i.to_dict() for i in self.items],
+                "facts_timed_out": self.timed_out}
 
 
 def training_python(host: Host) -> str:
@@ -191,8 +194,11 @@ def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
         return HostDrift(outcome.host, "error", error=outcome.error or "no plan",
                          duration=outcome.duration, round_trips=outcome.round_trips)
     items = [item_from_change(outcome.host, c) for c in run.plan.changes]
+    timed_out = {name: run.facts.why_absent(name) for name in sorted(run.facts.timeouts)} \
+        if run.facts else {}
     return HostDrift(outcome.host, "drifted" if items else "clean", items,
-                     duration=outcome.duration, round_trips=outcome.round_trips)
+                     duration=outcome.duration, round_trips=outcome.round_trips,
+                     timed_out=timed_out)
 
 
 KEY_ROLES = {"driver": "driver", "cuda": "cuda", "nccl": "nccl", "python": "pytorch",

@@ -89,21 +89,23 @@ def to_metrics(run: DriftRun) -> list[Metric]:
     last = Metric("gpufleet_drift_last_run_timestamp_seconds",
                   "Unix time at which the last drift run finished.")
     duration = Metric("gpufleet_drift_last_run_duration_seconds", "Wall time of the last run.")
+    hung = Metric("gpufleet_facts_timed_out",
+                  "Facts whose tool did not answer in time on the host (a hung nvidia-smi).")
     for name, host in run.hosts.items():
         reachable.add(0 if host.status in ("unreachable", "error") else 1, host=name)
         per_host.add(len(host.items), host=name)
+        hung.add(len(host.timed_out), host=name)
         for item in host.items:
             items.add(1, host=name, role=item.role, item=item.resource)
     for status in ("clean", "drifted", "unreachable", "error"):
         hosts.add(run.count(status), status=status)
     last.add(run.started + run.duration)
     duration.add(round(run.duration, 3))
-    return [items, per_host, reachable, hosts, last, duration]
+    return [items, per_host, reachable, hosts, last, duration, hung]
 
 
-def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
-    """Summary line per host, then items grouped by host with desired and actual."""
-    out.print("[bold]DRIFT[/bold]")
+def _print_hosts(out: Console, run: DriftRun) -> None:
+    """One status line per host, and the facts whose tool hung on it."""
     width = max((len(n) for n in run.hosts), default=4)
     for name, host in run.hosts.items():
         style = STATUS_STYLE[host.status]
@@ -112,6 +114,14 @@ def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
         if host.error:
             detail = host.error
         out.print(f"  {name:<{width}}  [{style}]{host.status:<11}[/{style}] {escape(detail)}")
+        for fact, reason in host.timed_out.items():
+            out.print(f"  {' ' * width}  [red]fact {escape(fact)} unknown: {escape(reason)}[/red]")
+
+
+def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
+    """Summary line per host, then items grouped by host with desired and actual."""
+    out.print("[bold]DRIFT[/bold]")
+    _print_hosts(out, run)
     for name, host in run.hosts.items():
         if not host.items:
             continue

@@ -6,12 +6,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.connection import Connection
+from gpufleet.connection import CommandTimeout, Connection
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import catalog, script
 from gpufleet.facts.formats import FileState
+from gpufleet.inventory import Host
 
 FACTS_TIMEOUT_S = 90.0
+SNIPPET_TIMEOUT_S = 20.0
+SNIPPET_TIMEOUT_VAR = "gpufleet_fact_timeout"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Facts:
     host: str
     values: dict[str, Any] = field(default_factory=dict)
     absent: dict[str, str] = field(default_factory=dict)
+    timeouts: set[str] = field(default_factory=set)
     gathered_at: float = 0.0
     duration: float = 0.0
 
@@ -98,6 +102,10 @@ class Facts:
     def why_absent(self, name: str) -> str:
         return self.absent.get(name, "not gathered")
 
+    def timed_out(self, name: str) -> bool:
+        """Whether the fact is absent because its tool did not answer in time."""
+        return name in self.timeouts
+
 
 def _reason(section: script.Section) -> str:
     text = section.text.strip()
@@ -105,17 +113,21 @@ def _reason(section: script.Section) -> str:
     return last[:200]
 
 
-def parse_sections(host: str, output: str, facts: list[catalog.Fact], nonce: str = "") -> Facts:
-    """Parse the composite script's output into Facts (pure: no I/O)."""
+def parse_sections(host: str, output: str, facts: list[catalog.Fact], nonce: str = "",
+                   stopped: str = "the facts script stopped early") -> Facts:
+    """Parse the composite script's output into Facts (pure: no I/O); ``stopped`` says why
+    a fact has no section at all."""
     sections = script.split(output, nonce)
     result = Facts(host)
     for fact in facts:
         section = sections.get(fact.name)
         if section is None:
-            result.absent[fact.name] = "no output (the facts script stopped early)"
+            result.absent[fact.name] = f"no output ({stopped})"
             continue
         if section.rc != 0:
             result.absent[fact.name] = _reason(section)
+            if section.rc == script.TIMED_OUT and fact.guard:
+                result.timeouts.add(fact.name)
             continue
         try:
             result.values[fact.name] = fact.parse(section.text)
@@ -126,17 +138,43 @@ def parse_sections(host: str, output: str, facts: list[catalog.Fact], nonce: str
     return result
 
 
+def snippet_timeout(host: Host) -> float:
+    """Seconds one fact whose tool can hang may take (``gpufleet_fact_timeout``)."""
+    value = host.vars.get(SNIPPET_TIMEOUT_VAR, SNIPPET_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if isinstance(value, bool) or not seconds > 0:
+        raise GpufleetError(f"host {host.name}: variable {SNIPPET_TIMEOUT_VAR} must be a "
+                            f"positive number of seconds, got {value!r}")
+    return seconds
+
+
 def gather_facts(conn: Connection, request: FactRequest | None = None) -> Facts:
-    """All base facts plus those requested, in one round trip to the host."""
+    """All base facts plus those requested, in one round trip to the host.
+
+    A fact whose tool hangs costs that fact (absent, "timed out after N s"), never the
+    others; if the whole script is stopped, the facts it had printed are kept.
+    """
     facts = catalog.BASE_FACTS + (request or FactRequest()).facts()
     nonce = script.new_nonce()
-    composite = script.compose(((f.name, f.shell) for f in facts), nonce)
+    limit = snippet_timeout(conn.host)
+    composite = script.compose((script.Snippet(f.name, f.shell, f.guard) for f in facts),
+                               nonce, limit)
+    tools = {f.guard for f in facts if f.guard}
+    overall = max(FACTS_TIMEOUT_S, limit * len(tools) + 30)
     start = time.monotonic()
-    result = conn.run(composite, timeout=FACTS_TIMEOUT_S)
+    stopped = "the facts script stopped early"
+    try:
+        result = conn.run(composite, timeout=overall)
+    except CommandTimeout as exc:
+        result = exc.partial
+        stopped = f"the facts script was stopped after {time.monotonic() - start:.0f}s"
     if not script.split(result.stdout, nonce):
-        detail = (result.stderr or result.stdout).strip()[-300:]
+        detail = (result.stderr or result.stdout).strip()[-300:] or stopped
         raise GpufleetError(f"facts script produced no sections (exit {result.rc}): {detail}")
-    parsed = parse_sections(conn.host.name, result.stdout, facts, nonce)
+    parsed = parse_sections(conn.host.name, result.stdout, facts, nonce, stopped)
     parsed.gathered_at = time.time()
     parsed.duration = time.monotonic() - start
     return parsed

@@ -1,7 +1,8 @@
 """Every fact gpufleet gathers: a shell snippet and a pure parser of what it prints.
 
 A snippet that needs a tool checks for it and exits 127 with a reason, which
-becomes an absent fact; it never fails the gathering of the others.
+becomes an absent fact; it never fails the gathering of the others. A fact whose tool
+can hang names it as its ``guard``: it then runs under the per-snippet deadline.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from gpufleet.facts import formats
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact: the shell that produces it and the parser of its output."""
+    """One fact: the shell that produces it, the parser of its output, and the tool that
+    may hang (the snippet then runs under its own deadline)."""
 
     name: str
     shell: str
     parse: Callable[[str], Any]
+    guard: str | None = None
 
 
 def needs(tool: str, reason: str) -> str:
@@ -121,17 +124,18 @@ BASE_FACTS: list[Fact] = [
     Fact("uptime_s", "cut -d' ' -f1 /proc/uptime", _float),
     Fact("clock", "date +%s.%N", _float),
     Fact("ssh_client", "echo \"${SSH_CONNECTION:-}\"", _ssh_client),
-    Fact("disk_free", "df -Pk / /var /opt /tmp", formats.disk_free),
+    Fact("disk_free", "df -Pk / /var /opt /tmp", formats.disk_free, "df"),
     Fact("time_sync", "timedatectl show -p NTPSynchronized 2>/dev/null || "
-         "chronyc tracking 2>/dev/null || true", formats.time_sync),
+         "chronyc tracking 2>/dev/null || true", formats.time_sync, "timedatectl"),
     Fact("kernel_headers", "if [ -d \"/lib/modules/$(uname -r)/build\" ]; then echo yes; "
          "else echo no; fi", _headers),
     Fact("gpus", needs("nvidia-smi", NO_SMI)
-         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", parsers.nvidia_smi_query),
+         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", parsers.nvidia_smi_query,
+         "nvidia-smi"),
     Fact("gpu_topology", needs("nvidia-smi", NO_SMI) + "nvidia-smi topo -m",
-         parsers.nvidia_topo),
+         parsers.nvidia_topo, "nvidia-smi"),
     Fact("nvlink", needs("nvidia-smi", NO_SMI) + "nvidia-smi nvlink --status",
-         parsers.nvlink_status),
+         parsers.nvlink_status, "nvidia-smi"),
     Fact("nvidia_module", "if [ -r /proc/driver/nvidia/version ]; then "
          "cat /proc/driver/nvidia/version; else echo 'no NVIDIA kernel module loaded'; "
          "exit 127; fi", parsers.proc_driver_version),
@@ -163,7 +167,7 @@ BASE_FACTS: list[Fact] = [
          "if command -v ufw >/dev/null 2>&1; then "
          "echo \"ufw $(ufw status 2>/dev/null | head -n1 | awk '{print $2}')\"; fi; "
          "if command -v firewall-cmd >/dev/null 2>&1; then "
-         "echo \"firewalld $(firewall-cmd --state 2>&1)\"; fi", formats.firewall),
+         "echo \"firewalld $(firewall-cmd --state 2>&1)\"; fi", formats.firewall, "firewall"),
     Fact("rdma", "for d in /sys/class/infiniband/*; do [ -d \"$d\" ] || continue; "
          "for p in \"$d\"/ports/*; do "
          "n=$(ls \"$d/device/net\" 2>/dev/null | paste -sd, -); "
@@ -216,7 +220,7 @@ def torch_fact(python: str) -> Fact:
         "else",
         f'  "$py" -c {shlex.quote(TORCH_FACT_PROBE)}',
         "fi",
-    ]), formats.torch_files)
+    ]), formats.torch_files, "python")
 
 
 def sysctl_fact(key: str) -> Fact:

@@ -3,6 +3,12 @@
 Each section's output is kept byte-exact between its markers, with its exit status,
 so that parsers on the controller see what the command printed. The markers carry a
 random nonce chosen per run, so no command output can end or forge a section.
+
+A snippet that calls a tool which can hang (nvidia-smi on a GPU that fell off the bus,
+timedatectl with a stuck D-Bus, df on a dead NFS mount) runs under its own deadline: it
+is killed after the limit, its section ends with status 124, and later snippets of the
+same tool are not started in that run. The script never waits for a process that cannot
+be killed (a process stuck in the kernel): a watchdog interrupts the wait.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ import secrets
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+TIMED_OUT = 124
+_TOOL = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def new_nonce() -> str:
@@ -36,6 +45,42 @@ def prelude(nonce: str = "") -> str:
 
 PRELUDE = prelude()
 
+# __g TOOL LIMIT SHELL: run SHELL under LIMIT seconds; its output goes to a file (a process
+# that cannot be killed must not hold the script's stdout open), which is printed after.
+# The watchdog interrupts `wait` (USR1 is trapped) when `timeout` itself cannot finish.
+GUARD = r"""trap : USR1
+__d=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-facts.XXXXXX") || exit 1
+trap 'rm -rf "$__d"' EXIT
+__n=0
+__g() {
+  if [ -e "$__d/h.$1" ]; then
+    echo "$1 did not answer earlier in this run (timed out after $2 s); not started again"
+    return 124
+  fi
+  __n=$((__n + 1))
+  timeout -k 1 "$2" sh -c "$3" </dev/null >"$__d/o.$__n" 2>&1 &
+  __p=$!
+  (
+    trap 'kill "$__w" 2>/dev/null; exit 0' TERM
+    sleep $(( ${2%.*} + 2 )) & __w=$!
+    wait "$__w" && { : >"$__d/t.$__p"; kill -USR1 $$; }
+  ) </dev/null >/dev/null 2>&1 &
+  __k=$!
+  while :; do
+    wait "$__p"; __r=$?
+    if [ -e "$__d/t.$__p" ]; then kill -9 "$__p" 2>/dev/null; __r=124; break; fi
+    kill -0 "$__p" 2>/dev/null || break
+  done
+  kill "$__k" 2>/dev/null
+  cat "$__d/o.$__n"
+  if [ "$__r" = 124 ]; then
+    : >"$__d/h.$1"
+    echo "$1 timed out after $2 s"
+  fi
+  return "$__r"
+}
+"""
+
 
 @dataclass(frozen=True)
 class Section:
@@ -46,13 +91,35 @@ class Section:
     text: str
 
 
-def compose(commands: Iterable[tuple[str, str]], nonce: str = "") -> str:
-    """A script that runs each ``(name, shell)`` in a subshell, stderr folded into stdout."""
+@dataclass(frozen=True)
+class Snippet:
+    """One section to compose: its shell, and the tool that may hang (None: run inline)."""
+
+    name: str
+    shell: str
+    guard: str | None = None
+
+
+def compose(commands: Iterable[tuple[str, str] | Snippet], nonce: str = "",
+            limit_s: float = 20.0) -> str:
+    """A script that runs each snippet in a subshell, stderr folded into stdout; guarded
+    snippets run under ``limit_s`` seconds each."""
+    snippets = [c if isinstance(c, Snippet) else Snippet(*c) for c in commands]
     parts = [prelude(nonce)]
-    for name, shell in commands:
-        if "\n" in name or "@@" in name:
-            raise ValueError(f"bad section name {name!r}")
-        parts.append(f"__s {shlex.quote(name)}\n( {shell}\n) </dev/null 2>&1\n__e $?\n")
+    if any(s.guard for s in snippets):
+        parts.append(GUARD)
+    limit = format(max(1.0, round(limit_s, 1)), "g")
+    for snippet in snippets:
+        if "\n" in snippet.name or "@@" in snippet.name:
+            raise ValueError(f"bad section name {snippet.name!r}")
+        if snippet.guard is not None and not _TOOL.fullmatch(snippet.guard):
+            raise ValueError(f"bad tool name {snippet.guard!r}")
+        name = shlex.quote(snippet.name)
+        if snippet.guard:
+            body = f"__g {snippet.guard} {limit} {shlex.quote(snippet.shell)}\n"
+        else:
+            body = f"( {snippet.shell}\n) </dev/null 2>&1\n"
+        parts.append(f"__s {name}\n{body}__e $?\n")
     return "".join(parts)
 
 

@@ -8,13 +8,22 @@ import os
 import platform
 import pwd
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from gpufleet.connection import CommandResult, LocalConnection
 from gpufleet.errors import GpufleetError, ParseError
-from gpufleet.facts import FactMissing, FactRequest, Facts, catalog, gather_facts, parse_sections
+from gpufleet.facts import (
+    FactMissing,
+    FactRequest,
+    Facts,
+    catalog,
+    gather_facts,
+    parse_sections,
+    snippet_timeout,
+)
 from gpufleet.facts import script as fscript
 from gpufleet.facts.catalog import Fact
 from gpufleet.facts.formats import FileState, file_state, link_target
@@ -334,3 +343,42 @@ def test_gather_facts_without_any_section_raises_with_the_detail() -> None:
                                             r"ssh: connect to host 10\.0\.0\.9 port 22: "
                                             r"Connection refused$"):
         gather_facts(_DeadConnection())
+
+
+def test_a_hung_tool_costs_only_its_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "BASE_FACTS", [
+        catalog.Fact("hostname", "hostname", lambda t: t.strip()),
+        catalog.Fact("gpus", "sleep 30", lambda t: t, "nvidia-smi"),
+        catalog.Fact("gpu_topology", "echo topo", lambda t: t, "nvidia-smi"),
+        catalog.Fact("kernel", "uname -r", lambda t: t.strip())])
+    host = Host("local", {"ansible_connection": "local", "gpufleet_fact_timeout": 1},
+                frozenset({"all"}))
+    start = time.monotonic()
+    facts = gather_facts(LocalConnection(host))
+    assert time.monotonic() - start < 6
+    assert facts.values["hostname"] and facts.values["kernel"] == os.uname().release
+    assert facts.absent["gpus"] == "nvidia-smi timed out after 1 s"
+    assert facts.timeouts == {"gpus", "gpu_topology"}
+    assert facts.timed_out("gpus") and not facts.timed_out("kernel")
+
+
+def test_a_stopped_facts_script_keeps_the_facts_it_printed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "BASE_FACTS", [
+        catalog.Fact("hostname", "hostname", lambda t: t.strip()),
+        catalog.Fact("stuck", "sleep 30", lambda t: t),
+        catalog.Fact("kernel", "uname -r", lambda t: t.strip())])
+    conn = LocalConnection(local_host())
+    conn.budget.start(2)
+    facts = gather_facts(conn)
+    assert facts.values["hostname"]
+    assert facts.absent["stuck"].startswith("no output (the facts script was stopped after ")
+    assert facts.absent["kernel"] == facts.absent["stuck"]
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", True])
+def test_a_bad_fact_timeout_is_a_clear_error(value: object) -> None:
+    host = Host("gpu01", {"gpufleet_fact_timeout": value}, frozenset({"all"}))
+    with pytest.raises(GpufleetError, match=r"^host gpu01: variable gpufleet_fact_timeout must "
+                                            r"be a positive number of seconds, got "):
+        snippet_timeout(host)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +161,58 @@ def test_split_skips_noise_before_and_between_sections() -> None:
               "stray line\n"
               "\n@@gpufleet:b@@\n2\n@@gpufleet-rc:1@@\n")
     assert script.split(output) == {"a": Section("a", 0, "1\n"), "b": Section("b", 1, "2")}
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+def run_guarded(snippets: list[script.Snippet], limit: float, env: dict[str, str] | None = None
+                ) -> tuple[dict[str, Section], float]:
+    start = time.monotonic()
+    proc = subprocess.run(["sh", "-c", script.compose(snippets, "n0", limit)],
+                          capture_output=True, timeout=60, check=False, env=env)
+    return script.split(proc.stdout.decode(), "n0"), time.monotonic() - start
+
+
+def test_a_hung_tool_costs_its_fact_and_later_facts_of_that_tool() -> None:
+    sections, elapsed = run_guarded([
+        script.Snippet("before", "echo A"),
+        script.Snippet("gpus", "echo partial; sleep 30", "nvidia-smi"),
+        script.Snippet("topology", "echo never", "nvidia-smi"),
+        script.Snippet("clock", "echo B; exit 3", "timedatectl"),
+        script.Snippet("after", "echo C")], 1)
+    assert elapsed < 6
+    assert sections["before"] == Section("before", 0, "A\n")
+    assert sections["gpus"] == Section("gpus", 124, "partial\nnvidia-smi timed out after 1 s\n")
+    assert sections["topology"] == Section(
+        "topology", 124,
+        "nvidia-smi did not answer earlier in this run (timed out after 1 s); not started "
+        "again\n")
+    assert sections["clock"] == Section("clock", 3, "B\n")
+    assert sections["after"] == Section("after", 0, "C\n")
+
+
+def test_a_process_that_cannot_be_killed_does_not_hold_the_script(tmp_path: Path) -> None:
+    """Even a ``timeout`` that never ends (as when the tool is stuck in the kernel) costs only
+    the limit plus the watchdog's margin."""
+    fake = tmp_path / "timeout"
+    fake.write_text("#!/bin/sh\ntrap '' TERM INT\nexec sleep 30\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    sections, elapsed = run_guarded([script.Snippet("gpus", "nvidia-smi", "nvidia-smi"),
+                                     script.Snippet("after", "echo C")], 1, env)
+    assert elapsed < 8
+    assert sections["gpus"].rc == 124
+    assert sections["after"] == Section("after", 0, "C\n")
+
+
+def test_guarded_snippets_are_quoted_and_tools_are_checked() -> None:
+    sections, _ = run_guarded([script.Snippet("q", "printf '%s\\n' \"it's\" $((1+1))", "x")], 5)
+    assert sections["q"] == Section("q", 0, "it's\n2\n")
+    with pytest.raises(ValueError, match="bad tool name"):
+        script.compose([script.Snippet("n", "true", "two words")])
+
+
+def test_without_guarded_snippets_no_watchdog_is_composed() -> None:
+    assert "__g" not in script.compose([("a", "true")])
+    assert "__g nvidia-smi 20 " in script.compose([script.Snippet("a", "true", "nvidia-smi")])
