@@ -5,8 +5,10 @@ not ready, with a report of every step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
@@ -18,6 +20,7 @@ from typing import Any
 import roles as role_registry
 from gpufleet import __version__, exitcodes
 from gpufleet.connection import (
+    Budget,
     Connection,
     ConnectOptions,
     SSHConnection,
@@ -31,6 +34,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts import Facts, gather_facts
 from gpufleet.facts.formats import FileState
 from gpufleet.fleet import FleetOptions, Outcome
+from gpufleet.fleet import host_timeout as fleet_host_timeout
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import ApplyOptions
 from gpufleet.role import RoleVars
@@ -40,6 +44,9 @@ STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
 LOCAL_SUITES = "stack,gpu,rdma,allreduce"
+PAIR_SUITES = "reachability,allreduce"
+BOOTSTRAP_TIMEOUT_S = 7200.0
+HOOK_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -70,6 +77,7 @@ class BootstrapOptions:
     recertify: bool = False
     report_dir: Path = field(default_factory=lambda: Path("reports/bootstrap"))
     connect_timeout: float = 10.0
+    timeout: float | None = None
 
 
 @dataclass
@@ -98,11 +106,27 @@ class StepFailure(GpufleetError):
     """A step failed; the node is marked not ready with this reason."""
 
 
+class AlreadyCertified(GpufleetError):
+    """Not a failure: the node is certified ready for this inventory and stack."""
+
+    def __init__(self, message: str, data: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+class NodeUnreachable(Unreachable):
+    """The node could not be reached during a step; the report's exit code is 3."""
+
+
 def _timed(run: Bootstrap, name: str, func: Callable[[], tuple[str, dict[str, Any]]]) -> None:
     """Run one step; record it; raise StepFailure when it fails."""
     start = time.monotonic()
     try:
         detail, data = func()
+    except AlreadyCertified as done:
+        run.steps.append(StepResult(name, "skipped", str(done), time.monotonic() - start,
+                                    done.data))
+        return
     except GpufleetError as exc:
         run.steps.append(StepResult(name, "failed", str(exc), time.monotonic() - start,
                                     unreachable=isinstance(exc, Unreachable)))
@@ -169,10 +193,12 @@ def preflight_problems(facts: Facts, host: Host, controller_clock: float) -> lis
     return problems
 
 
-def preflight(conn: Connection, host: Host) -> tuple[str, dict[str, Any]]:
+def preflight(conn: Connection, host: Host, seen: dict[str, Facts]) -> tuple[str, dict[str, Any]]:
+    """One facts round trip and the checks on it; the facts are kept in ``seen``."""
     request = fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
     before = time.time()
     facts = gather_facts(conn, request)
+    seen["preflight"] = facts
     controller = (before + time.time()) / 2
     problems = preflight_problems(facts, host, controller)
     if problems:
@@ -189,7 +215,9 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
     """Apply every role, rebooting when asked, then re-check that nothing is left to do."""
     applied = provision(inventory, [host], role_registry.ALL,
                         RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet))[host.name]
-    if applied.status in ("failed", "unreachable"):
+    if applied.status == "unreachable":
+        raise NodeUnreachable(str(applied.error))
+    if applied.status == "failed":
         raise GpufleetError(str(applied.error))
     run = applied.value
     if run and run.reboot_pending:
@@ -197,6 +225,8 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
                             "--reboot")
     check = provision(inventory, [host], role_registry.ALL, RunOptions(check=True, fleet=fleet))
     left = check[host.name]
+    if left.status == "unreachable":
+        raise NodeUnreachable(str(left.error))
     if left.status == "failed" or (left.value and left.value.plan and left.value.plan.changes):
         items = [c.item for c in left.value.plan.changes] if left.value and left.value.plan \
             else [str(left.error)]
@@ -257,29 +287,72 @@ def _suite_results(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return doc.get("hosts", {}), doc.get("results", [])
 
 
-def certify(inventory_name: str, host: str, peer: str | None, run_conformance: ConformanceRunner,
-            workdir: Path) -> tuple[str, dict[str, Any]]:
+def required_suites(host: Host, facts: Facts | None) -> list[str]:
+    """The node-local suites that must each pass at least one check: the inventory's
+    ``bootstrap_required_suites``, else stack and allreduce, plus gpu where NVIDIA GPUs are
+    on the PCI bus (or ``gpu_count`` is set) and rdma where the node has RDMA devices."""
+    configured = RoleVars(host, {"bootstrap_required_suites": None}).items(
+        "bootstrap_required_suites")
+    if configured:
+        unknown = [s for s in configured if s not in LOCAL_SUITES.split(",")]
+        if unknown:
+            raise GpufleetError(f"host {host.name}: bootstrap_required_suites names "
+                                f"{', '.join(map(str, unknown))}; the node-local suites are "
+                                f"{LOCAL_SUITES.replace(',', ', ')}")
+        return [str(s) for s in configured]
+    wanted = ["stack", "allreduce"]
+    if host.vars.get("gpu_count") or (facts and facts.get("pci_gpus")):
+        wanted.append("gpu")
+    if facts and facts.get("rdma"):
+        wanted.append("rdma")
+    return wanted
+
+
+@dataclass
+class Certifier:
+    """Runs conformance suites for bootstrap and judges a run."""
+
+    run_conformance: ConformanceRunner
+    inventory_name: str
+    workdir: Path
+    recertify: bool = False
+
+    def run(self, limit: str, suites: str, keyword: str, required: list[str]
+            ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """One conformance run that must complete (pytest exit 0), fail nothing, and pass
+        each required suite at least once."""
+        report = self.workdir / f"{suites.replace(',', '-')}.json"
+        code = self.run_conformance(self.inventory_name, limit=limit, suites=suites,
+                                    json_path=str(report), extra_args=["-k", keyword])
+        if not report.exists():
+            raise GpufleetError(f"the {suites} suites did not run (conformance exit {code})")
+        _, results = _suite_results(report)
+        failed = [r for r in results if r["outcome"] == "fail"]
+        if failed:
+            raise GpufleetError("; ".join(f"{r['suite']}/{r['check']} on {r['host']}: "
+                                          f"{r['message']}" for r in failed))
+        if code != exitcodes.OK:
+            raise GpufleetError(f"the {suites} suites did not complete (conformance exit "
+                                f"{code})")
+        silent = [s for s in required
+                  if not any(r["suite"] == s and r["outcome"] == "pass" for r in results)]
+        if silent:
+            raise GpufleetError(f"required suite(s) {', '.join(silent)} passed no check (each "
+                                "must pass at least one; see bootstrap_required_suites)")
+        counts = {k: sum(r["outcome"] == k for r in results) for k in ("pass", "fail", "skip")}
+        return results, counts
+
+
+def certify(certifier: Certifier, host: str, peer: str | None, required: list[str]
+            ) -> tuple[str, dict[str, Any]]:
     """Node-local suites on the node, then reachability and a two-node AllReduce with peer."""
-    local = workdir / "local.json"
-    run_conformance(inventory_name, limit=host, suites=LOCAL_SUITES, json_path=str(local),
-                    extra_args=["-k", "not nccl_tests"])
-    _, results = _suite_results(local)
-    failed = [r for r in results if r["outcome"] == "fail"]
-    summary = {"local": {k: sum(r["outcome"] == k for r in results)
-                         for k in ("pass", "fail", "skip")}}
-    if not failed and peer:
-        pair = workdir / "pair.json"
-        run_conformance(inventory_name, limit=f"{peer}:{host}", suites="reachability,allreduce",
-                        json_path=str(pair),
-                        extra_args=["-k", "reachable_from or all_nodes_together"])
-        _, pair_results = _suite_results(pair)
-        failed = [r for r in pair_results if r["outcome"] == "fail"]
-        summary["pair"] = {k: sum(r["outcome"] == k for r in pair_results)
-                           for k in ("pass", "fail", "skip")}
-        results += pair_results
-    if failed:
-        raise GpufleetError("; ".join(f"{r['suite']}/{r['check']} on {r['host']}: "
-                                      f"{r['message']}" for r in failed))
+    results, local = certifier.run(host, LOCAL_SUITES, "not nccl_tests", required)
+    summary = {"local": local}
+    if peer:
+        pair, summary["pair"] = certifier.run(f"{peer}:{host}", PAIR_SUITES,
+                                              "reachable_from or all_nodes_together",
+                                              ["reachability", "allreduce"])
+        results += pair
     passed = sum(r["outcome"] == "pass" for r in results)
     with_peer = f" with peer {peer}" if peer else " (no peer in the group)"
     return f"{passed} checks passed{with_peer}", {"conformance": summary}
@@ -328,19 +401,40 @@ def same_state(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     return old is not None and {k: v for k, v in old.items() if k != "marked_at"} == new
 
 
+def _hook_env(host: Host, status: str, reason: str | None) -> dict[str, str]:
+    return {"GPUFLEET_HOST": host.name, "GPUFLEET_ADDRESS": host.address,
+            "GPUFLEET_STATUS": status, "GPUFLEET_REASON": reason or ""}
+
+
 def run_hook(command: str | None, host: Host, status: str, reason: str | None) -> str:
-    """Run the inventory's ready/drain command on the controller; values reach it only as
+    """Run the inventory's ready/drain command on the controller (it works while the node is
+    unreachable, e.g. ``scontrol update ... state=drain``); values reach it only as
     environment variables (GPUFLEET_HOST, GPUFLEET_ADDRESS, GPUFLEET_STATUS,
     GPUFLEET_REASON), never spliced into the command line."""
     if not command:
         return "no command configured"
-    env = dict(os.environ, GPUFLEET_HOST=host.name, GPUFLEET_ADDRESS=host.address,
-               GPUFLEET_STATUS=status, GPUFLEET_REASON=reason or "")
-    proc = subprocess.run(["sh", "-c", str(command)], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    env = dict(os.environ, **_hook_env(host, status, reason))
+    try:
+        proc = subprocess.run(["sh", "-c", str(command)], env=env, capture_output=True,
+                              text=True, timeout=HOOK_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise GpufleetError(f"command did not finish within {HOOK_TIMEOUT_S:g}s") from None
     if proc.returncode != 0:
         raise GpufleetError(f"command exited with {proc.returncode}: "
                             f"{(proc.stderr or proc.stdout).strip()[-200:]}")
+    return "ran"
+
+
+def run_node_hook(conn: Connection, command: str | None, host: Host, status: str,
+                  reason: str | None) -> str:
+    """Run the inventory's node-side ready/drain command on the node itself, with the same
+    environment variables (quoted, set by ``env``)."""
+    if not command:
+        return "no command configured"
+    env = [f"{k}={v}" for k, v in _hook_env(host, status, reason).items()]
+    result = conn.run(shlex.join(["env", *env, "sh", "-c", str(command)]),
+                      timeout=HOOK_TIMEOUT_S)
+    result.check("the node's command")
     return "ran"
 
 
@@ -348,10 +442,15 @@ def run_hook(command: str | None, host: Host, status: str, reason: str | None) -
 
 def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptions,
               run_conformance: ConformanceRunner) -> Bootstrap:
-    """Take one host to certified-ready; every step is reported, none is hidden."""
+    """Take one host to certified-ready; every step is reported, none is hidden. Any
+    failure, an unreachable node included, marks the node not ready and drains it."""
     if options.host not in inventory.hosts:
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
+    if options.timeout is not None and not options.timeout > 0:
+        raise GpufleetError(f"--timeout must be a positive number of seconds, "
+                            f"got {options.timeout:g}")
+    budget = Budget(options.timeout or _host_timeout(host))
     fleet = FleetOptions(connect=ConnectOptions(connect_timeout=options.connect_timeout,
                                                 known_hosts_base=inventory.base))
     result = Bootstrap(host.name)
@@ -359,32 +458,25 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
         _timed(result, "trust", lambda: trust(host, inventory.base, options))
     except StepFailure as exc:
         result.reason = str(exc)
+        with contextlib.suppress(StepFailure):
+            _timed(result, "mark", lambda: mark(None, host, inventory, result, None))
         return result
-    conn = connect(host, fleet.connect)
+    conn: Connection = connect(host, fleet.connect, budget)
     peer: str | None = None
+    seen: dict[str, Facts] = {}
     try:
         peer = choose_peer(inventory, host, options.peer)
-        _timed(result, "preflight", lambda: preflight(conn, host))
-        _timed(result, "provision", lambda: provision_node(inventory, host, fleet,
-                                                           options.reboot))
-        _timed(result, "admit", lambda: admit(inventory, host, peer, fleet))
+        _timed(result, "preflight", lambda: preflight(conn, host, seen))
+        _timed(result, "provision", lambda: provision_node(
+            inventory, host, _remaining(fleet, budget), options.reboot))
+        _timed(result, "admit", lambda: admit(inventory, host, peer, _remaining(fleet, budget)))
         conn.close()  # the node may have rebooted: talk to it over a new connection
-        conn = connect(host, fleet.connect)
-        facts = gather_facts(conn, consistency_request(host))
-        previous = read_state(conn)
-        expected = node_state(host, inventory, facts, ready=True, reason=None,
-                              steps=result.steps, peer=peer)
-        if previous and previous.get("status") == "ready" and not options.recertify and \
-                {k: previous.get(k) for k in ("inventory_digest", "versions")} == \
-                {k: expected[k] for k in ("inventory_digest", "versions")}:
-            result.steps.append(StepResult("certify", "skipped", "already certified ready "
-                                           f"at {previous.get('marked_at')} for this inventory "
-                                           "and stack (--recertify to run again)",
-                                           data={"conformance": previous.get("conformance")}))
-        else:
-            with tempfile.TemporaryDirectory(prefix="gpufleet-bootstrap-") as tmp:
-                _timed(result, "certify", lambda: certify(inventory_name, host.name, peer,
-                                                          run_conformance, Path(tmp)))
+        conn = conn.reopen()
+        with tempfile.TemporaryDirectory(prefix="gpufleet-bootstrap-") as tmp:
+            certifier = Certifier(run_conformance, inventory_name, Path(tmp), options.recertify)
+            required = required_suites(host, seen.get("preflight"))
+            _timed(result, "certify", lambda: _certify_unless_done(
+                certifier, conn, inventory, result, peer, required=required))
         result.ready = True
     except StepFailure as exc:
         result.reason = str(exc)
@@ -398,26 +490,76 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
     return result
 
 
-def mark(conn: Connection, host: Host, inventory: Inventory, result: Bootstrap,
-         peer: str | None) -> tuple[str, dict[str, Any]]:
-    """Write the node's state file (unless unchanged) and run the ready or drain command."""
+def _host_timeout(host: Host) -> float:
+    return fleet_host_timeout(host, FleetOptions(default_timeout=BOOTSTRAP_TIMEOUT_S))
+
+
+def _remaining(fleet: FleetOptions, budget: Budget) -> FleetOptions:
+    """The fleet options of a sub-run, bounded by what is left of the bootstrap's budget."""
+    left = budget.remaining()
+    if left is not None and left <= 0:
+        raise GpufleetError(f"bootstrap timed out after {budget.limit_s:g}s")
+    return FleetOptions(forks=fleet.forks, host_timeout=left, connect=fleet.connect)
+
+
+def _certify_unless_done(certifier: Certifier, conn: Connection, inventory: Inventory,
+                         result: Bootstrap, peer: str | None, *, required: list[str]
+                         ) -> tuple[str, dict[str, Any]]:
+    """Certify, unless the node is already certified for this inventory and stack."""
+    host = conn.host
     facts = gather_facts(conn, consistency_request(host))
+    previous = read_state(conn)
+    expected = node_state(host, inventory, facts, ready=True, reason=None,
+                          steps=result.steps, peer=peer)
+    if previous and previous.get("status") == "ready" and not certifier.recertify and \
+            {k: previous.get(k) for k in ("inventory_digest", "versions")} == \
+            {k: expected[k] for k in ("inventory_digest", "versions")}:
+        raise AlreadyCertified(f"already certified ready at {previous.get('marked_at')} for "
+                               "this inventory and stack (--recertify to run again)",
+                               {"conformance": previous.get("conformance")})
+    return certify(certifier, host.name, peer, required)
+
+
+def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Bootstrap,
+         peer: str | None) -> tuple[str, dict[str, Any]]:
+    """Run the ready or drain command on the controller first (so that an unreachable node
+    is drained too), then the node-side command, then write the node's state file (unless
+    unchanged). Without ``conn`` (the host key was not trusted) only the controller's
+    command runs. A node that cannot be reached is reported, and has been drained."""
+    status = "ready" if result.ready else f"NOT READY ({result.reason})"
+    facts: Facts | None = None
+    previous: dict[str, Any] | None = None
+    lost: str | None = "its host key is not trusted" if conn is None else None
+    if conn is not None:
+        try:
+            facts = gather_facts(conn, consistency_request(host))
+            previous = read_state(conn)
+        except Unreachable as exc:
+            lost = str(exc)
+    was_ready = bool(previous and previous.get("status") == "ready")
+    if result.ready:
+        done = ["ready command: " + (run_hook(host.vars.get("bootstrap_ready_command"), host,
+                                              "ready", None)
+                                     if not was_ready else "not needed (already ready)")]
+    else:
+        done = ["drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
+                                             "not-ready", result.reason)]
+    if conn is None or lost is not None:
+        message = f"{status}; {'; '.join(done)}; the node was not contacted: {lost}"
+        if conn is None:
+            return message, {}
+        raise NodeUnreachable(message)
+    if not (result.ready and was_ready):
+        key = "bootstrap_node_ready_command" if result.ready else "bootstrap_node_drain_command"
+        done.append(f"node {'ready' if result.ready else 'drain'} command: "
+                    + run_node_hook(conn, host.vars.get(key), host,
+                                    "ready" if result.ready else "not-ready", result.reason))
     state = node_state(host, inventory, facts, ready=result.ready, reason=result.reason,
                        steps=result.steps, peer=peer)
-    previous = read_state(conn)
     if same_state(previous, state):
         written = f"{STATE_FILE} unchanged"
     else:
         stamped = dict(state, marked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         conn.put(STATE_FILE, (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode())
         written = f"wrote {STATE_FILE}"
-    was_ready = bool(previous and previous.get("status") == "ready")
-    if result.ready:
-        hook = "ready command: " + (run_hook(host.vars.get("bootstrap_ready_command"), host,
-                                             "ready", None)
-                                    if not was_ready else "not needed (already ready)")
-    else:
-        hook = "drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
-                                            "not-ready", result.reason)
-    status = "ready" if result.ready else f"NOT READY ({result.reason})"
-    return f"{status}; {written}; {hook}", {"state": state}
+    return f"{status}; {written}; {'; '.join(done)}", {"state": state}

@@ -1,5 +1,6 @@
 """Bootstrap on the lab: a fresh node (not in known_hosts) to certified-ready with a lab
-peer; a wrong fingerprint refused before anything runs; a failing step drains the node.
+peer; a wrong fingerprint refused before anything runs on the node (and the node drained
+from the controller); a failing step drains the node.
 
 The tests share one fresh node and run in order: refused, then ready, then re-certified
 while the peer's own firewall closes the rendezvous port."""
@@ -55,11 +56,13 @@ def test_a_wrong_fingerprint_is_refused_before_anything_runs(
     code, report = _bootstrap(provisioned, tmp_path, host=fresh,
                               expect_fingerprint="SHA256:" + "A" * 43)
     assert code == 1
-    assert [s["step"] for s in report["steps"]] == ["trust"]  # type: ignore[union-attr]
+    assert [s["step"] for s in report["steps"]] == ["trust", "mark"]  # type: ignore[union-attr]
     assert "not the expected SHA256:AAAA" in str(report["reason"])
     assert lab.config.known_hosts.read_text() == known_before
     assert sorted(str(p) for p in upper.rglob("*")) == before
-    assert not hooks.exists()
+    # the node is never contacted, but the scheduler drains it from the controller
+    assert hooks.read_text().startswith(f"drain {fresh}: trust: host key of ")
+    assert "the node was not contacted" in report["steps"][1]["detail"]  # type: ignore[index]
 
 
 def test_a_fresh_node_is_taken_to_ready_and_then_shows_no_drift(
