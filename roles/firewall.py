@@ -35,6 +35,7 @@ UNIT_LINK = "/etc/systemd/system/multi-user.target.wants/gpufleet-firewall.servi
 LOCK = f"{STATE_DIR}/firewall.guard.lock"
 CONFIRMED = f"{STATE_DIR}/firewall.confirmed"
 FIRED = f"{STATE_DIR}/firewall.guard-fired"
+CONTROLLERS_VAR = "gpufleet_controllers"
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class FirewallRole:
         "firewall_extra_cidrs": [],
         "firewall_ssh_cidrs": [],
         "firewall_allow_controller": True,
+        CONTROLLERS_VAR: [],
         "firewall_guard_seconds": 30,
         "firewall_ruleset_path": None,
     }
@@ -221,6 +223,25 @@ class FirewallRole:
         return sources + [self._cidr(v, c, "firewall_extra_cidrs")
                           for c in v.items("firewall_extra_cidrs")]
 
+    def controllers(self, facts: Facts, v: RoleVars) -> list[str]:
+        """The addresses gpufleet runs from (``gpufleet_controllers``), from the inventory
+        only: the desired ruleset is the same whichever controller computes it."""
+        listed = v.items(CONTROLLERS_VAR)
+        if not listed:
+            seen = facts.get("ssh_client")
+            hint = f" (this run connects from {seen})" if seen else ""
+            raise VarError(f"host {v.host.name}: firewall_allow_controller is true but "
+                           f"{CONTROLLERS_VAR} is not set: list the addresses gpufleet runs "
+                           f"from{hint}, or set firewall_allow_controller: false")
+        sources: list[str] = []
+        for entry in listed:
+            resolved = _resolve(str(entry))
+            if not resolved:
+                raise VarError(f"host {v.host.name}: {CONTROLLERS_VAR} entry {entry!r} is not "
+                               "an address, a CIDR or a resolvable name")
+            sources += resolved
+        return sources
+
     def _port(self, v: RoleVars, value: Any) -> int:
         try:
             port = int(value)
@@ -246,9 +267,8 @@ class FirewallRole:
         cluster = self.cluster_sources(v, ctx)
         ssh = cluster + [self._cidr(v, c, "firewall_ssh_cidrs")
                          for c in v.items("firewall_ssh_cidrs")]
-        controller = facts.get("ssh_client")
-        if v.boolean("firewall_allow_controller") and controller:
-            ssh.append(self._cidr(v, controller, "ssh_client"))
+        if v.boolean("firewall_allow_controller"):
+            ssh += self.controllers(facts, v)
         low, high = parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
         ports = [(str(v.integer("firewall_rendezvous_port")), cluster),
                  (f"{low}-{high}", cluster),

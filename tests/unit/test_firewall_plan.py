@@ -36,6 +36,7 @@ INVENTORY = """\
 all:
   vars:
     firewall_enabled: true
+    gpufleet_controllers: [172.16.0.5]
   hosts:
     gpu01:
       ansible_host: 10.0.0.11
@@ -180,6 +181,7 @@ def test_nft_render_ipv6_controller_ssh_cidrs_and_host_port(tmp_path: Path) -> N
         firewall_rendezvous_port: 29400
         firewall_port_range: "50000:51000"
         firewall_policy: accept
+        gpufleet_controllers: ["2001:db8:1::5"]
         """)
     text = rendered(inv, Facts("login", values={"ssh_client": "2001:db8:1::5"}), host="login")
     assert text == nft(
@@ -193,14 +195,10 @@ def test_nft_render_ipv6_controller_ssh_cidrs_and_host_port(tmp_path: Path) -> N
         drop=False)
 
 
-@pytest.mark.parametrize(("extra", "ssh_client"), [
-    ("firewall_allow_controller: false\n", "172.16.0.5"),
-    ("", None),
-])
-def test_nft_render_without_the_controller(tmp_path: Path, extra: str,
-                                           ssh_client: str | None) -> None:
-    inv = inventory(tmp_path, "firewall_cluster_group: v4trainers\n" + extra)
-    text = rendered(inv, Facts("gpu01", values={"ssh_client": ssh_client}))
+def test_nft_render_without_the_controller(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, "firewall_cluster_group: v4trainers\n"
+                              "firewall_allow_controller: false\n")
+    text = rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.5"}))
     assert text == nft(
         [("src0_4", "ipv4", "10.0.0.11, 10.0.0.12")],
         ["tcp dport 29500 ip saddr @src0_4 accept",
@@ -532,3 +530,33 @@ def test_plan_unit_link_elsewhere(tmp_path: Path) -> None:
     changes = plan(inv, fw_facts(current_ruleset(inv), link="/dev/null"))
     assert rows(changes) == [(f"firewall/link {UNIT_LINK}", "link", "/dev/null",
                               "../gpufleet-firewall.service")]
+
+
+@pytest.mark.parametrize("ssh_client", ["172.16.0.5", "172.16.0.99", None])
+def test_the_ruleset_is_the_same_from_any_controller(tmp_path: Path,
+                                                     ssh_client: str | None) -> None:
+    inv = inventory(tmp_path, MAIN_VARS + "gpufleet_controllers: [172.16.0.5, 172.16.0.6]\n")
+    text = rendered(inv, Facts("gpu01", values={"ssh_client": ssh_client}))
+    assert text == rendered(inv, Facts("gpu01"))
+    assert "10.0.0.11, 10.0.0.12, 172.16.0.5, 172.16.0.6, 192.168.100.0/24" in text
+
+
+def test_controllers_must_be_listed_when_the_controller_is_allowed(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, "gpufleet_controllers: []\n")
+    with pytest.raises(VarError, match=r"^host gpu01: firewall_allow_controller is true but "
+                       r"gpufleet_controllers is not set: list the addresses gpufleet runs from "
+                       r"\(this run connects from 172\.16\.0\.9\), or set "
+                       r"firewall_allow_controller: false$"):
+        rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.9"}))
+
+
+def test_a_controller_that_is_no_address_is_a_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unresolvable(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(firewall.socket, "getaddrinfo", unresolvable)
+    inv = inventory(tmp_path, "gpufleet_controllers: [no-such-host.invalid]\n")
+    with pytest.raises(VarError, match=r"gpufleet_controllers entry 'no-such-host.invalid' is "
+                       "not an address"):
+        rendered(inv, Facts("gpu01"))
