@@ -4,8 +4,10 @@
 ``{"pid": P, "bound": [...], "busy": [...]}`` and keep accepting in the background until
 the deadline (or until killed), so the SSH command returns at once.
 
-``connect TIMEOUT_S TARGETS_JSON`` (a list of ``[target, address, port]``): connect to
-each in parallel and print ``{"target port": "open|refused|filtered|no route|error: ..."}``.
+``connect TIMEOUT_S [PARALLEL]``: read a JSON list of ``[target, address, port]`` on stdin
+(a plan of any size: it never travels on the command line), connect to each, at most
+PARALLEL (default 256) at a time, and print
+``{"target port": "open|refused|filtered|no route|error: ..."}``.
 """
 
 import errno
@@ -73,16 +75,22 @@ def classify(address, port, timeout_s):
         sock.close()
 
 
-def connect(timeout_s, targets):
+def connect(timeout_s, targets, parallel):
     results = {}
     lock = threading.Lock()
+    pending = list(reversed(targets))
 
-    def one(target, address, port):
-        state = classify(address, port, timeout_s)
-        with lock:
-            results[f"{target} {port}"] = state
+    def worker():
+        while True:
+            with lock:
+                if not pending:
+                    return
+                target, address, port = pending.pop()
+            state = classify(address, port, timeout_s)
+            with lock:
+                results[f"{target} {port}"] = state
 
-    threads = [threading.Thread(target=one, args=tuple(t)) for t in targets]
+    threads = [threading.Thread(target=worker) for _ in range(min(parallel, len(targets)))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -95,9 +103,11 @@ def main():
     if mode == "listen":
         listen(float(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p])
     elif mode == "connect":
-        connect(float(sys.argv[2]), json.loads(sys.argv[3]))
+        parallel = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+        connect(float(sys.argv[2]), json.load(sys.stdin), parallel)
     else:
-        sys.exit("usage: reachability.py listen DEADLINE PORTS | connect TIMEOUT TARGETS_JSON")
+        sys.exit("usage: reachability.py listen DEADLINE PORTS | connect TIMEOUT [PARALLEL] "
+                 "< TARGETS_JSON")
 
 
 if __name__ == "__main__":

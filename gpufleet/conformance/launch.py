@@ -4,6 +4,7 @@ name the phase that hung. One process per GPU; gloo processes on nodes without G
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -210,12 +211,18 @@ def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float
     """Run a single-process probe (``conformance/probes/<probe_name>.py``) on one node with
     its training interpreter; the probe's files are removed afterwards."""
     rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
-    _ship(node, rundir, probe_name)
     python = training_python(node.host)
     env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
-    command = (f"env {env} {shlex.join([python, f'{rundir}/{probe_name}.py', *args])}; "
-               f"echo \"{RC_MARK}$?\"; rm -rf {shlex.quote(rundir)}")
-    result = node.run(command, timeout=timeout_s + 30)
+    command = (f"trap 'rm -rf {shlex.quote(rundir)}' EXIT; "
+               f"env {env} {shlex.join([python, f'{rundir}/{probe_name}.py', *args])}; "
+               f"echo \"{RC_MARK}$?\"")
+    try:
+        _ship(node, rundir, probe_name)
+        result = node.run(command, timeout=timeout_s + 30)
+    except GpufleetError:
+        with contextlib.suppress(GpufleetError):
+            node.run(f"rm -rf {shlex.quote(rundir)}", timeout=30)
+        raise
     return _parse(result.stdout, result.stderr)
 
 

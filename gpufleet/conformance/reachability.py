@@ -19,6 +19,7 @@ from gpufleet.errors import GpufleetError
 
 PROBE = PROBES / "reachability.py"
 CONNECT_TIMEOUT_S = 2.0
+PARALLEL_CONNECTS = 256
 T = TypeVar("T")
 
 
@@ -111,7 +112,9 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
         targets_of.setdefault(source, []).append(target)
     sources = sorted(targets_of)
     matrix = Matrix(ports)
-    lifetime = 60.0 + CONNECT_TIMEOUT_S * 2
+    busiest = max((len(t) for t in targets_of.values()), default=0) * len(ports)
+    connecting = connect_time(busiest)
+    lifetime = 60.0 + connecting
     pids: dict[str, str] = {}
     workers = max(1, min(64, len(nodes)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -127,8 +130,9 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
         def connect_from(source: str) -> dict[str, str]:
             plan = [[t, nodes[t].host.address, p] for t in targets_of[source] for p in ports]
             command = shlex.join([_python(nodes[source]), "-c", _script(), "connect",
-                                  str(CONNECT_TIMEOUT_S), json.dumps(plan)])
-            result = nodes[source].run(command, timeout=60)
+                                  str(CONNECT_TIMEOUT_S), str(PARALLEL_CONNECTS)])
+            result = nodes[source].run(command, timeout=30 + connecting,
+                                       stdin=json.dumps(plan).encode())
             if not result.ok:
                 raise GpufleetError(f"connect probe on {source} failed: "
                                     f"{(result.stderr or result.stdout).strip()[-200:]}")
@@ -145,6 +149,13 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
         list(pool.map(lambda t: nodes[t].run(f"kill {shlex.quote(pids[t])} 2>/dev/null; true",
                                              timeout=30), pids))
     return matrix
+
+
+def connect_time(connects: int) -> float:
+    """The longest a source's connects can take: in waves of PARALLEL_CONNECTS, each wave
+    at most the connect timeout (a filtered port)."""
+    waves = -(-connects // PARALLEL_CONNECTS)
+    return waves * CONNECT_TIMEOUT_S + CONNECT_TIMEOUT_S
 
 
 def _try(func: Callable[[], T]) -> tuple[T | None, str | None]:

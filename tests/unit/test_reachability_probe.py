@@ -1,0 +1,43 @@
+"""The reachability probe on this machine's loopback: the connect plan travels on stdin, so
+its size is not bounded by the kernel's limit on one command-line argument (128 KiB)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from gpufleet.conformance.reachability import PROBE, connect_time
+
+
+def test_a_plan_larger_than_an_argument_may_be_is_read_from_stdin() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    open_port = listener.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    plan = [[f"target-{i:05d}-with-a-long-name", "127.0.0.1",
+             open_port if i == 1 else closed_port] for i in range(3000)]
+    payload = json.dumps(plan).encode()
+    assert len(payload) > 128 * 1024
+    try:
+        proc = subprocess.run([sys.executable, str(PROBE), "connect", "2", "64"], input=payload,
+                              capture_output=True, timeout=120, check=False)
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr
+    states = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert len(states) == 3000
+    assert states[f"target-00001-with-a-long-name {open_port}"] == "open"
+    assert states[f"target-00000-with-a-long-name {closed_port}"] == "refused"
+
+
+def test_the_connect_budget_grows_with_the_plan() -> None:
+    assert connect_time(1) == 4.0
+    assert connect_time(256) == 4.0
+    assert connect_time(257) == 6.0
+    assert connect_time(640 * 639 * 6) > 600
