@@ -120,3 +120,18 @@ def test_a_failing_step_marks_the_node_not_ready_and_drains_it(
     drained = hooks.read_text()
     assert drained.startswith(f"drain {fresh}: certify: ")
     assert "port 29500" in drained
+
+
+def test_an_unreachable_node_is_drained_from_the_controller_and_exits_3(
+        lab: Lab, provisioned: Path, fresh: str, hooks: Path, tmp_path: Path) -> None:
+    lab.set_link(fresh, up=False)
+    try:
+        code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01",
+                                  connect_timeout=2)
+    finally:
+        lab.set_link(fresh, up=True)
+    assert code == 3
+    steps = {s["step"]: s for s in report["steps"]}  # type: ignore[union-attr]
+    assert steps["trust"]["status"] == "failed" and steps["trust"]["unreachable"]
+    assert steps["mark"]["status"] == "ok"
+    assert hooks.read_text().startswith(f"drain {fresh}: trust: connect to ")
