@@ -263,9 +263,12 @@ class _RuleCompiler:
 
 
 def _protocol(rc: _RuleCompiler, value: str, negate: bool, option: str) -> None:
+    """``-p tcp`` also loads the tcp match, as iptables does for ``--dport`` after it."""
     name = value.lower()
     holds = name in _ANY_PROTOCOL or name in _TCP_PROTOCOLS
     rc.static(holds != negate, f"not TCP: {option} {value}")
+    if name in _TCP_PROTOCOLS and not negate:
+        rc.module = rc.module or "tcp"
 
 
 def _source(rc: _RuleCompiler, value: str, negate: bool, option: str) -> None:

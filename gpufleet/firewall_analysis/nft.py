@@ -357,7 +357,7 @@ class _Compiler:
             return [Unsure(f"depends on the destination address: {text}")]
         if (family, field) in (("ipv4", "protocol"), ("ipv6", "nexthdr")):
             return _static(self._is_tcp(right) != negate, text)
-        raise _Unsupported
+        return [Unsure(f"not understood: {text}")]
 
     def _meta(self, body: Any, op: str, right: Any, text: str) -> list[Cond]:
         key, negate = body.get("key") if isinstance(body, dict) else None, op == "!="
