@@ -14,6 +14,7 @@ one that every path drops or rejects is dropped or rejected; the rest are uncert
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -120,7 +121,12 @@ def _split(spans: Sequence[tuple[int, int]], cuts: list[int]) -> list[tuple[int,
 
 
 class _Space:
-    """The packet classes and the bit masks of conditions over them."""
+    """The packet classes and the bit masks of conditions over them.
+
+    Class ``g * width + p`` is group ``g`` on port piece ``p``. Groups are ordered by
+    family and address, so a test's address span covers a run of groups, and a port span
+    a run of pieces: every mask is built from a few shifted runs of ones.
+    """
 
     def __init__(self, rules: list[Rule], sources: list[_Source], ports: Intervals) -> None:
         port_cuts: set[int] = set()
@@ -136,42 +142,89 @@ class _Space:
                     port_cuts.update(ports_of.bounds())
         self.sources = sources
         self.pieces = _split(ports.spans, sorted(port_cuts))
+        self.piece_starts = [lo for lo, _ in self.pieces]
+        # pieces that start a requested port range, other than the first
+        self.range_starts = [p for p in range(1, len(self.pieces))
+                             if self.pieces[p][0] != self.pieces[p - 1][1] + 1]
         self.groups = [g for family in FAMILIES
                        for g in _groups(sources, family, list(tests[family]))]
         width = self.width = len(self.pieces)
         self.full = (1 << (width * len(self.groups))) - 1
-        self.repeat = sum(1 << (g * width) for g in range(len(self.groups)))
-        self.blocks = [((1 << width) - 1) << (g * width) for g in range(len(self.groups))]
-        self.family_mask = {f: sum(b for b, g in zip(self.blocks, self.groups, strict=True)
-                                   if g.family == f) for f in FAMILIES}
+        self.probes = {f: [g.probe for g in self.groups if g.family == f] for f in FAMILIES}
+        self.first_group = {f: next((i for i, g in enumerate(self.groups) if g.family == f), 0)
+                            for f in FAMILIES}
+        self.family_mask = {f: self._group_run(self.first_group[f], len(self.probes[f]))
+                            for f in FAMILIES}
+        self._port_masks: dict[tuple[tuple[int, int], ...], int] = {}
+
+    def _group_run(self, first: int, count: int) -> int:
+        return ((1 << (count * self.width)) - 1) << (first * self.width)
 
     def port_mask(self, values: Intervals) -> int:
-        return sum(1 << p for p, (lo, _) in enumerate(self.pieces) if lo in values) * self.repeat
+        """The classes whose port piece lies in ``values``, for every group."""
+        if values.spans not in self._port_masks:
+            bits = 0
+            for lo, hi in values.spans:
+                a = bisect.bisect_left(self.piece_starts, lo)
+                b = bisect.bisect_right(self.piece_starts, hi)
+                bits |= ((1 << (b - a)) - 1) << a
+            self._port_masks[values.spans] = self._replicate(bits)
+        return self._port_masks[values.spans]
+
+    def _replicate(self, bits: int) -> int:
+        """``bits`` (one group's pieces) copied into every group's block, by doubling."""
+        out, copies, count = bits, 1, len(self.groups)
+        while copies < count:
+            more = min(copies, count - copies)
+            out |= (out & ((1 << (more * self.width)) - 1)) << (copies * self.width)
+            copies += more
+        return out if count else 0
 
     def addr_mask(self, family: Family, values: Intervals) -> int:
-        return sum(b for b, g in zip(self.blocks, self.groups, strict=True)
-                   if g.family == family and g.probe in values)
+        """The classes whose source group lies in ``values``, on every port piece."""
+        probes, first, bits = self.probes[family], self.first_group[family], 0
+        for lo, hi in values.spans:
+            a, b = bisect.bisect_left(probes, lo), bisect.bisect_right(probes, hi)
+            bits |= self._group_run(first + a, b - a)
+        return bits
 
 
 def _groups(sources: list[_Source], family: Family, tests: list[Intervals]) -> list[_Group]:
     """Pieces of the sources of ``family`` grouped by which address tests hold for them."""
     cuts = sorted({b for test in tests for b in test.bounds()})
-    by_signature: dict[tuple[bool, ...], _Group] = {}
-    for index, source in enumerate(sources):
-        if source.family != family:
-            continue
-        for lo, hi in _split([(source.lo, source.hi)], cuts):
-            signature = tuple(lo in test for test in tests)
-            group = by_signature.setdefault(signature, _Group(family, lo))
-            group.members.append((index, lo, hi))
-    return list(by_signature.values())
+    pieces = sorted((lo, hi, index) for index, source in enumerate(sources)
+                    if source.family == family
+                    for lo, hi in _split([(source.lo, source.hi)], cuts))
+    starts = [lo for lo, _, _ in pieces]
+    holds: list[list[int]] = [[] for _ in pieces]
+    for t, test in enumerate(tests):
+        for lo, hi in test.spans:
+            for k in range(bisect.bisect_left(starts, lo), bisect.bisect_right(starts, hi)):
+                holds[k].append(t)
+    by_signature: dict[tuple[int, ...], _Group] = {}
+    for (lo, hi, index), signature in zip(pieces, holds, strict=True):
+        group = by_signature.setdefault(tuple(signature), _Group(family, lo))
+        group.members.append((index, lo, hi))
+    return sorted(by_signature.values(), key=lambda g: g.probe)
+
+
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 def _bits(mask: int) -> Iterator[int]:
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
+    """The set bits of ``mask``, lowest first; found by a byte scan, so a sparse mask of
+    millions of bits costs one pass, not one pass per bit."""
+    if not mask:
+        return
+    start = (mask & -mask).bit_length() - 1
+    mask >>= start
+    data = mask.to_bytes((mask.bit_length() + 7) // 8, "little")
+    for found in _NONZERO.finditer(data):
+        base, byte = start + found.start() * 8, data[found.start()]
+        while byte:
+            low = byte & -byte
+            yield base + low.bit_length() - 1
+            byte ^= low
 
 
 _Key = tuple[Outcome, Located | None, Cause | None]
@@ -189,7 +242,10 @@ class _Run:
     def __init__(self, space: _Space, iif: str | None) -> None:
         self.space = space
         self.iif = iif
-        self.no_end = self.no_sure = self.no_cause = space.full
+        self.ends: list[tuple[int, int, _End]] = []
+        self.notes: list[tuple[int, Cause]] = []
+        self.surely_passed: set[int] = set()
+        self.maybe_passed: set[int] = set()
         self.first_end: dict[int, _End] = {}
         self.first_sure: dict[int, _End] = {}
         self.causes: dict[int, Cause] = {}
@@ -368,28 +424,36 @@ class _Run:
         return Located(ref, where)
 
     def _end(self, mask: int, true: int, at: Located, verdict: Outcome) -> None:
-        """Record where classes of ``mask`` may end; ``true``: those the rule surely matches."""
-        end = _End(at, verdict)
-        new = mask & self.no_end
-        for i in _bits(new):
-            self.first_end[i] = end
-        self.no_end &= ~new
-        new_sure = mask & true & self.no_sure
-        for i in _bits(new_sure):
-            self.first_sure[i] = end
-        self.no_sure &= ~new_sure
+        """Classes of ``mask`` may end here; ``true``: those the rule surely matches."""
+        if mask:
+            self.ends.append((mask, true, _End(at, verdict)))
 
     def _note(self, mask: int, cause: Cause) -> None:
-        new = mask & self.no_cause
-        for i in _bits(new):
-            self.causes[i] = cause
-        self.no_cause &= ~new
+        """Classes of ``mask`` became uncertain here."""
+        if mask:
+            self.notes.append((mask, cause))
 
-    def outcome(self, i: int, accepted: Flow) -> _Key:
+    def resolve(self, accepted: Flow) -> None:
+        """Each class's first end, first end by a rule it surely matched and first cause,
+        and which of the classes that may end may also get through every base chain."""
+        left = left_sure = left_cause = self.space.full
+        for mask, true, end in self.ends:
+            new, new_sure = mask & left, mask & true & left_sure
+            left, left_sure = left & ~new, left_sure & ~new_sure
+            self.first_end.update(dict.fromkeys(_bits(new), end))
+            self.first_sure.update(dict.fromkeys(_bits(new_sure), end))
+        self.surely_passed = set(_bits(accepted.sure & ~left))
+        self.maybe_passed = set(_bits(accepted.maybe & ~left))
+        for mask, cause in self.notes:
+            new = mask & left_cause
+            left_cause &= ~new
+            self.causes.update(dict.fromkeys(_bits(new), cause))
+
+    def outcome(self, i: int) -> _Key:
         end = self.first_end.get(i)
-        if end is None or accepted.sure >> i & 1:
+        if end is None or i in self.surely_passed:
             return "accepted", None, None
-        if accepted.maybe >> i & 1:
+        if i in self.maybe_passed:
             return "uncertain", end.at, self.causes.get(i)
         end = self.first_sure.get(i, end)
         return end.verdict, end.at, self.causes.get(i) if end.verdict == "uncertain" else None
@@ -448,14 +512,21 @@ def analyse(rulesets: Sequence[Ruleset], sources: Sequence[str],
     return Analysis(_findings(space, run, run.run(bases)), notes)
 
 
+_ACCEPTED: _Key = ("accepted", None, None)
+
+
 def _findings(space: _Space, run: _Run, accepted: Flow) -> tuple[Finding, ...]:
     """Adjacent port pieces of a group with the same outcome merged, then the groups with
-    the same outcome for the same ports."""
+    the same outcome for the same ports. Only classes that some rule may end are looked
+    at one by one; the pieces between them are accepted."""
+    run.resolve(accepted)
+    ended: dict[int, list[int]] = {}
+    for i in sorted(run.first_end):
+        ended.setdefault(i // space.width, []).append(i % space.width)
     buckets: dict[tuple[int, int, _Key], list[int]] = {}
     for g in range(len(space.groups)):
         runs: list[tuple[int, int, _Key]] = []
-        for p, (lo, hi) in enumerate(space.pieces):
-            key = run.outcome(g * space.width + p, accepted)
+        for lo, hi, key in _group_outcomes(space, run, accepted, g, ended.get(g, [])):
             if runs and runs[-1][2] == key and runs[-1][1] == lo - 1:
                 runs[-1] = (runs[-1][0], hi, key)
             else:
@@ -467,6 +538,30 @@ def _findings(space: _Space, run: _Run, accepted: Flow) -> tuple[Finding, ...]:
     order = {"dropped": 0, "rejected": 1, "uncertain": 2, "accepted": 3}
     findings.sort(key=lambda f: (f.ports, order[f.verdict], f.sources))
     return tuple(findings)
+
+
+def _group_outcomes(space: _Space, run: _Run, accepted: Flow, g: int,
+                    ended: list[int]) -> Iterator[tuple[int, int, _Key]]:
+    """(first port, last port, outcome) of one group in port order: each ended piece, and
+    the accepted stretches between them, cut where the requested port ranges have gaps."""
+    previous = -1
+    for p in [*ended, space.width]:
+        if p > previous + 1:
+            yield from _accepted_spans(space, previous + 1, p - 1)
+        if p < space.width:
+            lo, hi = space.pieces[p]
+            yield lo, hi, run.outcome(g * space.width + p)
+        previous = p
+
+
+def _accepted_spans(space: _Space, first: int, last: int) -> Iterator[tuple[int, int, _Key]]:
+    """Pieces ``first`` to ``last`` as port spans, one per requested range they touch."""
+    cuts = space.range_starts
+    start = first
+    for cut in cuts[bisect.bisect_right(cuts, first):bisect.bisect_right(cuts, last)]:
+        yield space.pieces[start][0], space.pieces[cut - 1][1], _ACCEPTED
+        start = cut
+    yield space.pieces[start][0], space.pieces[last][1], _ACCEPTED
 
 
 def _source_texts(space: _Space, groups: list[int]) -> tuple[str, ...]:

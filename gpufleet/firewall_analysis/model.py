@@ -64,13 +64,18 @@ class Intervals:
 def address_span(text: str, family: Family | None = None) -> tuple[Family, int, int]:
     """``10.0.0.1``, ``10.0.0.0/24`` or ``fd00::/64`` as (family, first, last) integers."""
     try:
-        net = ipaddress.ip_network(text.strip(), strict=False)
+        if "/" in text:
+            net = ipaddress.ip_network(text.strip(), strict=False)
+            version, lo, hi = net.version, int(net.network_address), int(net.broadcast_address)
+        else:
+            address = ipaddress.ip_address(text.strip())
+            version, lo, hi = address.version, int(address), int(address)
     except ValueError:
         raise ParseError(f"{text!r} is not an IP address or network") from None
-    fam: Family = "ipv4" if net.version == 4 else "ipv6"
+    fam: Family = "ipv4" if version == 4 else "ipv6"
     if family is not None and fam != family:
         raise ParseError(f"{text!r} is not an {family} address")
-    return fam, int(net.network_address), int(net.broadcast_address)
+    return fam, lo, hi
 
 
 def address_text(family: Family, lo: int, hi: int) -> str:
