@@ -174,7 +174,18 @@ def _mangle_text(body: dict[str, Any], family: str) -> str:
     return f"{key_name(key)} set {value_text(body['value'], _selector_key(key))}"
 
 
+def _nat(kind: str) -> Callable[[Any, str], str]:
+    def text(body: Any, family: str) -> str:
+        """``dnat ip to 10.0.0.99:80``, ``redirect to :8080``, ``masquerade``."""
+        body = body or {}
+        words = [kind, *([str(body["family"])] if body.get("family") else [])]
+        target = str(body.get("addr", "")) + (f":{body['port']}" if "port" in body else "")
+        return " ".join([*words, *(["to", target] if target else [])])
+    return text
+
+
 _STATEMENTS: dict[str, Callable[[Any, str], str]] = {
+    **{kind: _nat(kind) for kind in ("dnat", "snat", "redirect", "masquerade")},
     "match": lambda body, family: match_text(body),
     "jump": lambda body, family: f"jump {body['target']}",
     "goto": lambda body, family: f"goto {body['target']}",
