@@ -10,7 +10,7 @@ Pure functions over captured text (no I/O)::
     analysis.uncertain      # [Finding]: may be dropped (rate limit, rule not understood ...)
     analysis.messages()     # one line per finding that is not accepted, e.g.
     # "tcp dports 52000-52199 from 10.0.0.12 are dropped by table inet foreign chain input
-    #  (priority -10) handle 4: tcp dport 52000-52199 drop"
+    #  (priority -10) handle 2: tcp dport 52000-52199 drop"
 
 - ``analyse_nft(ruleset_json, sources, ports, *, iif=None, iptables_save=None,
   ip6tables_save=None)``: the output of ``nft -j list ruleset``. Tables made by
@@ -20,8 +20,8 @@ Pure functions over captured text (no I/O)::
   the output of ``iptables-save`` (IPv4 sources) and ``ip6tables-save`` (IPv6 sources),
   legacy or nft; a family whose save text is None cannot be analysed (error).
 - ``analyse(rulesets, sources, ports, *, iif=None)`` over ``parse_nft(...)`` and
-  ``parse_iptables(text, family, label)`` results
-  together: a node running nft tables and iptables-legacy rules side by side.
+  ``parse_iptables(text, family, label)`` results together: a node running nft tables
+  and iptables-legacy rules side by side.
 
 ``sources`` are addresses or networks; ``ports`` are (first, last) ranges; ``iif`` is the
 interface cluster traffic arrives on (None: unknown, then rules that test another
