@@ -261,7 +261,8 @@ class Slurm:
             raise SlurmError(f"{argv[0]} not found on this machine: {INSTALL_HINT}") from None
         except subprocess.TimeoutExpired:
             raise SlurmError(f"`{shown}` did not finish within {self.timeout:.0f}s: "
-                             "slurmctld does not answer") from None
+                             "slurmctld does not answer, or Slurm finds no configuration "
+                             "(SLURM_CONF, /etc/slurm/slurm.conf)") from None
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             last = lines[-1] if lines else f"exit code {proc.returncode}"
