@@ -92,11 +92,13 @@ def test_slurm_daemons_listen_on_lab_addresses_only(slurm_lab: Lab) -> None:
     assert outside.strip() == ""
 
 
-def test_srun_runs_across_the_nodes(slurm_lab: Lab) -> None:
+def test_srun_runs_across_the_nodes_from_the_controller_and_from_a_node(slurm_lab: Lab) -> None:
     proc = subprocess.run(["srun", f"-N{NODES}", "hostname"], capture_output=True, text=True,
                           timeout=60, check=False, env=_slurm_env(slurm_lab))
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == [f"node0{i}" for i in range(1, NODES + 1)]
+    from_node = node_sh(slurm_lab, "node01", f"srun -N{NODES} hostname")
+    assert sorted(from_node.split()) == [f"node0{i}" for i in range(1, NODES + 1)]
 
 
 def test_drain_names_the_check_and_resume_returns_the_node(slurm: Slurm) -> None:
