@@ -163,10 +163,11 @@ def bootstrap(c, host, inventory="lab", peer=None, expect_fingerprint=None, rebo
     _exit(app.bootstrap_cmd(inventory, options, json))
 
 
-@task(help={"nodes": "number of lab nodes (1-200)"})
-def lab_up(c, nodes=3):
+@task(help={"nodes": "number of lab nodes (1-200)",
+            "slurm": "also run Slurm: slurmctld and munged here, slurmd on every node"})
+def lab_up(c, nodes=3, slurm=False):
     """Bring the local lab cluster up with N nodes (idempotent)."""
-    _exit(lab_commands.up(int(nodes)))
+    _exit(lab_commands.up(int(nodes), slurm=slurm))
 
 
 @task(help={"purge": "also delete the lab's state directory (key, apt repository); the "

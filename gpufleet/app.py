@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from rich.markup import escape
 
 import roles as role_registry
-from gpufleet import drift, drift_report, exitcodes
+from gpufleet import drift, drift_report, exitcodes, slurm_inventory
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
@@ -69,9 +69,16 @@ class FleetArgs:
                                    known_hosts_base=target.inventory.base))
 
 
+def load_source(inventory: str) -> Inventory:
+    """An inventory by name or path, or from Slurm for ``slurm:PARTITION[:VARS]``."""
+    if slurm_inventory.is_slurm_source(inventory):
+        return slurm_inventory.load(inventory)
+    return load_inventory(resolve_inventory(inventory))
+
+
 def load_target(inventory: str, limit: str | None) -> Target:
     """Load the inventory and select hosts; an empty selection is an error."""
-    inv = load_inventory(resolve_inventory(inventory))
+    inv = load_source(inventory)
     hosts = inv.select(limit)
     if not hosts:
         raise GpufleetError(f"--limit {limit!r} selects no host of {inv.path}")

@@ -27,6 +27,7 @@ import yaml
 from gpufleet import localcmd
 from gpufleet.errors import LabError
 from gpufleet.lab.repo import build_repo
+from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 
 OVERLAID = ("etc", "var", "opt", "usr", "root")
 MAX_NODES = 200
@@ -334,8 +335,9 @@ class Lab:
     # ---- bring up --------------------------------------------------------------------
 
     @_exclusive
-    def up(self, count: int) -> list[NodeStatus]:
-        """Converge the lab to exactly ``count`` running nodes (idempotent)."""
+    def up(self, count: int, slurm: SlurmSettings | None = None) -> list[NodeStatus]:
+        """Converge the lab to exactly ``count`` running nodes (idempotent); with ``slurm``,
+        also run Slurm over them (kept running once started)."""
         self._preflight()
         if not 1 <= count <= MAX_NODES:
             raise LabError(f"--nodes must be between 1 and {MAX_NODES}, got {count}")
@@ -347,6 +349,7 @@ class Lab:
             self._ensure_node(Node(self.config, index))
         self._write_known_hosts(self.nodes())
         self._write_inventory()
+        LabSlurm(self.config).converge(self.nodes(), slurm)
         return self.status()
 
     @_exclusive
@@ -361,6 +364,7 @@ class Lab:
         node = Node(self.config, index)
         self._ensure_node(node)
         self._write_inventory()
+        LabSlurm(self.config).converge(self.nodes())
         return node
 
     @_exclusive
@@ -374,6 +378,7 @@ class Lab:
         self._write_known_hosts([n for n in self.nodes() if n.host_key_pub.exists()
                                  and n.address in self._known_addresses()])
         self._write_inventory()
+        LabSlurm(self.config).converge(self.nodes())
 
     def _known_addresses(self) -> set[str]:
         known = self.config.known_hosts
@@ -478,6 +483,7 @@ class Lab:
             if time.monotonic() > deadline:
                 raise LabError(f"{node.name}: sshd did not start (see {node.dir}/sshd.log)")
             time.sleep(0.05)
+        LabSlurm(self.config).node_booted(node)
 
     def _boot_script(self, node: Node) -> str:
         d = node.dir
@@ -557,6 +563,7 @@ class Lab:
         """Remove every namespace, mount, process, link and bridge of the lab."""
         localcmd.require_tools(("ip", "umount"), INSTALL_HINT)
         cfg = self.config
+        LabSlurm(cfg).stop()
         for node in self.nodes():
             self._destroy_node(node)
         for name in self._stray_netns():

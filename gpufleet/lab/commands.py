@@ -7,10 +7,13 @@ import sys
 import time
 from typing import TextIO
 
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.app import guarded
 from gpufleet.lab.cluster import Lab
+from gpufleet.lab.slurm import PARTITION, LabSlurm, SlurmSettings
 from gpufleet.report import terminal
 
 
@@ -26,17 +29,44 @@ def _status_table(lab: Lab) -> Table:
     return table
 
 
+def _slurm_report(lab: Lab, con: Console) -> bool:
+    """Print the lab's Slurm daemons and node states; whether all of it is up."""
+    slurm = LabSlurm(lab.config)
+    if not slurm.enabled:
+        return True
+    status = slurm.status()
+    states = {n.name: n for n in status.nodes}
+    table = Table(pad_edge=False)
+    for col in ("node", "slurmd", "state", "cpus", "gres", "reason"):
+        table.add_column(col)
+    for name, pid in status.slurmd.items():
+        node = states.get(name)
+        table.add_row(name, str(pid) if pid else "NOT RUNNING", node.state if node else "?",
+                      str(node.cpus) if node else "?", node.gres if node else "?",
+                      escape(node.reason or "") if node else "")
+    con.print(table)
+    daemons = (f"munged {status.munged or 'NOT RUNNING'}, "
+               f"slurmctld {status.slurmctld or 'NOT RUNNING'}")
+    con.print(f"slurm: {daemons}; partition {PARTITION}; "
+              f"export SLURM_CONF={status.conf} to use sinfo, srun and scontrol here")
+    if status.error:
+        con.print(f"slurm: {escape(status.error)}")
+    return status.up
+
+
 @guarded
-def up(nodes: int, lab: Lab | None = None, out: TextIO | None = None) -> int:
-    """Bring the lab to exactly ``nodes`` running nodes."""
+def up(nodes: int, slurm: bool = False, lab: Lab | None = None,
+       out: TextIO | None = None) -> int:
+    """Bring the lab to exactly ``nodes`` running nodes; with ``slurm``, run Slurm on it."""
     lab = lab or Lab()
     start = time.monotonic()
-    statuses = lab.up(nodes)
+    statuses = lab.up(nodes, slurm=SlurmSettings() if slurm else None)
     con = terminal.console(out)
     con.print(_status_table(lab))
+    slurm_up = _slurm_report(lab, con)
     con.print(f"lab {lab.config.name}: {sum(s.up for s in statuses)} of {nodes} nodes up in "
               f"{time.monotonic() - start:.1f}s; inventory {lab.config.inventory_dir}")
-    return 0 if all(s.up for s in statuses) else 1
+    return 0 if all(s.up for s in statuses) and slurm_up else 1
 
 
 @guarded
@@ -68,7 +98,8 @@ def status(lab: Lab | None = None, out: TextIO | None = None) -> int:
         con.print(f"lab {lab.config.name} has no nodes; run `invoke lab.up --nodes 3`")
         return 1
     con.print(_status_table(lab))
-    return 0 if all(s.up for s in statuses) else 1
+    slurm_up = _slurm_report(lab, con)
+    return 0 if all(s.up for s in statuses) and slurm_up else 1
 
 
 @guarded

@@ -1,0 +1,323 @@
+"""Slurm from the controller: node state from ``scontrol``/``sinfo``, drain and resume.
+
+The parsers are pure functions over the commands' text output. The commands run as
+argument lists (never through a shell) with a timeout on every call; ``SLURM_CONF`` is
+passed through the environment when a configuration file is given.
+
+gpufleet marks the nodes it drains with a reason that starts with ``gpufleet:``
+(``gpufleet: <check>: <message>``) and only ever resumes nodes whose reason starts that
+way: a node an operator drained stays drained.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError, ParseError
+
+REASON_PREFIX = "gpufleet:"
+REASON_LIMIT = 200
+DEFAULT_TIMEOUT = 20.0
+SINFO_FORMAT = "%N|%P|%T|%c|%G|%E"
+INSTALL_HINT = "install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client)"
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_KEY = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_]*=)")
+_FREE_TEXT = re.compile(r"(?:^|\s)(Reason|Comment|Extra)=")
+_REASON_MARK = re.compile(r"^(?P<text>.*?) \[(?P<user>[^@\]\s]*)@(?P<time>[^\]\s]+)\](?P<rest>.*)$")
+_NOT_ANSWERING = ("Unable to contact slurm controller", "Zero Bytes were transmitted",
+                  "Socket timed out", "Connection refused", "Communication connection failure")
+_GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
+
+
+class SlurmError(GpufleetError):
+    """A Slurm command is missing, slurmctld does not answer, or Slurm refused a request."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node as ``scontrol show node -o`` describes it."""
+
+    name: str
+    address: str
+    hostname: str
+    state: str
+    cpus: int | None
+    gres: str
+    features: tuple[str, ...]
+    partitions: tuple[str, ...]
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: str | None = None
+
+    @property
+    def base_state(self) -> str:
+        """``IDLE``, ``ALLOCATED``, ``MIXED``, ``DOWN``, ``UNKNOWN`` ... without flags."""
+        return self.state.split("+")[0]
+
+    @property
+    def flags(self) -> frozenset[str]:
+        """``DRAIN``, ``NOT_RESPONDING``, ``INVALID_REG`` ... after the base state."""
+        return frozenset(self.state.split("+")[1:])
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: Slurm starts no new job on it."""
+        return "DRAIN" in self.flags
+
+    @property
+    def drained_by_gpufleet(self) -> bool:
+        return (self.drained or self.base_state == "DOWN") and \
+            (self.reason or "").startswith(REASON_PREFIX)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in the node's configured GRES (``gpu:8``, ``gpu:h200:8(S:0-1)``)."""
+        total = 0
+        for item in self.gres.split(","):
+            match = _GPU_GRES.match(item.strip())
+            total += int(match.group(1)) if match else 0
+        return total
+
+
+@dataclass(frozen=True)
+class SlurmPartition:
+    """One partition as ``scontrol show partition -o`` describes it."""
+
+    name: str
+    nodes: str
+    state: str
+    default: bool
+
+
+@dataclass(frozen=True)
+class SinfoNode:
+    """One line of ``sinfo --Node --format=SINFO_FORMAT``: a node in one partition."""
+
+    name: str
+    partition: str
+    default_partition: bool
+    state: str
+    cpus: int | None
+    gres: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Action:
+    """What ``drain`` or ``resume`` did to a node: drained, resumed, unchanged, left alone."""
+
+    node: str
+    action: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.action}: {self.detail}"
+
+
+# ---- parsers ---------------------------------------------------------------------------------
+
+def _pairs(text: str, what: str) -> dict[str, str]:
+    """``Key=value`` fields of one line; values may hold spaces (``OS=Linux 6.1 #1 SMP``)."""
+    fields: dict[str, str] = {}
+    for token in _KEY.split(text.strip()):
+        key, sep, value = token.partition("=")
+        if not sep:
+            raise ParseError(f"{what}: expected Key=value fields, got {token!r}")
+        fields[key] = value.strip()
+    return fields
+
+
+def _optional(value: str | None) -> str | None:
+    return None if value in (None, "", "(null)", "N/A", "none") else value
+
+
+def _count(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _items(value: str | None) -> tuple[str, ...]:
+    text = _optional(value)
+    return tuple(v for v in text.split(",") if v) if text else ()
+
+
+def _node_line(line: str) -> SlurmNode:
+    marker = _FREE_TEXT.search(line)
+    structured, free = (line[:marker.start()], line[marker.start():].strip()) if marker \
+        else (line, "")
+    fields = _pairs(structured, "scontrol show node")
+    reason = user = when = None
+    if free.startswith("Reason="):
+        body = free.removeprefix("Reason=")
+        mark = _REASON_MARK.match(body)
+        reason, user, when = (mark["text"], mark["user"], mark["time"]) if mark \
+            else (re.split(r" (?:Comment|Extra)=", body)[0], None, None)
+    if "NodeName" not in fields or "State" not in fields:
+        raise ParseError(f"scontrol show node: no NodeName/State in {line[:80]!r}")
+    return SlurmNode(
+        name=fields["NodeName"],
+        address=_optional(fields.get("NodeAddr")) or fields["NodeName"],
+        hostname=_optional(fields.get("NodeHostName")) or fields["NodeName"],
+        state=fields["State"],
+        cpus=_count(fields.get("CPUTot")),
+        gres=_optional(fields.get("Gres")) or "",
+        features=_items(fields.get("AvailableFeatures")),
+        partitions=_items(fields.get("Partitions")),
+        reason=_optional(reason.strip()) if reason is not None else None,
+        reason_user=user or None,
+        reason_time=when,
+    )
+
+
+def parse_show_node(text: str) -> list[SlurmNode]:
+    """Nodes from ``scontrol --oneliner show node`` (one ``NodeName=...`` line each)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines == ["No nodes in the system"]:
+        return []
+    bad = [line for line in lines if not line.startswith("NodeName=")]
+    if bad:
+        raise ParseError(f"scontrol show node: expected NodeName=... lines, got {bad[0][:80]!r}")
+    return [_node_line(line) for line in lines]
+
+
+def parse_show_partition(text: str) -> list[SlurmPartition]:
+    """Partitions from ``scontrol --oneliner show partition``."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines == ["No partitions in the system"]:
+        return []
+    partitions = []
+    for line in lines:
+        if not line.startswith("PartitionName="):
+            raise ParseError(f"scontrol show partition: expected PartitionName=... lines, "
+                             f"got {line[:80]!r}")
+        fields = _pairs(line, "scontrol show partition")
+        partitions.append(SlurmPartition(fields["PartitionName"],
+                                         _optional(fields.get("Nodes")) or "",
+                                         fields.get("State", ""), fields.get("Default") == "YES"))
+    return partitions
+
+
+def parse_sinfo(text: str) -> list[SinfoNode]:
+    """Lines of ``sinfo --noheader --Node --format='%N|%P|%T|%c|%G|%E'``; the reason is last,
+    so a ``|`` inside it is kept."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 5)
+        if len(parts) != 6 or not parts[0]:
+            raise ParseError(f"sinfo: expected NODE|PARTITION|STATE|CPUS|GRES|REASON, "
+                             f"got {line[:80]!r}")
+        name, partition, state, cpus, gres, reason = parts
+        rows.append(SinfoNode(name, partition.rstrip("*"), partition.endswith("*"), state,
+                              _count(cpus), _optional(gres) or "", _optional(reason)))
+    return rows
+
+
+# ---- drain reasons ---------------------------------------------------------------------------
+
+def _one_line(text: str) -> str:
+    """Control characters to spaces, double quotes to single ones, runs of blanks to one."""
+    cleaned = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
+    return " ".join(cleaned.replace('"', "'").split())
+
+
+def drain_reason(check: str, message: str) -> str:
+    """``gpufleet: <check>: <message>`` on one line, at most REASON_LIMIT characters."""
+    text = f"{REASON_PREFIX} {_one_line(check) or 'check'}: {_one_line(message) or 'failed'}"
+    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3].rstrip() + "..."
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+def _node_name(name: str) -> str:
+    if not _NODE_NAME.match(name):
+        raise SlurmError(f"invalid Slurm node name {name!r} (one node, no hostlist)")
+    return name
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Slurm's commands on the controller; ``conf`` sets ``SLURM_CONF`` for them."""
+
+    conf: Path | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    def run(self, argv: Sequence[str]) -> str:
+        """Run one Slurm command and return its output; SlurmError says why it failed."""
+        env = dict(os.environ)
+        if self.conf is not None:
+            env["SLURM_CONF"] = str(self.conf)
+        shown = " ".join(argv[:3])
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, env=env,
+                                  timeout=self.timeout, check=False)
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]} not found on this machine: {INSTALL_HINT}") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"`{shown}` did not finish within {self.timeout:.0f}s: "
+                             "slurmctld does not answer, or Slurm finds no configuration "
+                             "(SLURM_CONF, /etc/slurm/slurm.conf)") from None
+        if proc.returncode != 0:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            last = lines[-1] if lines else f"exit code {proc.returncode}"
+            if any(text in last for text in _NOT_ANSWERING):
+                raise SlurmError(f"slurmctld does not answer `{shown}`: {last}")
+            raise SlurmError(f"`{shown}` failed: {last}")
+        return proc.stdout
+
+    def nodes(self) -> list[SlurmNode]:
+        """Every node slurmctld knows."""
+        return parse_show_node(self.run(["scontrol", "--all", "--oneliner", "show", "node"]))
+
+    def node(self, name: str) -> SlurmNode:
+        """One node; SlurmError when slurmctld has no node of that name."""
+        try:
+            out = self.run(["scontrol", "--oneliner", "show", "node", _node_name(name)])
+        except SlurmError as exc:
+            if "not found" in str(exc) or "Invalid node name" in str(exc):
+                raise SlurmError(f"no Slurm node named {name!r}") from None
+            raise
+        found = [n for n in parse_show_node(out) if n.name == name]
+        if not found:
+            raise SlurmError(f"no Slurm node named {name!r}")
+        return found[0]
+
+    def partitions(self) -> list[SlurmPartition]:
+        """Every partition slurmctld knows."""
+        return parse_show_partition(self.run(["scontrol", "--oneliner", "show", "partition"]))
+
+    def sinfo(self) -> list[SinfoNode]:
+        """One row per node and partition, with state, CPUs, GRES and reason."""
+        return parse_sinfo(self.run(["sinfo", "--noheader", "--Node",
+                                     f"--format={SINFO_FORMAT}"]))
+
+    def drain(self, node: str, check: str, message: str) -> Action:
+        """Drain ``node`` with the reason ``gpufleet: <check>: <message>``; a node that
+        someone else drained keeps their reason and is left alone."""
+        current = self.node(node)
+        reason = drain_reason(check, message)
+        if current.drained and not current.drained_by_gpufleet:
+            return Action(node, "left alone", f"drained by {current.reason_user or 'someone'}"
+                                              f" else: {current.reason or 'no reason'}")
+        if current.drained and current.reason == reason:
+            return Action(node, "unchanged", f"already drained: {reason}")
+        self.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+        return Action(node, "drained", reason)
+
+    def resume(self, node: str) -> Action:
+        """Resume ``node`` if gpufleet drained it; a node drained or downed by someone else
+        (its reason does not start with ``gpufleet:``) is left alone."""
+        current = self.node(node)
+        if not current.drained and current.base_state != "DOWN":
+            return Action(node, "unchanged", f"not drained ({current.state})")
+        if not current.drained_by_gpufleet:
+            return Action(node, "left alone", f"drained by {current.reason_user or 'someone'}"
+                                              f" else: {current.reason or 'no reason'}")
+        self.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+        return Action(node, "resumed", f"was {current.state}: {current.reason}")

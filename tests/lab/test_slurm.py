@@ -1,0 +1,208 @@
+"""Slurm in the lab: a real slurmctld and munged on the controller and slurmd in three lab
+nodes; drain and resume through scontrol, the health check program run by slurmd itself,
+and the slurm:PARTITION inventory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet import app
+from gpufleet.engine import RunOptions, provision
+from gpufleet.errors import InventoryError
+from gpufleet.inventory import load_inventory
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.slurm import LabSlurm, SlurmSettings
+from gpufleet.slurm import Slurm, SlurmNode
+from roles import nccl_env, slurm_healthcheck
+from tests.conftest import ROOT
+from tests.lab.conftest import lab_config_for, node_sh
+
+NODES = 3
+HEALTH_CHECK_INTERVAL = 3
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """Three nodes with Slurm; slurmd runs the health check every few seconds."""
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root: they create network namespaces and mounts")
+    inventory_dir = tmp_path_factory.mktemp("slurm-inventory") / "lab"
+    shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
+    (inventory_dir / "group_vars" / "lab.yml").write_text("slurm_healthcheck: true\n")
+    lab = Lab(lab_config_for("sl", 3, inventory_dir))
+    lab.down()
+    lab.up(NODES, slurm=SlurmSettings(health_check_interval=HEALTH_CHECK_INTERVAL))
+    yield lab
+    lab.down()
+
+
+@pytest.fixture
+def slurm(slurm_lab: Lab) -> Slurm:
+    return LabSlurm(slurm_lab.config).client
+
+
+def _wait_for(what: str, ready: Callable[[], SlurmNode | None], timeout: float = 30
+              ) -> SlurmNode:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (found := ready()) is not None:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def _idle(slurm: Slurm, name: str, what: str) -> SlurmNode:
+    """Wait for IDLE: a resumed node is NOT_RESPONDING until slurmctld's next ping."""
+    return _wait_for(what, lambda: next((n for n in slurm.nodes()
+                                         if n.name == name and n.state == "IDLE"), None))
+
+
+def _slurm_env(lab: Lab) -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(LabSlurm(lab.config).conf)}
+
+
+def test_nodes_are_idle_in_sinfo_with_their_cpus_and_gres(slurm_lab: Lab, slurm: Slurm) -> None:
+    rows = slurm.sinfo()
+    assert [(r.name, r.partition, r.state, r.cpus, r.gres) for r in rows] == [
+        (f"node0{i}", "lab", "idle", 4, "gpu:2") for i in range(1, NODES + 1)]
+    nodes = {n.name: n for n in slurm.nodes()}
+    assert nodes["node02"].address == slurm_lab.node("node02").address
+    assert nodes["node02"].gpus == 2
+
+
+def test_slurm_daemons_listen_on_lab_addresses_only(slurm_lab: Lab) -> None:
+    listening = subprocess.run(["ss", "-Hltn", "sport = :6817"], capture_output=True,
+                               text=True, check=True).stdout.split()
+    assert f"{slurm_lab.config.controller_address}:6817" in listening
+    assert "0.0.0.0:6817" not in listening and "*:6817" not in listening
+    for node in slurm_lab.nodes():
+        inside = subprocess.run(["ip", "netns", "exec", node.netns, "ss", "-Hltn",
+                                 "sport = :6818"], capture_output=True, text=True,
+                                check=True).stdout
+        assert ":6818" in inside
+    outside = subprocess.run(["ss", "-Hltn", "sport = :6818"], capture_output=True,
+                             text=True, check=True).stdout
+    assert outside.strip() == ""
+
+
+def test_srun_runs_across_the_nodes_from_the_controller_and_from_a_node(slurm_lab: Lab) -> None:
+    proc = subprocess.run(["srun", f"-N{NODES}", "hostname"], capture_output=True, text=True,
+                          timeout=60, check=False, env=_slurm_env(slurm_lab))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split()) == [f"node0{i}" for i in range(1, NODES + 1)]
+    from_node = node_sh(slurm_lab, "node01", f"srun -N{NODES} hostname")
+    assert sorted(from_node.split()) == [f"node0{i}" for i in range(1, NODES + 1)]
+
+
+def test_drain_names_the_check_and_resume_returns_the_node(slurm: Slurm) -> None:
+    drained = slurm.drain("node02", "conformance/reachability", "port 29500 closed\nto node01")
+    reason = "gpufleet: conformance/reachability: port 29500 closed to node01"
+    assert (drained.action, drained.detail) == ("drained", reason)
+    node = slurm.node("node02")
+    assert node.drained and node.reason == reason and node.reason_user == "root"
+    row = next(r for r in slurm.sinfo() if r.name == "node02")
+    assert row.state == "drained" and row.reason == reason
+    assert slurm.drain("node02", "conformance/reachability",
+                       "port 29500 closed to node01").action == "unchanged"
+    assert slurm.resume("node02").action == "resumed"
+    _idle(slurm, "node02", "node02 resumed")
+    assert slurm.resume("node02").action == "unchanged"
+
+
+def test_a_node_drained_by_an_operator_is_left_alone(slurm_lab: Lab, slurm: Slurm) -> None:
+    operator = ["scontrol", "update", "nodename=node03", "state=drain",
+                "reason=replacing a fan (ticket OPS-7)"]
+    subprocess.run(operator, check=True, timeout=30, env=_slurm_env(slurm_lab))
+    try:
+        assert slurm.resume("node03").action == "left alone"
+        assert slurm.drain("node03", "healthcheck/xid", "Xid 79").action == "left alone"
+        node = slurm.node("node03")
+        assert node.drained and node.reason == "replacing a fan (ticket OPS-7)"
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node03", "state=resume"], check=True,
+                       timeout=30, env=_slurm_env(slurm_lab))
+
+
+def _provision_nccl_env_and_healthcheck(lab: Lab) -> None:
+    inventory = load_inventory(lab.config.inventory_dir)
+    outcomes = provision(inventory, inventory.select("lab"),
+                         [nccl_env.ROLE, slurm_healthcheck.ROLE], RunOptions())
+    assert {o.status for o in outcomes.values()} <= {"ok", "changed"}, outcomes
+
+
+def test_slurmd_runs_the_health_check_which_drains_its_node_and_resumes_it(
+        slurm_lab: Lab, slurm: Slurm) -> None:
+    _provision_nccl_env_and_healthcheck(slurm_lab)
+    report = node_sh(slurm_lab, "node01", "/usr/local/sbin/gpufleet-healthcheck --no-drain")
+    assert "PASS port_range: 49152-65535" in report
+    seconds = float(report.rsplit(" in ", 1)[1].rstrip("s\n"))
+    assert seconds < 10
+
+    node_sh(slurm_lab, "node02", "sysctl -qw net.ipv4.ip_local_port_range='32768 60999'")
+    reason = "gpufleet: healthcheck/port_range: 32768-60999, expected 49152-65535"
+    drained = _wait_for("slurmd's health check drains node02", lambda: next(
+        (n for n in slurm.nodes() if n.name == "node02" and n.drained), None))
+    assert drained.reason == reason
+    assert not any(n.drained for n in slurm.nodes() if n.name != "node02")
+    log = LabSlurm(slurm_lab.config).dir / "log" / "slurmd-node02.log"
+    assert "health_check failed: rc:1" in log.read_text()
+
+    _provision_nccl_env_and_healthcheck(slurm_lab)
+    _idle(slurm, "node02", "the health check resumes node02 once its port range is fixed")
+
+
+def test_the_health_check_leaves_an_operator_drain_alone(slurm_lab: Lab, slurm: Slurm) -> None:
+    subprocess.run(["scontrol", "update", "nodename=node01", "state=drain",
+                    "reason=firmware update"], check=True, timeout=30, env=_slurm_env(slurm_lab))
+    try:
+        report = node_sh(slurm_lab, "node01", "/usr/local/sbin/gpufleet-healthcheck --drain")
+        assert "slurm: node01 IDLE+DRAIN: firmware update" in report
+        assert slurm.node("node01").reason == "firmware update"
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node01", "state=resume"], check=True,
+                       timeout=30, env=_slurm_env(slurm_lab))
+
+
+def test_slurm_partition_as_inventory(slurm_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(LabSlurm(slurm_lab.config).conf))
+    source = f"slurm:lab:{slurm_lab.config.inventory_dir}"
+    target = app.load_target(source, None)
+    assert [h.name for h in target.hosts] == [f"node0{i}" for i in range(1, NODES + 1)]
+    host = target.inventory.hosts["node03"]
+    assert host.address == slurm_lab.node("node03").address
+    assert {"all", "lab"} <= host.groups
+    assert host.vars["slurm_healthcheck"] is True and "nccl_env" in host.vars
+    assert app.facts(source) == 0
+    with pytest.raises(InventoryError, match="Slurm has no partition 'gpu' "
+                                             r"\(partitions: lab\)"):
+        app.load_target("slurm:gpu", None)
+
+
+def test_add_and_remove_keep_slurm_in_step(slurm_lab: Lab, slurm: Slurm) -> None:
+    added = slurm_lab.add()
+    try:
+        node = _idle(slurm, added.name, f"{added.name} idle in Slurm")
+        assert node.address == added.address and node.partitions == ("lab",)
+    finally:
+        slurm_lab.remove(added.name)
+    assert [n.name for n in slurm.nodes()] == [f"node0{i}" for i in range(1, NODES + 1)]
+    assert f"NodeName={added.name} " not in LabSlurm(slurm_lab.config).conf.read_text()
+
+
+def test_down_stops_every_slurm_process(slurm_lab: Lab) -> None:
+    slurm_dir = str(LabSlurm(slurm_lab.config).dir)
+    slurm_lab.down()
+    left = subprocess.run(["pgrep", "-af", slurm_dir], capture_output=True, text=True,
+                          check=False).stdout
+    assert left.strip() == ""
+    assert not Path(slurm_dir).exists()
+    listening = subprocess.run(["ss", "-Hltn", "sport = :6817"], capture_output=True,
+                               text=True, check=True).stdout
+    assert slurm_lab.config.controller_address not in listening

@@ -1,0 +1,398 @@
+"""gpufleet-healthcheck (the node-side program) and the slurm_healthcheck role that installs it.
+
+The program runs as a subprocess with stand-ins for nvidia-smi, dmesg, journalctl,
+dpkg-query and scontrol that replay output captured on a real H200 node
+(tests/fixtures/slurm/h200_*) and on the lab's Slurm (tests/fixtures/slurm/scontrol_*).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet import bootstrap, slurm
+from gpufleet.conformance.gpu import CRITICAL_XIDS
+from gpufleet.facts import Facts
+from gpufleet.facts.formats import FileState
+from gpufleet.healthcheck import program
+from gpufleet.inventory import load_inventory
+from gpufleet.role import PlanContext, RoleVars, VarError
+from roles import slurm_healthcheck
+from tests.conftest import FIXTURES
+
+SLURM = FIXTURES / "slurm"
+PROGRAM = Path(program.__file__)
+SMI = SLURM / "h200_nvidia_smi_query.txt"
+
+
+# ---- the program's parts ---------------------------------------------------------------------
+
+def test_program_needs_only_the_standard_library_and_python_3_9() -> None:
+    tree = ast.parse(PROGRAM.read_text(), feature_version=(3, 9))
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots - set(sys.stdlib_module_names) == set()
+
+
+@pytest.mark.parametrize(("check", "message"), [
+    ("healthcheck/port_range", "32768-60999, expected 49152-65535"),
+    ("healthcheck/gpus", 'nvidia-smi failed:\n"Unable to determine the device handle"'),
+    ("", "\x00\x1f\x7f"),
+    ("healthcheck/xid", "Xid 79 on 0000:3b:00: GPU has fallen off the bus " * 20),
+])
+def test_reasons_are_the_engines(check: str, message: str) -> None:
+    assert program.drain_reason(check, message) == slurm.drain_reason(check, message)
+
+
+def test_critical_xids_and_state_file_are_the_engines() -> None:
+    assert program.DEFAULTS["critical_xids"] == list(CRITICAL_XIDS)
+    assert program.DEFAULTS["state_file"] == bootstrap.STATE_FILE
+    assert slurm_healthcheck.STATE_FILE == bootstrap.STATE_FILE
+
+
+def test_parse_gpus_on_a_real_h200() -> None:
+    (gpu,) = program.parse_gpus(SMI.read_text())
+    assert gpu["name"] == "NVIDIA H200" and gpu["index"] == "0"
+    assert program.ecc_result([gpu]).status == "PASS"
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        program.parse_gpus((SLURM / "h200_nvidia_smi_bad_field.txt").read_text())
+
+
+def test_parse_xids() -> None:
+    events = program.parse_xids((FIXTURES / "samples" / "synthetic_dmesg_xid.txt").read_text())
+    assert [e[1] for e in events] == [13, 13, 31, 48, 63, 94, 64, 74, 95, 79, 79]
+    assert events[3][0] == "0000:3a:00" and events[3][2].startswith("An uncorrectable double")
+    assert program.parse_xids((SLURM / "h200_dmesg_nvrm.txt").read_text()) == []
+
+
+def test_parse_port_range_and_slurm_node() -> None:
+    sysctl = (FIXTURES / "h200x2" / "port_range.txt").read_text()
+    assert program.parse_port_range(sysctl) == (32768, 60999)
+    assert program.parse_port_range("49152-65535") == (49152, 65535)
+    assert program.parse_slurm_node((SLURM / "scontrol_show_node_one.txt").read_text()) == \
+        ("MIXED", None)
+    assert program.parse_slurm_node((SLURM / "scontrol_show_node_comment.txt").read_text()) == \
+        ("IDLE+DRAIN", "disk check [smartctl] = failing")
+
+
+def test_versions_against_the_recorded_state(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = tmp_path / "version"
+    driver.write_text((SLURM / "h200_proc_driver_version.txt").read_text())
+    monkeypatch.setattr(program, "DRIVER_VERSION_FILE", str(driver))
+    monkeypatch.setattr(program, "installed_nccl", lambda deadline: "2.28.3-1+cuda13.0")
+    deadline = program.Deadline(5)
+    same = program.check_versions({"driver": "580.159.04", "nccl": "2.28.3-1+cuda13.0"},
+                                  "node.json", deadline)
+    assert [(r.check, r.status) for r in same] == [("driver", "PASS"), ("nccl", "PASS")]
+    other = program.check_versions({"driver": "550.127.05", "nccl": "absent"}, "node.json",
+                                   deadline)
+    assert [r.line() for r in other] == ["FAIL driver: 580.159.04, recorded 550.127.05",
+                                         "FAIL nccl: 2.28.3-1+cuda13.0, recorded absent"]
+    none = program.check_versions(None, "/etc/gpufleet/node.json", deadline)
+    assert {r.status for r in none} == {"SKIP"}
+
+
+def test_port_range_against_config_then_recorded_state(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    live = tmp_path / "ip_local_port_range"
+    live.write_text("32768\t60999\n")
+    monkeypatch.setattr(program, "PORT_RANGE_FILE", str(live))
+    config = dict(program.DEFAULTS, port_range="49152 65535")
+    assert program.check_port_range(config, None).line() == \
+        "FAIL port_range: 32768-60999, expected 49152-65535"
+    recorded = {"port_range": "32768 60999"}
+    assert program.check_port_range(program.DEFAULTS, recorded).status == "PASS"
+    assert program.check_port_range(program.DEFAULTS, None).status == "SKIP"
+
+
+# ---- the program, run as slurmd runs it ------------------------------------------------------
+
+def _script(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+class Node:
+    """A node's tools as stand-ins; ``run`` starts the program against them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        self.smi = tmp / "smi.txt"
+        self.smi.write_text(SMI.read_text())
+        self.dmesg = tmp / "dmesg.txt"
+        self.dmesg.write_text((SLURM / "h200_dmesg_nvrm.txt").read_text())
+        self.show = tmp / "show.txt"
+        self.show.write_text((SLURM / "scontrol_show_node_one.txt").read_text())
+        self.calls = tmp / "scontrol.log"
+        _script(self.bin, "nvidia-smi", f'cat {self.smi}\n')
+        _script(self.bin, "dmesg", f'cat {self.dmesg}\n')
+        _script(self.bin, "dpkg-query", "printf 'hi  2.28.3-1+cuda13.0'\n")
+        record = ("python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
+                  f"{self.calls}\n")
+        _script(self.bin, "scontrol", record + f'case "$1" in --oneliner) cat {self.show};; '
+                                                'esac\n')
+        self.config = tmp / "healthcheck.json"
+        self.write_config(gpu_count=1)
+
+    def write_config(self, **values: object) -> None:
+        self.config.write_text(json.dumps({"state_file": str(self.tmp / "node.json"),
+                                           **values}))
+
+    def run(self, *args: str, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        environment = {"PATH": f"{self.bin}:/usr/bin:/bin", **(env or {})}
+        return subprocess.run([sys.executable, str(PROGRAM), "--config", str(self.config),
+                               "--node", "node04", *args], capture_output=True, text=True,
+                              timeout=30, check=False, env=environment)
+
+    def updates(self) -> list[list[str]]:
+        if not self.calls.exists():
+            return []
+        calls = [json.loads(line) for line in self.calls.read_text().splitlines()]
+        return [c for c in calls if c[0] == "update"]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def _lines(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {line.split(":")[0].split()[-1]: line for line in proc.stdout.splitlines()
+            if line.split()[0] in ("PASS", "FAIL", "SKIP")}
+
+
+def test_a_healthy_node_passes_in_well_under_ten_seconds(node: Node) -> None:
+    started = time.monotonic()
+    proc = node.run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 10
+    lines = _lines(proc)
+    assert lines["gpus"] == "PASS gpus: 1 GPU(s) (NVIDIA H200)"
+    assert lines["ecc"] == "PASS ecc: no uncorrectable ECC error on 1 GPU(s)"
+    assert lines["xid"] == "PASS xid: no critical Xid since boot (0 Xid event(s) in all)"
+    assert lines["driver"].startswith("SKIP driver: no recorded state")
+    assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range"]
+    assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 3 passed, "
+                                                   "3 skipped in ")
+
+
+def test_fewer_gpus_than_expected_fails(node: Node) -> None:
+    node.write_config(gpu_count=2)
+    proc = node.run()
+    assert proc.returncode == 1
+    assert _lines(proc)["gpus"] == "FAIL gpus: 1 GPU(s) (NVIDIA H200), expected 2"
+
+
+def test_no_nvidia_smi_fails_only_where_gpus_are_expected(node: Node) -> None:
+    (node.bin / "nvidia-smi").unlink()
+    assert _lines(node.run())["gpus"] == "FAIL gpus: nvidia-smi not found; 1 GPU(s) expected"
+    node.write_config()
+    proc = node.run()
+    assert proc.returncode == 0
+    assert _lines(proc)["gpus"] == "SKIP gpus: no nvidia-smi and no GPUs expected"
+
+
+def test_a_hung_nvidia_smi_is_cut_off_at_its_deadline(node: Node) -> None:
+    _script(node.bin, "nvidia-smi", "exec sleep 60\n")
+    node.write_config(gpu_count=1, nvidia_smi_timeout_s=1)
+    started = time.monotonic()
+    proc = node.run()
+    assert time.monotonic() - started < 5
+    assert _lines(proc)["gpus"] == "FAIL gpus: nvidia-smi did not answer within 1.0s"
+
+
+def test_the_checks_keep_to_their_budget_and_leave_time_to_drain(node: Node) -> None:
+    _script(node.bin, "nvidia-smi", "exec sleep 60\n")
+    node.write_config(gpu_count=1, nvidia_smi_timeout_s=4, budget_s=4)
+    started = time.monotonic()
+    proc = node.run("--drain")
+    assert time.monotonic() - started < 4
+    lines = _lines(proc)
+    assert lines["gpus"] == "FAIL gpus: nvidia-smi did not answer within 1.0s"
+    assert lines["xid"] == ("FAIL xid: kernel log unreadable: dmesg: not run: no time left "
+                            "of 1s; journalctl: not run: no time left of 1s")
+    assert node.updates() == [["update", "nodename=node04", "state=drain",
+                               "reason=gpufleet: healthcheck/gpus: nvidia-smi did not answer "
+                               "within 1.0s (+1 more)"]]
+
+
+def test_ecc_errors_and_critical_xids_fail(node: Node) -> None:
+    row = SMI.read_text().strip().split(", ")
+    row[3], row[4] = "3", "Yes"
+    node.smi.write_text(", ".join(row) + "\n")
+    node.dmesg.write_text((FIXTURES / "samples" / "synthetic_dmesg_xid.txt").read_text())
+    lines = _lines(node.run())
+    bus = row[1]
+    assert lines["ecc"] == (f"FAIL ecc: GPU0 {bus}: 3 uncorrectable ECC error(s); "
+                            f"GPU0 {bus}: row remapping pending")
+    assert lines["xid"].startswith("FAIL xid: Xid 48 on 0000:3a:00: An uncorrectable double "
+                                   "bit error")
+    assert lines["xid"].endswith("partition 6, subpartition 0. (+7 more)")
+
+
+def test_an_unreadable_kernel_log_is_a_failure(node: Node) -> None:
+    _script(node.bin, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not "
+                               "permitted' >&2; exit 1\n")
+    _script(node.bin, "journalctl", "echo 'No journal files were found.' >&2; exit 1\n")
+    assert _lines(node.run())["xid"] == (
+        "FAIL xid: kernel log unreadable: dmesg: dmesg: read kernel buffer failed: Operation "
+        "not permitted; journalctl: No journal files were found.")
+
+
+def test_drain_on_failure_names_the_first_failing_check(node: Node) -> None:
+    node.write_config(gpu_count=2)
+    _script(node.bin, "dmesg", "exit 1\n")
+    _script(node.bin, "journalctl", "exit 1\n")
+    proc = node.run("--drain")
+    reason = ("gpufleet: healthcheck/gpus: 1 GPU(s) (NVIDIA H200), expected 2 (+1 more)")
+    assert node.updates() == [["update", "nodename=node04", "state=drain", f"reason={reason}"]]
+    assert f"slurm: drained node04: {reason}" in proc.stdout
+    assert proc.returncode == 1
+
+
+def test_run_by_slurmd_it_drains_without_the_flag_unless_told_not_to(node: Node) -> None:
+    node.write_config(gpu_count=2)
+    node.run(env={"SLURMD_NODENAME": "node04"})
+    assert len(node.updates()) == 1
+    node.run("--no-drain", env={"SLURMD_NODENAME": "node04"})
+    assert len(node.updates()) == 1
+
+
+def _drained(node: Node, fixture: str, name: str, reason: str) -> None:
+    line = next(ln for ln in (SLURM / fixture).read_text().splitlines()
+                if ln.startswith(f"NodeName={name} "))
+    before = line.split(" State=")[1].split()[0]
+    node.show.write_text(line.replace(f"State={before}", "State=IDLE+DRAIN")
+                         .split(" Reason=")[0] + f" Reason={reason} [root@2026-12-01T09:55:09]")
+
+
+def test_a_node_drained_by_someone_else_is_left_alone(node: Node) -> None:
+    _drained(node, "scontrol_show_node.txt", "node04", "maintenance: replace PSU")
+    node.write_config(gpu_count=2)
+    proc = node.run("--drain")
+    assert node.updates() == []
+    assert "slurm: node04 left alone: drained by someone else: maintenance: replace PSU" in \
+        proc.stdout
+    node.write_config(gpu_count=1)
+    node.run("--drain")
+    assert node.updates() == []
+
+
+def test_healthy_again_it_resumes_only_its_own_drain(node: Node) -> None:
+    _drained(node, "scontrol_show_node.txt", "node04",
+             "gpufleet: conformance/reachability: port 29500 closed")
+    node.run("--drain")
+    assert node.updates() == []
+    _drained(node, "scontrol_show_node.txt", "node04",
+             "gpufleet: healthcheck/gpus: 1 GPU(s) (NVIDIA H200), expected 2")
+    proc = node.run("--drain")
+    assert node.updates() == [["update", "nodename=node04", "state=resume"]]
+    assert proc.returncode == 0
+
+
+def test_scontrol_failing_is_reported_and_fails_the_run(node: Node) -> None:
+    captured = SLURM / "scontrol_no_controller.txt"
+    _script(node.bin, "scontrol", f"cat {captured} >&2; exit 1\n")
+    proc = node.run("--drain")
+    assert proc.returncode == 1
+    assert ("slurm: cannot read node node04: slurm_load_node error: Unable to contact slurm "
+            "controller (connect failure)") in proc.stdout
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('{"gpu_count": 8,\n "budget_s": }', r"healthcheck\.json line 2: the health check "
+                                         "configuration is not valid JSON"),
+    ('{"gpus": 8}', r"healthcheck\.json: unknown key 'gpus'"),
+    ('{"gpu_count": "8"}', r"healthcheck\.json: gpu_count has a wrong type or value: '8'"),
+    ('{"budget_s": 3}', r"healthcheck\.json: budget_s has a wrong type or value: 3"),
+    ('[8]', r"healthcheck\.json: the health check configuration must be a JSON object"),
+])
+def test_a_bad_configuration_is_one_line_and_exit_2(node: Node, text: str, error: str) -> None:
+    node.config.write_text(text)
+    proc = node.run("--drain")
+    assert proc.returncode == 2
+    assert proc.stdout == "" and node.updates() == []
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: ") and re.search(error, proc.stderr)
+
+
+# ---- the role --------------------------------------------------------------------------------
+
+def _host(tmp_path: Path, extra: str = "") -> tuple[RoleVars, PlanContext]:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    gpu01:\n      ansible_host: 10.0.0.11\n"
+                    "      slurm_healthcheck: true\n" + extra)
+    inv = load_inventory(path)
+    host = inv.hosts["gpu01"]
+    return RoleVars(host, slurm_healthcheck.ROLE.defaults), PlanContext(inv, host)
+
+
+def _missing(v: RoleVars) -> Facts:
+    files = slurm_healthcheck.ROLE.request(v).files
+    return Facts("gpu01", {f"file:{p}": FileState(p, False) for p in files})
+
+
+def test_role_installs_the_program_and_its_expectations(tmp_path: Path) -> None:
+    v, ctx = _host(tmp_path, "      gpu_count: 8\n      nccl_env: {NCCL_DEBUG: WARN}\n")
+    changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+    assert [(c.item, c.action) for c in changes] == [
+        ("slurm_healthcheck/file /usr/local/sbin/gpufleet-healthcheck", "create"),
+        ("slurm_healthcheck/file /etc/gpufleet/healthcheck.json", "create")]
+    program_text = slurm_healthcheck.ROLE.program(v)
+    assert program_text.startswith("#!/usr/bin/python3\n# Managed by gpufleet (role "
+                                   "slurm_healthcheck)")
+    assert program_text.splitlines()[2:] == PROGRAM.read_text().splitlines()[1:]
+    config = json.loads(slurm_healthcheck.ROLE.config(v))
+    assert config["gpu_count"] == 8 and config["port_range"] == "49152 65535"
+    assert config["critical_xids"] == list(CRITICAL_XIDS)
+    written = tmp_path / "healthcheck.json"
+    written.write_text(slurm_healthcheck.ROLE.config(v))
+    assert program.load_config(str(written))["gpu_count"] == 8
+
+
+def test_role_plan_is_empty_when_converged(tmp_path: Path) -> None:
+    v, ctx = _host(tmp_path)
+    path, conf = v.string("slurm_healthcheck_path"), v.string("slurm_healthcheck_config")
+    facts = Facts("gpu01", {
+        f"file:{path}": FileState(path, True, slurm_healthcheck.ROLE.program(v).encode(),
+                                  "755", "root:root"),
+        f"file:{conf}": FileState(conf, True, slurm_healthcheck.ROLE.config(v).encode(),
+                                  "644", "root:root")})
+    assert slurm_healthcheck.ROLE.plan(facts, v, ctx) == []
+    assert json.loads(slurm_healthcheck.ROLE.config(v))["port_range"] is None
+
+
+def test_role_is_inactive_unless_asked(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    gpu01: {}\n")
+    host = load_inventory(path).hosts["gpu01"]
+    assert not slurm_healthcheck.ROLE.active(RoleVars(host, slurm_healthcheck.ROLE.defaults))
+
+
+@pytest.mark.parametrize(("extra", "error"), [
+    ("      slurm_healthcheck_python: python3\n", "slurm_healthcheck_python must be an "
+                                                   "absolute path"),
+    ("      gpu_count: -1\n", "gpu_count must be 0 or more"),
+    ("      slurm_healthcheck_xids: [79, x]\n", "slurm_healthcheck_xids must be a list of Xid"),
+    ("      slurm_healthcheck_budget_s: 70\n", "slurm_healthcheck_budget_s must be 4-50"),
+])
+def test_role_rejects_bad_variables(tmp_path: Path, extra: str, error: str) -> None:
+    v, ctx = _host(tmp_path, extra)
+    with pytest.raises(VarError, match=f"^host gpu01: variable {error}"):
+        slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+
