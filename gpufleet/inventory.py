@@ -93,6 +93,7 @@ def ssh_option(args: list[str], name: str) -> str | None:
     key = name.lower() + "="
     for index, arg in enumerate(args):
         candidate = args[index + 1] if arg == "-o" and index + 1 < len(args) else arg
+        candidate = candidate[2:] if candidate.startswith("-o") else candidate
         if candidate.lower().startswith(key):
             return candidate.split("=", 1)[1]
         if name == "ProxyJump" and arg == "-J" and index + 1 < len(args):
