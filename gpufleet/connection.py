@@ -272,8 +272,7 @@ class SSHConnection(_CommandRunner):
         key = self.host.private_key_file
         if key:
             kwargs["key_filename"] = [os.path.expanduser(key)]
-        password = self.host.vars.get("ansible_password") or self.host.vars.get(
-            "ansible_ssh_pass")
+        password = self.host.password
         if password:
             kwargs["password"] = password
         return kwargs

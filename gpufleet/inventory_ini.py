@@ -143,7 +143,7 @@ def _host_line(line: str, group: str, where: Where) -> HostLine:
     values: dict[str, Any] = {}
     for assignment in assignments:
         key, equals, value = assignment.partition("=")
-        if not equals:
+        if not equals or not key:
             raise where.error(f"expected key=value after host '{token}', got '{assignment}'")
         values[key] = ini_value(value, where, key)
     return HostLine(group, token, values, where)

@@ -6,7 +6,8 @@ gpufleet use inventories it cannot read itself (dynamic inventory plugins, vault
 document maps group names to ``hosts``, ``children`` and ``vars`` (or to a plain list of
 hosts) and holds host variables under ``_meta.hostvars``; with ``--export`` group variables
 stay on their groups. Values Ansible marks unsafe (``{"__ansible_unsafe": ...}``) are never
-templated; values still encrypted (``{"__ansible_vault": ...}``) are refused.
+templated. ansible-inventory decrypts files encrypted with ansible-vault but leaves inline
+``!vault`` values encrypted (``{"__ansible_vault": ...}``); those are refused.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def _names(value: Any, where: Where, what: str) -> list[str]:
 def _value(value: Any, where: Where, key: str) -> Any:
     if isinstance(value, dict):
         if set(value) == {_VAULT}:
-            raise InventoryError(f"vault-encrypted value in {where} (variable {key}): the "
-                                 "document was written without the vault password; run "
-                                 "ansible-inventory with --vault-password-file or "
-                                 "--ask-vault-pass")
+            raise InventoryError(f"vault-encrypted value in {where} (variable {key}): "
+                                 "ansible-inventory keeps inline !vault values encrypted; "
+                                 "keep the secret in a file encrypted with ansible-vault, "
+                                 "which ansible-inventory --list decrypts")
         if set(value) == {_UNSAFE} and isinstance(value[_UNSAFE], str):
             return Unsafe(value[_UNSAFE])
         return {name: _value(item, where, key) for name, item in value.items()}

@@ -149,12 +149,12 @@ def _check(template: nodes.Template) -> None:
         if isinstance(call.node, nodes.Name):
             if call.node.name in _LOOKUPS:
                 raise _Problem(f"uses {call.node.name}(), and gpufleet does not run Ansible "
-                               "lookups; pass `ansible-inventory --list` JSON instead")
+                               "lookups (write the value itself in the inventory)")
             raise _Problem(f"calls {call.node.name}(), which gpufleet does not provide")
     for name in template.find_all(nodes.Name):
         if name.name in _UNSUPPORTED_NAMES and name.ctx == "load":
             raise _Problem(f"refers to {_UNSUPPORTED_NAMES[name.name]}, which gpufleet does "
-                           "not template; pass `ansible-inventory --list` JSON instead")
+                           "not template (write the value itself in the inventory)")
     for node in template.find_all((nodes.Filter, nodes.Test)):
         if isinstance(node, nodes.Filter) and node.name not in FILTERS:
             raise _Problem(f"uses the filter '{node.name}', which gpufleet does not provide "

@@ -286,13 +286,14 @@ def test_an_ansible_inventory_listing_is_read_as_is(tmp_path: Path) -> None:
     assert gpu01.origin("ansible_host") == str(path)
 
 
-def test_a_listing_written_without_the_vault_password(tmp_path: Path) -> None:
+def test_a_listing_with_an_inline_vault_value(tmp_path: Path) -> None:
+    # ansible-inventory --list keeps inline !vault values encrypted, password or not.
     path = listing(tmp_path, {"_meta": {"hostvars": {"gpu01": {
         "ansible_become_password": {"__ansible_vault": "$ANSIBLE_VAULT;1.1;AES256\n3633"}}}}})
     assert fails_fast(lambda: load_inventory(path)) == (
-        f"vault-encrypted value in {path} (variable ansible_become_password): the document "
-        "was written without the vault password; run ansible-inventory with "
-        "--vault-password-file or --ask-vault-pass")
+        f"vault-encrypted value in {path} (variable ansible_become_password): ansible-inventory "
+        "keeps inline !vault values encrypted; keep the secret in a file encrypted with "
+        "ansible-vault, which ansible-inventory --list decrypts")
 
 
 def test_a_listing_with_a_bad_port_is_refused(tmp_path: Path) -> None:
@@ -305,3 +306,40 @@ def test_a_static_json_inventory_is_still_yaml_style(tmp_path: Path) -> None:
     path = listing(tmp_path, {"gpu": {"hosts": {"gpu01": {"ansible_port": 2201}}}}, "hosts.json")
     inventory: Inventory = load_inventory(path)
     assert inventory.hosts["gpu01"].port == 2201
+
+
+def test_legacy_ssh_variables_win_as_they_do_for_ansibles_ssh_connection(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts.ini", """
+        [gpu]
+        gpu01 ansible_host=10.0.0.1 ansible_ssh_host=10.0.0.2 ansible_port=22 ansible_ssh_port=2202 ansible_user=a ansible_ssh_user=b
+        gpu02 ansible_password=p1 ansible_ssh_pass=p2
+        gpu03 ansible_password=p1 ansible_ssh_pass=p2 ansible_ssh_password=p3
+        [gpu:vars]
+        ansible_ssh_user=group-level
+    """)  # noqa: E501
+    write(tmp_path, "host_vars/gpu02.yml", "ansible_user: host-level\n")
+    hosts = load_inventory(path).hosts
+    assert (hosts["gpu01"].address, hosts["gpu01"].port, hosts["gpu01"].user) == (
+        "10.0.0.2", 2202, "b")
+    assert hosts["gpu02"].user == "group-level"
+    assert (hosts["gpu02"].password, hosts["gpu03"].password) == ("p2", "p3")
+
+
+LISTINGS = Path(__file__).parent.parent / "fixtures" / "inventories" / "real-world" / "oracle"
+
+
+def test_a_real_listing_of_a_vault_encrypted_file_is_read(tmp_path: Path) -> None:
+    # `ansible-inventory --list --vault-password-file ...` over group_vars/all/vault.yml
+    # encrypted with ansible-vault: the values come out decrypted.
+    host = load_inventory(LISTINGS / "listing-vault-file.json").hosts["n1"]
+    assert host.vars["vault_pw"] == "s3cret"
+
+
+def test_a_real_listing_with_an_inline_vault_value_is_refused() -> None:
+    # The same command over an inline !vault value: it stays encrypted in the listing, and
+    # the template beside it stays a template.
+    path = LISTINGS / "listing-inline-vault.json"
+    assert fails_fast(lambda: load_inventory(path)).startswith(
+        f"vault-encrypted value in {path} (variable ansible_become_password): "
+        "ansible-inventory keeps inline !vault values encrypted")

@@ -67,16 +67,16 @@ def test_raw_blocks_and_unsafe_values_are_never_templated(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("template", "problem"), [
     ("{{ lookup('env', 'USER') }}", "uses lookup(), and gpufleet does not run Ansible "
-     "lookups; pass `ansible-inventory --list` JSON instead"),
+     "lookups (write the value itself in the inventory)"),
     ("{{ query('inventory_hostnames', 'all') }}", "uses query(), and gpufleet does not run "
-     "Ansible lookups; pass `ansible-inventory --list` JSON instead"),
-    ("{{ q('x') }}", "uses q(), and gpufleet does not run Ansible lookups; pass "
-     "`ansible-inventory --list` JSON instead"),
+     "Ansible lookups (write the value itself in the inventory)"),
+    ("{{ q('x') }}", "uses q(), and gpufleet does not run Ansible lookups (write the value "
+     "itself in the inventory)"),
     ("{{ range(3) }}", "calls range(), which gpufleet does not provide"),
     ("{{ hostvars['n2'].x }}", "refers to other hosts' variables (hostvars), which gpufleet "
-     "does not template; pass `ansible-inventory --list` JSON instead"),
+     "does not template (write the value itself in the inventory)"),
     ("{{ groups['all'] }}", "refers to the inventory's groups (groups), which gpufleet does "
-     "not template; pass `ansible-inventory --list` JSON instead"),
+     "not template (write the value itself in the inventory)"),
     ("{{ x | to_nice_yaml }}", "uses the filter 'to_nice_yaml', which gpufleet does not "
      "provide (it renders bool, d, default, int, join, lower, replace, string, trim, upper)"),
     ("{{ undefined_var }}", "'undefined_var' is undefined"),
