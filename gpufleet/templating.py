@@ -13,8 +13,10 @@ template's output is not templated again.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -26,6 +28,7 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from gpufleet.errors import InventoryError
+from gpufleet.inventory_secrets import remember_secret
 from gpufleet.inventory_yaml import Unsafe
 
 __all__ = ["FILTERS", "HostVars", "TemplateError", "is_template"]
@@ -184,7 +187,8 @@ class _Scope(Mapping[str, Any]):
 
 
 class HostVars(MutableMapping[str, Any]):
-    """One host's variables; templated values are rendered when first read."""
+    """One host's variables; templated values are rendered when first read. Safe to read
+    from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
 
     def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str]) -> None:
         self.host = host
@@ -192,8 +196,12 @@ class HostVars(MutableMapping[str, Any]):
         self._origins = dict(origins)
         self._rendered: dict[str, Any] = {}
         self._active: list[str] = []
+        self._lock = threading.RLock()
         self.magic = {"inventory_hostname": host,
                       "inventory_hostname_short": host.split(".", 1)[0]}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
+        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins)
 
     def origin(self, key: str) -> str | None:
         """Where the variable's winning value is set (``file:line`` or ``file``)."""
@@ -204,6 +212,10 @@ class HostVars(MutableMapping[str, Any]):
         return dict(self._raw)
 
     def __getitem__(self, key: str) -> Any:
+        with self._lock:
+            return self._get(key)
+
+    def _get(self, key: str) -> Any:
         if key in self._rendered:
             return self._rendered[key]
         value = self._raw[key]
@@ -220,18 +232,21 @@ class HostVars(MutableMapping[str, Any]):
             rendered = self._render(key, value)
         finally:
             self._active.pop()
+        remember_secret(key, rendered)
         self._rendered[key] = rendered
         return rendered
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._raw[key] = value
-        self._origins.pop(key, None)
-        self._rendered.clear()
+        with self._lock:
+            self._raw[key] = value
+            self._origins.pop(key, None)
+            self._rendered.clear()
 
     def __delitem__(self, key: str) -> None:
-        del self._raw[key]
-        self._origins.pop(key, None)
-        self._rendered.clear()
+        with self._lock:
+            del self._raw[key]
+            self._origins.pop(key, None)
+            self._rendered.clear()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._raw)

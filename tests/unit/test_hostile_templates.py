@@ -3,14 +3,18 @@ host's variables; anything else fails with host, variable and place, and only wh
 
 from __future__ import annotations
 
+import copy
 import textwrap
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from gpufleet.errors import InventoryError
 from gpufleet.inventory import Host, load_inventory
+from gpufleet.managed import redact
 from gpufleet.templating import TemplateError
 
 
@@ -172,3 +176,30 @@ def test_changing_a_variable_renders_its_users_again(tmp_path: Path) -> None:
     assert host.vars["greeting"] == "hello world"
     host.vars["who"] = "lab"
     assert host.vars["greeting"] == "hello lab"
+
+
+def test_many_threads_read_one_hosts_templates(tmp_path: Path) -> None:
+    chain = "".join(f'v{n}: "{{{{ v{n + 1} }}}}-{n}"\n' for n in range(30)) + "v30: end\n"
+    host, _ = host_of(tmp_path, chain)
+    start = threading.Barrier(16)
+
+    def read(_: int) -> str:
+        start.wait()
+        return str(host.vars["v0"])
+
+    with ThreadPoolExecutor(16) as pool:
+        results = set(pool.map(read, range(16)))
+    assert results == {"end-" + "-".join(str(n) for n in range(29, -1, -1))}
+
+
+def test_a_rendered_secret_is_redacted_too(tmp_path: Path) -> None:
+    host, _ = host_of(tmp_path, 'base: "hunter"\nansible_become_password: "{{ base }}-2024!"\n')
+    assert host.vars["ansible_become_password"] == "hunter-2024!"
+    assert redact("line with hunter-2024! in it") == "line with ******** in it"
+
+
+def test_host_variables_copy_deeply(tmp_path: Path) -> None:
+    host, _ = host_of(tmp_path, 'servers: [a, b]\nline: "{{ servers | join(\',\') }}"\n')
+    copied = copy.deepcopy(host.vars)
+    copied["servers"].append("c")
+    assert (host.vars["line"], copied["line"]) == ("a,b", "a,b,c")
