@@ -689,29 +689,33 @@ class _Builder:
         depth = self.depths()
         root = path if path.is_dir() else path.parent
         none: tuple[dict[str, Any], dict[str, str]] = ({}, {})
-        group_files = {name: none if self.complete else self.vars_from(root / "group_vars", name)
+        group_dir, host_dir = root / "group_vars", root / "host_vars"
+        read_group = not self.complete and group_dir.is_dir()
+        read_host = not self.complete and host_dir.is_dir()
+        group_files = {name: self.vars_from(group_dir, name) if read_group else none
                        for name in self.groups}
-        host_files = {name: none if self.complete else self.vars_from(root / "host_vars", name)
+        host_files = {name: self.vars_from(host_dir, name) if read_host else none
                       for name in self.hosts}
         host_groups: dict[str, list[str]] = {name: [] for name in self.hosts}
         for group, names in members.items():
             for name in names:
                 host_groups[name].append(group)
+        by_groups: dict[frozenset[str], tuple[dict[str, Any], dict[str, str]]] = {}
         hosts: dict[str, Host] = {}
         for name, definition in self.hosts.items():
-            groups = host_groups[name]
-            order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
-            layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
-            layers += [group_files[g] for g in order]
-            layers += [(definition.vars, definition.origins), host_files[name]]
-            values, origins = _merge(layers)
+            groups = frozenset(host_groups[name])
+            if groups not in by_groups:
+                order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
+                layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
+                by_groups[groups] = _merge(layers + [group_files[g] for g in order])
+            values, origins = _merge([by_groups[groups], (definition.vars, definition.origins),
+                                      host_files[name]])
             for key, value in values.items():
                 remember_secret(key, value)
-            hosts[name] = Host(name, HostVars(name, copy.deepcopy(values), origins),
-                               frozenset(groups))
+            hosts[name] = Host(name, HostVars(name, _copied(values), origins), groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
-            name: _merge([(group.vars, {}), group_files[name]])[0]
+            name: _merge([(group.vars, group.origins), group_files[name]])[0]
             for name, group in self.groups.items()
         }
         inventory._tree = {name: (list(group.hosts), list(group.children))
@@ -827,15 +831,20 @@ def _shown(key: str, value: Any) -> str:
 
 def _merge(layers: Iterable[tuple[Mapping[str, Any], Mapping[str, str]]]
            ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Values merged key by key, later layers winning, with where each winner is set (every
+    layer's origins name exactly its own keys)."""
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for layer_values, layer_origins in layers:
         values.update(layer_values)
-        origins.update({key: layer_origins[key] for key in layer_values if key in layer_origins})
-        for key in layer_values:
-            if key not in layer_origins:
-                origins.pop(key, None)
+        origins.update(layer_origins)
     return values, origins
+
+
+def _copied(values: dict[str, Any]) -> dict[str, Any]:
+    """A copy that shares no list or mapping with other hosts."""
+    return {key: copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+            for key, value in values.items()}
 
 
 # Public functions ----------------------------------------------------------------------------

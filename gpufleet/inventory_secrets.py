@@ -8,6 +8,7 @@ where they are not written as ``key=value``.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 
@@ -23,6 +24,7 @@ _lock = threading.Lock()
 _known: set[str] = set()
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """Whether a variable of this name holds a secret (``ansible_become_password``,
     ``db_pass``, ``GITHUB_PAT``, ``PASSPHRASE``...) rather than where one is kept

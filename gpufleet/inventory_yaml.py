@@ -54,9 +54,12 @@ class _Loader(yaml.SafeLoader):
 
     max_depth = 64
     _depth = 0
+    has_aliases = False
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
+        if self.check_event(yaml.AliasEvent):
+            self.has_aliases = True
         try:
             if self._depth > self.max_depth:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
@@ -158,7 +161,8 @@ def parse_yaml(text: str, where: Where, bounds: Limits) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_expanded(node, bounds)
+        if loader.has_aliases:  # without aliases nothing expands beyond what was read
+            _check_expanded(node, bounds)
         return loader.construct_document(node)
     except _BoundsError as exc:
         raise where.at(exc.line).error(exc.problem) from None
