@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.markup import escape
-
 import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes, slurm_inventory
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
@@ -79,6 +77,8 @@ def load_source(inventory: str) -> Inventory:
 def load_target(inventory: str, limit: str | None) -> Target:
     """Load the inventory and select hosts; an empty selection is an error."""
     inv = load_source(inventory)
+    if not inv.hosts:
+        raise GpufleetError(f"inventory {inv.path} has no hosts")
     hosts = inv.select(limit)
     if not hosts:
         raise GpufleetError(f"--limit {limit!r} selects no host of {inv.path}")
@@ -91,7 +91,7 @@ def guarded(func: Any) -> Any:
         try:
             code: int = func(*args, **kwargs)
         except GpufleetError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {terminal.plain(exc)}", file=sys.stderr)
             return exc.exit_code
         return code
     wrapper.__doc__ = func.__doc__
@@ -104,6 +104,14 @@ def _outcome_code(outcomes: dict[str, Outcome[Any]]) -> int:
     if "failed" in statuses:
         return exitcodes.FAILED
     if statuses & {"unreachable", "skipped"}:
+        return exitcodes.UNREACHABLE
+    return exitcodes.OK
+
+
+def _facts_code(outcomes: dict[str, Outcome[Any]]) -> int:
+    """``facts`` changes nothing, so a failed host means its facts could not be gathered:
+    exit 3, the same as an unreachable one (README's exit code table)."""
+    if any(o.status != "ok" for o in outcomes.values()):
         return exitcodes.UNREACHABLE
     return exitcodes.OK
 
@@ -138,11 +146,12 @@ def facts(inventory: str, *, limit: str | None = None, json_path: str | None = N
             for fact, reason in outcome.value["facts"].absent.items():
                 by_reason.setdefault(reason, []).append(fact)
             for reason, names in by_reason.items():
-                con.print(f"  [dim]{name}: unknown {', '.join(names)}: {reason}[/dim]")
+                con.print(f"  [dim]{terminal.markup(name)}: unknown "
+                          f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
     if json_path:
         write_json(json_path, envelope("gpufleet.facts/1", inventory=str(target.inventory.path),
                                        hosts={n: _facts_json(o) for n, o in outcomes.items()}))
-    return _outcome_code(outcomes)
+    return _facts_code(outcomes)
 
 
 def _summary_only(outcome: Outcome[dict[str, Any]]) -> Outcome[Any]:
@@ -200,7 +209,8 @@ def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, tit
         run = outcome.value
         if run is None or run.plan is None or run.plan.empty:
             continue
-        con.print(f"[bold]{title} {name}[/bold] ({len(run.plan.changes)} change(s))")
+        con.print(f"[bold]{title} {terminal.markup(name)}[/bold] "
+                  f"({len(run.plan.changes)} change(s))")
         terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
                             bool(run.reboot_pending))
 
@@ -316,11 +326,11 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
     if unit_dir is None and not SYSTEMD_RUNNING.is_dir():
         con.print("systemd is not running on this machine; add this line to "
                   "/etc/cron.d/gpufleet-drift instead:")
-        con.print(escape(schedule.cron_line()), soft_wrap=True)
+        con.print(terminal.markup(schedule.cron_line()), soft_wrap=True)
         return exitcodes.OK
     for line in install(schedule, Path(unit_dir) if unit_dir else Path("/etc/systemd/system")):
-        con.print(escape(line))
-    con.print(f"nightly at {schedule.at}: {escape(schedule.command)}")
+        con.print(terminal.markup(line))
+    con.print(f"nightly at {schedule.at}: {terminal.markup(schedule.command)}")
     return exitcodes.OK
 
 
@@ -389,15 +399,15 @@ def bootstrap_cmd(inventory: str, options: BootstrapOptions, json_path: str | No
     inv = load_inventory(resolve_inventory(inventory))
     result = bootstrap(inv, inventory, options, conformance_cmd)
     con = terminal.console(out)
-    con.print(f"[bold]BOOTSTRAP {escape(result.host)}[/bold]")
+    con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")
     styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
     for step in result.steps:
         style = styles[step.status]
         con.print(f"  {step.name:<10} [{style}]{step.status:<8}[/{style}] {step.duration:6.1f}s  "
-                  f"{escape(step.detail)}")
+                  f"{terminal.markup(step.detail)}")
     verdict = "[green]READY[/green]" if result.ready else \
-        f"[red]NOT READY[/red]: {escape(str(result.reason))}"
-    con.print(f"{result.host}: {verdict}")
+        f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
+    con.print(f"{terminal.markup(result.host)}: {verdict}")
     if json_path:
         write_json(json_path, envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
                                        **result.to_dict()))

@@ -38,7 +38,7 @@ from gpufleet.hostkeys import (
     known_hosts_name,
     trust_known,
 )
-from gpufleet.inventory import Host
+from gpufleet.inventory import Host, parse_jump, ssh_option
 
 BACKUP_SUFFIX = ".gpufleet-bak"
 KILL_GRACE_S = 5
@@ -494,38 +494,23 @@ def _text(data: bytes) -> str:
 
 
 def known_hosts_files(host: Host, base: Path) -> list[Path]:
-    """The known_hosts files that vouch for ``host``: the inventory's, then the user's."""
+    """The known_hosts files that vouch for ``host``, in the order they decide: the
+    inventory's ``gpufleet_known_hosts``, the ``UserKnownHostsFile`` files of its ssh
+    arguments (the first such option, as ssh reads it), then the user's."""
     files: list[Path] = []
     configured = host.vars.get("gpufleet_known_hosts")
     if configured:
-        files.append((base / str(configured)).resolve())
-    args = host.ssh_common_args
-    for i, arg in enumerate(args):
-        value = None
-        if arg.startswith("UserKnownHostsFile="):
-            value = arg.split("=", 1)[1]
-        elif arg == "-o" and i + 1 < len(args) and args[i + 1].startswith("UserKnownHostsFile="):
-            value = args[i + 1].split("=", 1)[1]
-        if value:
-            files.extend(Path(os.path.expanduser(v)) for v in value.split())
+        files.append(Path(os.path.normpath(base.absolute() / os.path.expanduser(str(configured)))))
+    user_files = _ssh_option(host.ssh_common_args, "UserKnownHostsFile")
+    if user_files:
+        files.extend(Path(os.path.expanduser(v)) for v in user_files.split())
     files.append(Path.home() / ".ssh" / "known_hosts")
-    unique: list[Path] = []
-    for f in files:
-        if f not in unique:
-            unique.append(f)
-    return unique
+    return list(dict.fromkeys(files))
 
 
 def _ssh_option(args: list[str], name: str) -> str | None:
     """The value of ``-o Name=value`` (or ``-J value`` for ProxyJump) in ssh arguments."""
-    key = name.lower() + "="
-    for i, arg in enumerate(args):
-        candidate = args[i + 1] if arg == "-o" and i + 1 < len(args) else arg
-        if candidate.lower().startswith(key):
-            return candidate.split("=", 1)[1]
-        if name == "ProxyJump" and arg == "-J" and i + 1 < len(args):
-            return args[i + 1]
-    return None
+    return ssh_option(args, name)
 
 
 class SSHConnection(_CommandRunner):
@@ -561,11 +546,16 @@ class SSHConnection(_CommandRunner):
         if command:
             return command
         jump = _ssh_option(args, "ProxyJump")
-        if not jump or jump.lower() == "none":
+        if not jump:
             return None
-        user, _, rest = jump.rpartition("@")
-        address, _, port = rest.partition(":")
-        conn = fabric.Connection(address, user=user or self.host.user, port=int(port or 22),
+        try:
+            hop = parse_jump(jump)
+        except ValueError as exc:
+            raise GpufleetError(f"host '{self.host.name}': ProxyJump '{jump}': {exc}") from None
+        if hop is None:
+            return None
+        user, address, port = hop
+        conn = fabric.Connection(address, user=user or self.host.user, port=port,
                                  connect_kwargs=self._auth_kwargs(),
                                  connect_timeout=int(self._connect_timeout()))
         self._harden(conn.client, known_hosts_name(conn.host, conn.port), accept_new=False)
@@ -577,8 +567,7 @@ class SSHConnection(_CommandRunner):
         key = self.host.private_key_file
         if key:
             kwargs["key_filename"] = [os.path.expanduser(key)]
-        password = self.host.vars.get("ansible_password") or self.host.vars.get(
-            "ansible_ssh_pass")
+        password = self.host.password
         if password:
             kwargs["password"] = password
         return kwargs

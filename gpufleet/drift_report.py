@@ -14,6 +14,7 @@ from gpufleet.drift import SCHEMA, HostDrift, Inconsistency
 from gpufleet.report import junit
 from gpufleet.report.jsonfile import envelope
 from gpufleet.report.prometheus import Metric
+from gpufleet.report.terminal import markup, plain
 
 STATUS_STYLE = {"clean": "green", "drifted": "yellow", "unreachable": "red bold",
                 "error": "red bold"}
@@ -106,45 +107,49 @@ def to_metrics(run: DriftRun) -> list[Metric]:
 
 def _print_hosts(out: Console, run: DriftRun) -> None:
     """One status line per host, and the facts whose tool hung on it."""
-    width = max((len(n) for n in run.hosts), default=4)
+    width = max((len(plain(n)) for n in run.hosts), default=4)
     for name, host in run.hosts.items():
         style = STATUS_STYLE[host.status]
         new = sum(i.new for i in host.items)
         detail = f"{len(host.items)} item(s), {new} new" if host.items else ""
         if host.error:
             detail = host.error
-        out.print(f"  {name:<{width}}  [{style}]{host.status:<11}[/{style}] {escape(detail)}")
+        out.print(f"  {escape(plain(name).ljust(width))}  [{style}]{host.status:<11}[/{style}] "
+                  f"{markup(detail)}")
         for fact, reason in host.timed_out.items():
-            out.print(f"  {' ' * width}  [red]fact {escape(fact)} unknown: {escape(reason)}[/red]")
+            out.print(f"  {' ' * width}  [red]fact {markup(fact)} unknown: {markup(reason)}[/red]")
 
 
 def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
-    """Summary line per host, then items grouped by host with desired and actual."""
+    """Summary line per host, then items grouped by host with desired and actual. Every
+    name and value shown comes from hosts or the inventory and is printed escaped."""
     out.print("[bold]DRIFT[/bold]")
     _print_hosts(out, run)
     for name, host in run.hosts.items():
         if not host.items:
             continue
-        table = Table(title=f"{name}", title_justify="left", pad_edge=False, show_lines=False)
+        table = Table(title=markup(name), title_justify="left", pad_edge=False,
+                      show_lines=False)
         for col in ("role", "item", "desired", "actual", ""):
             table.add_column(col, overflow="fold")
         for item in host.items:
-            table.add_row(item.role, escape(item.resource), escape(str(item.desired)),
-                          escape(str(item.actual)), "NEW" if item.new else "")
+            table.add_row(markup(item.role), markup(item.resource), markup(item.desired),
+                          markup(item.actual), "NEW" if item.new else "")
         out.print(table)
         if diff:
             for item in host.items:
                 if item.diff:
                     for line in item.diff.rstrip("\n").splitlines():
-                        out.print(f"    [dim]{escape(line)}[/dim]")
+                        out.print(f"    [dim]{markup(line)}[/dim]")
     for inc in run.inconsistencies:
         spread = "; ".join(f"{v} on {', '.join(h)}" for v, h in inc.values.items())
-        out.print(f"[yellow]group {inc.group}: {inc.key} differs[/yellow] ({escape(spread)})")
+        out.print(f"[yellow]group {markup(inc.group)}: {markup(inc.key)} differs[/yellow] "
+                  f"({markup(spread)})")
     s = run.summary()
     out.print(f"{s['hosts']} hosts: {s['clean']} clean, {s['drifted']} drifted, "
               f"{s['unreachable']} unreachable, {s['error']} error; {s['items']} item(s); "
               f"since last run: {s['new']} new, {s['resolved']} resolved "
               f"({run.duration:.1f}s)")
     for name, result in run.remediation.items():
-        out.print(f"  remediation {name}: {result['status']}"
-                  + (f" ({escape(str(result['error']))})" if result.get("error") else ""))
+        out.print(f"  remediation {markup(name)}: {markup(result['status'])}"
+                  + (f" ({markup(result['error'])})" if result.get("error") else ""))

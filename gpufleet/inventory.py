@@ -1,29 +1,42 @@
-"""Ansible-compatible static inventories: YAML, INI, or a directory of them.
+"""Ansible-compatible static inventories: YAML, INI, ``ansible-inventory --list`` JSON, or a
+directory of them.
 
 Hosts, groups, ``group_vars/`` and ``host_vars/`` are read with Ansible's semantics so that
-existing inventories work unchanged. Every problem in the input becomes an InventoryError
-that names the file and, where known, the line.
+existing inventories work unchanged; docs/inventory.md lists every place where gpufleet
+differs and why. Every problem in the input becomes an InventoryError that names the file
+and, where known, the line. Each host variable remembers where its value was set, so a
+template that cannot be rendered is reported at that place.
 """
 
 from __future__ import annotations
 
-import ast
 import copy
-import fnmatch
 import hashlib
-import ipaddress
 import os
-import re
 import shlex
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from gpufleet.errors import InventoryError
+from gpufleet.inventory_files import (
+    Limits,
+    Where,
+    check_path_text,
+    limits,
+    list_dir,
+    read_bytes,
+    read_text,
+)
+from gpufleet.inventory_hosts import host_names, parse_port
+from gpufleet.inventory_ini import ChildLine, HostLine, Section, VarLine, read_ini
+from gpufleet.inventory_json import JsonInventory, read_json
+from gpufleet.inventory_patterns import select_hosts
+from gpufleet.inventory_secrets import remember_secret
+from gpufleet.inventory_yaml import Mapping as YamlMapping
+from gpufleet.inventory_yaml import Vaulted, parse_yaml, plain
+from gpufleet.templating import HostVars, is_template
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -39,44 +52,13 @@ _IGNORED_SUFFIXES = (
 _SSH_ALIASES = frozenset({"ssh", "paramiko", "paramiko_ssh", "smart"})
 _TRUE = frozenset({"yes", "true", "1"})
 _FALSE = frozenset({"no", "false", "0"})
-_LITERAL_TYPES = (str, int, float, list, dict, type(None))
 _ADDRESS_KEYS = ("ansible_host", "ansible_port")
 _GROUP_SECTIONS = ("hosts", "children", "vars")
-
-_SECTION = re.compile(r"\[([^:\]\s]+)(?::(\w+))?\]")
-_GROUP_NAME = re.compile(r"[^:\]\s]+")
-_RANGE = re.compile(r"\[([^\[\]]*)\]")
-_BRACKETED = re.compile(r"\[([^\[\]]+)\](?::(.*))?")
-_DIGITS = re.compile(r"[0-9]+")
-_INTEGER = re.compile(r"-?[0-9]+")
-_PATTERN_TERM = re.compile(r"(?:[^:\[\]\s]|\[[^\]]*\])+")
+_VAULT_HINT = "gpufleet cannot decrypt vault; pass `ansible-inventory --list` JSON instead"
+_PATH_KEYS = ("gpufleet_known_hosts", "ansible_ssh_private_key_file", "ansible_private_key_file")
 
 
-# Locations and values ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Where:
-    """A place in an inventory source, for error messages."""
-
-    file: Path
-    line: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}" if self.line else str(self.file)
-
-    def at(self, line: int | None) -> _Where:
-        return _Where(self.file, line)
-
-    def error(self, problem: str) -> InventoryError:
-        return InventoryError(f"{self}: {problem}")
-
-
-def _parse_port(value: Any) -> int:
-    text = str(value)
-    if isinstance(value, bool) or not _DIGITS.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise ValueError("expected a number from 1 to 65535")
-    return int(text)
+# Connection settings -------------------------------------------------------------------------
 
 
 def _parse_connection(value: Any) -> str:
@@ -97,20 +79,77 @@ def _parse_bool(value: Any) -> bool:
     raise ValueError("expected a boolean (yes/no, true/false or 1/0)")
 
 
+def _parse_path(value: Any) -> str:
+    text = str(value)
+    try:
+        check_path_text(text, "the path")
+    except InventoryError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def ssh_option(args: list[str], name: str) -> str | None:
+    """The value of ``-o Name=value`` (or ``-J value`` for ProxyJump) in ssh arguments."""
+    key = name.lower() + "="
+    for index, arg in enumerate(args):
+        candidate = args[index + 1] if arg == "-o" and index + 1 < len(args) else arg
+        candidate = candidate[2:] if candidate.startswith("-o") else candidate
+        if candidate.lower().startswith(key):
+            return candidate.split("=", 1)[1]
+        if name == "ProxyJump" and arg == "-J" and index + 1 < len(args):
+            return args[index + 1]
+        if name == "ProxyJump" and arg.startswith("-J") and len(arg) > 2:
+            return arg[2:]
+    return None
+
+
+def parse_jump(value: str) -> tuple[str | None, str, int] | None:
+    """A ProxyJump value as (user, host, port); None for ``none``. One hop only."""
+    if value.lower() == "none":
+        return None
+    if "," in value:
+        raise ValueError("multi-hop ProxyJump is not supported (one [user@]host[:port] only)")
+    text = value.removeprefix("ssh://")
+    user, at, rest = text.rpartition("@")
+    if at and not user:
+        raise ValueError("empty user before '@'")
+    if rest.startswith("["):
+        address, _, port_text = rest[1:].partition("]")
+        port_text = port_text.removeprefix(":")
+    else:
+        address, _, port_text = rest.partition(":")
+    if not address or any(char.isspace() or char in "/'\"`$;&|<>" for char in address):
+        raise ValueError("expected [user@]host[:port]")
+    port = parse_port(port_text) if port_text else 22
+    return (user or None), address, port
+
+
 def _parse_args(value: Any) -> list[str]:
     try:
-        return shlex.split(str(value))
+        args = shlex.split(str(value))
     except ValueError as exc:
         raise ValueError(f"cannot split into arguments: {exc}") from None
+    jump = ssh_option(args, "ProxyJump")
+    if jump is not None:
+        try:
+            parse_jump(jump)
+        except ValueError as exc:
+            raise ValueError(f"ProxyJump '{jump}': {exc}") from None
+    known = ssh_option(args, "UserKnownHostsFile")
+    if known is not None:
+        for path in known.split():
+            _parse_path(path)
+    return args
 
 
 _CHECKS: dict[str, Callable[[Any], object]] = {
-    "ansible_port": _parse_port,
-    "ansible_ssh_port": _parse_port,
+    "ansible_port": parse_port,
+    "ansible_ssh_port": parse_port,
     "ansible_connection": _parse_connection,
     "ansible_become": _parse_bool,
     "ansible_ssh_common_args": _parse_args,
     "ansible_ssh_extra_args": _parse_args,
+    **{key: _parse_path for key in _PATH_KEYS},
 }
 
 
@@ -133,17 +172,21 @@ class _Vars:
     """Variables set in one place, with the line each one is set on where known."""
 
     values: dict[str, Any]
-    where: _Where
+    where: Where
     lines: Mapping[str, int] = field(default_factory=dict)
 
-    def where_of(self, key: str) -> _Where:
+    def where_of(self, key: str) -> Where:
         return self.where.at(self.lines.get(key, self.where.line))
 
+    def origins(self) -> dict[str, str]:
+        return {key: str(self.where_of(key)) for key in self.values}
+
     def check(self) -> None:
-        """Reject connection settings gpufleet cannot use, at the line that sets them."""
+        """Reject connection settings gpufleet cannot use, at the line that sets them (a
+        template is checked once rendered, when the host's setting is read)."""
         for key, value in self.values.items():
             check = _CHECKS.get(key)
-            if check is None or value is None:
+            if check is None or value is None or is_template(value):
                 continue
             try:
                 check(value)
@@ -159,8 +202,12 @@ class Host:
     """One inventory host: its fully merged variables and every group it belongs to."""
 
     name: str
-    vars: dict[str, Any]
+    vars: MutableMapping[str, Any]
     groups: frozenset[str]
+
+    def origin(self, key: str) -> str | None:
+        """Where the variable's value is set (``file:line``), when the inventory knows."""
+        return self.vars.origin(key) if isinstance(self.vars, HostVars) else None
 
     def _setting(self, parse: Callable[[Any], _T], keys: tuple[str, ...], default: _T) -> _T:
         for key in keys:
@@ -169,25 +216,34 @@ class Host:
                 try:
                     return parse(value)
                 except ValueError as exc:
+                    where = self.origin(key)
+                    place = f" ({where})" if where else ""
                     problem = _problem(key, value, exc)
-                    raise InventoryError(f"host '{self.name}': {problem}") from None
+                    raise InventoryError(f"host '{self.name}'{place}: {problem}") from None
         return default
 
     @property
     def address(self) -> str:
-        """Where to connect: ansible_host (or legacy ansible_ssh_host), else the name."""
-        return self._setting(str, ("ansible_host", "ansible_ssh_host"), self.name)
+        """Where to connect: ansible_ssh_host, else ansible_host, else the name (the legacy
+        name wins, as it does for Ansible's ssh connection)."""
+        return self._setting(str, ("ansible_ssh_host", "ansible_host"), self.name)
 
     @property
     def port(self) -> int:
-        """SSH port: ansible_port (also set by ``host:port``) or ansible_ssh_port, else 22."""
-        return self._setting(_parse_port, ("ansible_port", "ansible_ssh_port"), 22)
+        """SSH port: ansible_ssh_port, else ansible_port (also set by ``host:port``), else 22."""
+        return self._setting(parse_port, ("ansible_ssh_port", "ansible_port"), 22)
 
     @property
     def user(self) -> str | None:
-        """Remote user (ansible_user or ansible_ssh_user); None means the controller's user,
-        as ssh does."""
-        return self._setting(str, ("ansible_user", "ansible_ssh_user"), None)
+        """Remote user: ansible_ssh_user, else ansible_user; None means the controller's
+        user, as ssh does."""
+        return self._setting(str, ("ansible_ssh_user", "ansible_user"), None)
+
+    @property
+    def password(self) -> str | None:
+        """SSH password: ansible_ssh_password, ansible_ssh_pass, else ansible_password."""
+        keys = ("ansible_ssh_password", "ansible_ssh_pass", "ansible_password")
+        return self._setting(str, keys, None)
 
     @property
     def connection(self) -> str:
@@ -198,7 +254,7 @@ class Host:
     def private_key_file(self) -> str | None:
         """SSH private key (ansible_ssh_private_key_file or ansible_private_key_file)."""
         keys = ("ansible_ssh_private_key_file", "ansible_private_key_file")
-        return self._setting(str, keys, None)
+        return self._setting(_parse_path, keys, None)
 
     @property
     def become(self) -> bool:
@@ -220,7 +276,11 @@ class Host:
 
 @dataclass
 class Inventory:
-    """Hosts and groups loaded from an inventory file or directory."""
+    """Hosts and groups loaded from an inventory file or directory.
+
+    ``groups`` maps every group to all its hosts, children included; ``group_hosts`` gives
+    them in Ansible's order.
+    """
 
     path: Path
     hosts: dict[str, Host]
@@ -229,52 +289,51 @@ class Inventory:
     _group_vars: dict[str, dict[str, Any]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _tree: dict[str, tuple[list[str], list[str]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def select(self, pattern: str | None = None) -> list[Host]:
-        """Hosts matching an Ansible host pattern, in inventory order."""
-        terms = _split_pattern(pattern or "all")
-        unions = [term for term in terms if term[0] not in "&!"] or ["all"]
-        chosen: set[str] = set()
-        for term in unions:
-            chosen |= self._match(term)
-        for term in terms:
-            if term[0] == "&":
-                chosen &= self._match(term[1:])
-        for term in terms:
-            if term[0] == "!":
-                chosen -= self._match(term[1:])
-        return [host for name, host in self.hosts.items() if name in chosen]
+        """Hosts matching an Ansible host pattern, in the order Ansible lists them."""
+        names = select_hosts(pattern or "all", list(self.hosts), list(self.groups),
+                             self.group_hosts)
+        return [self.hosts[name] for name in names]
 
-    def _match(self, term: str) -> set[str]:
-        subscript = _SUBSCRIPT.match(term)
-        if subscript and subscript["group"] in self.groups:
-            return self._subscript(subscript)
-        if term.startswith("~") or any(char in term for char in "*?["):
-            regex = _compile_term(term)
-            found = {name for name in self.hosts if regex.match(name)}
-            for group, members in self.groups.items():
-                if regex.match(group):
-                    found |= members
-            return found
-        if term in self.groups:
-            return set(self.groups[term])
-        if term in self.hosts:
-            return {term}
-        raise InventoryError(f"host pattern term '{term}' matches no host or group")
+    def group_hosts(self, group: str) -> list[str]:
+        """The group's hosts as Ansible orders them: its own hosts, then its children's,
+        level by level, each level in the order the groups were declared."""
+        if group not in self.groups:
+            raise InventoryError(f"{self.path}: unknown group '{group}'")
+        if not self._tree:
+            return [name for name in self.hosts if name in self.groups[group]]
+        order: list[str] = [group]
+        seen = {group}
+        level = [group]
+        while level:
+            following: list[str] = []
+            for name in level:
+                for child in self._tree[name][1]:
+                    if child not in seen:
+                        seen.add(child)
+                        following.append(child)
+            order.extend(following)
+            level = following
+        hosts: dict[str, None] = {}
+        for name in order:
+            hosts.update(dict.fromkeys(self._tree[name][0]))
+        return list(hosts)
 
-    def _subscript(self, match: re.Match[str]) -> set[str]:
-        """Ansible's ``group[i]`` and ``group[start:end]`` (end excluded) over the group's
-        hosts in inventory order."""
-        members = [name for name in self.hosts if name in self.groups[match["group"]]]
-        start = int(match["start"]) if match["start"] else None
-        if match["colon"] is None:
-            index = start or 0
-            if not -len(members) <= index < len(members):
-                raise InventoryError(f"host pattern {match.group(0)!r}: group "
-                                     f"'{match['group']}' has {len(members)} host(s)")
-            return {members[index]}
-        end = int(match["end"]) if match["end"] else None
-        return set(members[start:end])
+    def own_hosts(self, group: str) -> list[str]:
+        """The hosts listed in the group itself (not through its children), in order."""
+        if group not in self.groups:
+            raise InventoryError(f"{self.path}: unknown group '{group}'")
+        return list(self._tree[group][0]) if self._tree else []
+
+    def children(self, group: str) -> list[str]:
+        """The group's direct children, in declaration order."""
+        if group not in self.groups:
+            raise InventoryError(f"{self.path}: unknown group '{group}'")
+        return list(self._tree[group][1]) if self._tree else []
 
     @property
     def base(self) -> Path:
@@ -287,7 +346,7 @@ class Inventory:
         entries = sorted((Path(os.path.relpath(src, root)).as_posix(), src) for src in self.sources)
         digest = hashlib.sha256()
         for relative, source in entries:
-            data = _read_bytes(source)
+            data = read_bytes(source)
             digest.update(f"{relative}\0{len(data)}\0".encode())
             digest.update(data)
         return digest.hexdigest()
@@ -299,58 +358,13 @@ class Inventory:
         return copy.deepcopy(self._group_vars.get(group, {}))
 
 
-# Host patterns -----------------------------------------------------------------------------
-
-_SUBSCRIPT = re.compile(r"^(?P<group>[^\[\]]+)\[(?P<start>-?\d*)(?P<colon>:)?(?P<end>-?\d*)\]$")
-
-
-def _split_pattern(pattern: str) -> list[str]:
-    """Split an Ansible host pattern on commas and on colons outside brackets."""
-    terms: list[str] = []
-    for part in pattern.split(","):
-        stripped = part.strip()
-        terms.extend([stripped] if _is_ipv6(stripped) else _PATTERN_TERM.findall(stripped))
-    return [term for term in terms if term]
-
-
-def _compile_term(term: str) -> re.Pattern[str]:
-    try:
-        return re.compile(term[1:] if term.startswith("~") else fnmatch.translate(term))
-    except re.error as exc:
-        problem = f"host pattern term '{term}' is not a valid expression: {exc}"
-        raise InventoryError(problem) from None
-
-
 # Reading files -----------------------------------------------------------------------------
-
-
-def _read_bytes(file: Path) -> bytes:
-    try:
-        return file.read_bytes()
-    except OSError as exc:
-        raise _Where(file).error(f"cannot read: {exc.strerror or exc}") from None
-
-
-def _read_text(file: Path) -> str:
-    data = _read_bytes(file)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise _Where(file, line).error("not UTF-8 text") from None
-
-
-def _list_dir(directory: Path) -> list[Path]:
-    try:
-        return sorted(directory.iterdir(), key=lambda entry: entry.name)
-    except OSError as exc:
-        raise _Where(directory).error(f"cannot list: {exc.strerror or exc}") from None
 
 
 def _inventory_files(directory: Path) -> list[Path]:
     """Inventory files of a directory inventory, alphabetically, subdirectories included."""
     files: list[Path] = []
-    for entry in _list_dir(directory):
+    for entry in list_dir(directory):
         name = entry.name
         if name.startswith((".", "known_hosts")) or name.endswith(_IGNORED_SUFFIXES):
             continue
@@ -363,244 +377,86 @@ def _inventory_files(directory: Path) -> list[Path]:
 
 
 def _vars_dir_files(directory: Path) -> list[Path]:
-    """Files of a group_vars/<group>/ directory in merge order."""
+    """Files of a group_vars/<group>/ directory in merge order (as Ansible's loader lists
+    them: sorted; directories without an extension recursed; files without an extension
+    or ending in .yml, .yaml or .json)."""
     files: list[Path] = []
-    for entry in _list_dir(directory):
+    for entry in list_dir(directory):
         if entry.name.startswith(".") or entry.name.endswith("~"):
             continue
         if entry.is_dir():
-            files.extend(_vars_dir_files(entry))
-        elif entry.is_file() and entry.suffix in _VARS_SUFFIXES:
+            if not entry.suffix:
+                files.extend(_vars_dir_files(entry))
+        elif entry.suffix in _VARS_SUFFIXES:
             files.append(entry)
     return files
 
 
 def _vars_files(directory: Path, name: str) -> list[Path]:
-    """The group_vars/ or host_vars/ files for one group or host, in Ansible's merge order."""
+    """The group_vars/ or host_vars/ files of one group or host: only the first of NAME,
+    NAME.yml, NAME.yaml and NAME.json that exists is read (a directory stands for its
+    files), as Ansible's host_group_vars plugin does."""
     if not directory.is_dir() or Path(name).name != name or name in {".", ".."}:
         return []
-    files: list[Path] = []
     for suffix in _VARS_SUFFIXES:
         candidate = directory / f"{name}{suffix}"
         if candidate.is_dir():
-            files.extend(_vars_dir_files(candidate))
-        elif candidate.is_file():
-            files.append(candidate)
-    return files
+            return _vars_dir_files(candidate)
+        if candidate.exists():
+            return [candidate]
+    return []
 
 
-# YAML ----------------------------------------------------------------------------------------
+def _vault_error(where: Where, key: str | None) -> InventoryError:
+    variable = f" (variable {key})" if key else ""
+    return InventoryError(f"vault-encrypted value in {where}{variable}: {_VAULT_HINT}")
 
 
-class _Mapping(dict[Any, Any]):
-    """A YAML mapping that knows the line it starts on and the line of each key."""
-
-    def __init__(self, line: int) -> None:
-        super().__init__()
-        self.line = line
-        self.key_lines: dict[Any, int] = {}
-
-
-class _LineLoader(yaml.SafeLoader):
-    """A SafeLoader that builds _Mapping objects, and reads Ansible's !unsafe strings."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[_Mapping]:
-    mapping = _Mapping(node.start_mark.line + 1)
-    yield mapping
-    mapping.update(loader.construct_mapping(node))
-    for key_node, _ in node.value:
-        mapping.key_lines[loader.construct_object(key_node)] = key_node.start_mark.line + 1
-
-
-def _construct_unsafe(loader: _LineLoader, node: yaml.ScalarNode) -> str:
-    return str(loader.construct_scalar(node))
-
-
-_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-_LineLoader.add_constructor("!unsafe", _construct_unsafe)
-
-
-def _parse_yaml(text: str, where: _Where) -> Any:
-    loader: _LineLoader | None = None
-    try:
-        loader = _LineLoader(text)
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        reason = exc.problem or exc.context or "malformed document"
-        raise where.at(line).error(f"invalid YAML: {reason}") from None
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        raise where.at(line).error(f"invalid YAML: {exc.reason}") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def _plain(value: Any) -> Any:
-    """The value with every _Mapping turned back into a plain dict."""
+def _check_vault(value: Any, where: Where, key: str | None) -> None:
+    if isinstance(value, Vaulted):
+        raise _vault_error(where.at(value.line), key)
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
+        for item in value.values():
+            _check_vault(item, where, key)
+    elif isinstance(value, list):
+        for item in value:
+            _check_vault(item, where, key)
 
 
-def _yaml_entries(value: Any, where: _Where, what: str) -> list[tuple[Any, Any, _Where]]:
+def _yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, Where]]:
     """The (key, value, place of key) entries of a YAML mapping that may be null."""
     if value is None:
         return []
-    if not isinstance(value, _Mapping):
+    if isinstance(value, Vaulted):
+        raise _vault_error(where.at(value.line), None)
+    if not isinstance(value, YamlMapping):
         raise where.error(f"{what} must be a mapping, got {_kind(value)}")
     return [(key, item, where.at(value.key_lines[key])) for key, item in value.items()]
 
 
-def _yaml_vars(value: Any, where: _Where, what: str) -> _Vars:
+def _yaml_vars(value: Any, where: Where, what: str) -> _Vars:
     entries = _yaml_entries(value, where, what)
-    for key, _, at in entries:
+    for key, item, at in entries:
         if not isinstance(key, str):
             raise at.error(f"variable names must be strings, got {_kind(key)} {key!r}")
-    lines = value.key_lines if isinstance(value, _Mapping) else {}
-    try:
-        values = {key: _plain(item) for key, item, _ in entries}
-    except RecursionError:
-        raise where.error(f"{what} nest too deeply or refer to themselves") from None
-    return _Vars(values, where, lines)
+        _check_vault(item, at, key)
+    lines = value.key_lines if isinstance(value, YamlMapping) else {}
+    return _Vars({key: plain(item) for key, item, _ in entries}, where, lines)
 
 
-def _load_vars_file(file: Path) -> _Vars:
-    where = _Where(file)
-    text = _read_text(file)
+def _load_vars_file(file: Path, bounds: Limits) -> _Vars:
+    where = Where(file)
+    text = read_text(file)
     if text.startswith("$ANSIBLE_VAULT"):
-        raise where.error("encrypted with ansible-vault, which gpufleet cannot read")
-    return _yaml_vars(_parse_yaml(text, where), where, "a variables file")
+        raise where.error(f"encrypted with ansible-vault; {_VAULT_HINT}")
+    return _yaml_vars(parse_yaml(text, where, bounds), where, "a variables file")
 
 
-# INI and host names --------------------------------------------------------------------------
-
-
-def _strip_comment(line: str) -> str:
-    """The line without a trailing ``# comment`` (a ``#`` after whitespace, outside quotes)."""
-    quote = ""
-    for index, char in enumerate(line):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and index and line[index - 1].isspace():
-            return line[:index].rstrip()
-    return line
-
-
-def _literal(text: str) -> Any:
-    """An inline INI host value read as a Python literal where it is one, else the text."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return text
-    return value if isinstance(value, _LITERAL_TYPES) else text
-
-
-def _unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        return text[1:-1]
-    return text
-
-
-def _is_ipv6(text: str) -> bool:
-    try:
-        ipaddress.IPv6Address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _bracketed_ipv6(token: str) -> re.Match[str] | None:
-    match = _BRACKETED.fullmatch(token)
-    return match if match and _is_ipv6(match.group(1)) else None
-
-
-def _port_in(token: str, text: str | None, where: _Where) -> int | None:
-    if text is None:
-        return None
-    try:
-        return _parse_port(text)
-    except ValueError as exc:
-        raise where.error(f"invalid port '{text}' in host '{token}': {exc}") from None
-
-
-def _host_names(token: str, where: _Where) -> tuple[list[str], int | None]:
-    """Expand an inventory host entry (ranges, ``host:port``, IPv6) to names and a port."""
-    bracketed = _bracketed_ipv6(token)
-    if bracketed:
-        return [bracketed.group(1)], _port_in(token, bracketed.group(2), where)
-    colons = _RANGE.sub("", token).count(":")
-    if colons > 1:
-        if not _is_ipv6(token):
-            raise where.error(f"invalid host '{token}': expected name, name:port or IPv6 address")
-        return [token], None
-    if colons == 1:
-        name, _, port = token.rpartition(":")
-        return _expand_ranges(name, token, where), _port_in(token, port, where)
-    return _expand_ranges(token, token, where), None
-
-
-def _expand_ranges(pattern: str, token: str, where: _Where) -> list[str]:
-    """Expand every ``[start:end]`` or ``[start:end:step]`` range in a host name."""
-    names = [""]
-    position = 0
-    for match in _RANGE.finditer(pattern):
-        try:
-            items = _range_items(match.group(1))
-        except ValueError as exc:
-            raise where.error(f"invalid host range '{token}': {exc}") from None
-        prefix = pattern[position : match.start()]
-        names = [name + prefix + item for name in names for item in items]
-        position = match.end()
-    return [name + pattern[position:] for name in names]
-
-
-def _range_items(body: str) -> list[str]:
-    parts = body.split(":")
-    if len(parts) not in (2, 3):
-        raise ValueError("expected [start:end] or [start:end:step]")
-    start, end, step = parts[0] or "0", parts[1], parts[2] if len(parts) == 3 else "1"
-    if not end:
-        raise ValueError("end is missing")
-    if not _DIGITS.fullmatch(step) or int(step) == 0:
-        raise ValueError(f"step must be a positive integer, got '{step}'")
-    if _DIGITS.fullmatch(start) and _DIGITS.fullmatch(end):
-        return _number_items(start, end, int(step))
-    if _is_letter(start) and _is_letter(end) and start.islower() == end.islower():
-        return [chr(code) for code in _ordered(start, end, ord(start), ord(end), int(step))]
-    raise ValueError("start and end must be two numbers or two letters of the same case")
-
-
-def _number_items(start: str, end: str, step: int) -> list[str]:
-    width = len(start) if start.startswith("0") and len(start) > 1 else 0
-    if width and len(end) != width:
-        raise ValueError("zero-padded start and end must have the same width")
-    return [str(number).zfill(width) for number in _ordered(start, end, int(start), int(end), step)]
-
-
-def _ordered(start: str, end: str, first: int, last: int, step: int) -> range:
-    if first > last:
-        raise ValueError(f"start {start} is after end {end}")
-    return range(first, last + 1, step)
-
-
-def _is_letter(text: str) -> bool:
-    return len(text) == 1 and text.isascii() and text.isalpha()
-
-
-def _priority(value: Any, where: _Where) -> int:
-    if isinstance(value, bool) or not _INTEGER.fullmatch(str(value)):
+def _priority(value: Any, where: Where) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.lstrip("-").isdigit():
         raise where.error(_problem("ansible_group_priority", value, "expected an integer"))
-    return int(str(value))
+    return int(text)
 
 
 # Building ------------------------------------------------------------------------------------
@@ -611,7 +467,8 @@ class _GroupDef:
     """A group as declared across the inventory files."""
 
     vars: dict[str, Any] = field(default_factory=dict)
-    children: dict[str, _Where] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    children: dict[str, Where] = field(default_factory=dict)
     hosts: dict[str, None] = field(default_factory=dict)
     priority: int = 1
 
@@ -621,142 +478,159 @@ class _HostDef:
     """A host as declared across the inventory files."""
 
     vars: dict[str, Any] = field(default_factory=dict)
-    addresses: dict[str, tuple[Any, _Where]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, tuple[Any, Where]] = field(default_factory=dict)
 
 
 class _Builder:
     """Collects groups and hosts from inventory files, then resolves them to an Inventory."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: Limits) -> None:
+        self.bounds = bounds
         self.groups: dict[str, _GroupDef] = {"all": _GroupDef(), "ungrouped": _GroupDef()}
+        self.groups["all"].children["ungrouped"] = Where(Path("all"))
         self.hosts: dict[str, _HostDef] = {}
         self.sources: list[Path] = []
-        self.defined: set[str] = {"all", "ungrouped"}
-        self.references: list[tuple[str, _Where, str]] = []
+        self.complete = False  # an ansible-inventory document: no group_vars/ to add
 
     def group(self, name: str) -> _GroupDef:
         return self.groups.setdefault(name, _GroupDef())
 
     def read(self, file: Path) -> None:
-        """Read one inventory file, choosing YAML or INI by extension or content."""
-        text = _read_text(file)
+        """Read one inventory file, choosing the format by extension or content."""
+        text = read_text(file)
         self.sources.append(file)
-        where = _Where(file)
+        where = Where(file)
         suffix = file.suffix.lower()
-        if suffix in _YAML_SUFFIXES:
-            self.read_yaml(_parse_yaml(text, where), where)
+        listing = read_json(text, where, self.bounds) if suffix == ".json" else None
+        if listing is not None:
+            self.read_json(listing, where)
+        elif suffix in _YAML_SUFFIXES:
+            self.read_yaml(parse_yaml(text, where, self.bounds), where)
         elif suffix == ".ini":
-            self.read_ini(text, file)
+            self.read_ini(text, where)
         elif text.startswith("#!"):
-            raise where.error("inventory scripts are not supported; use a static YAML or INI file")
+            raise where.error("inventory scripts are not supported; use a static YAML or INI "
+                              "file, or the output of `ansible-inventory --list`")
         else:
             self.read_sniffed(text, where)
 
-    def read_sniffed(self, text: str, where: _Where) -> None:
+    def read_sniffed(self, text: str, where: Where) -> None:
         try:
-            data = _parse_yaml(text, where)
+            data = parse_yaml(text, where, self.bounds)
         except InventoryError:
             data = None
-        if isinstance(data, _Mapping):
+        if isinstance(data, YamlMapping):
             self.read_yaml(data, where)
         else:
-            self.read_ini(text, where.file)
+            self.read_ini(text, where)
 
-    def read_yaml(self, data: Any, where: _Where) -> None:
-        if data is not None and not isinstance(data, _Mapping):
+    # YAML
+
+    def read_yaml(self, data: Any, where: Where) -> None:
+        if data is not None and not isinstance(data, YamlMapping):
             raise where.error(f"a YAML inventory must be a mapping of groups, got {_kind(data)}")
         for name, body, at in _yaml_entries(data, where, "inventory"):
-            self.yaml_group(name, body, at, None)
+            self.yaml_group(name, body, at, None, 0)
 
-    def yaml_group(self, name: Any, body: Any, where: _Where, parent: str | None) -> None:
+    def yaml_group(self, name: Any, body: Any, where: Where, parent: str | None,
+                   depth: int) -> None:
         if not isinstance(name, str):
             raise where.error(f"group names must be strings, got {_kind(name)} {name!r}")
+        if depth > self.bounds.max_depth:
+            raise where.error(f"groups nest more than {self.bounds.max_depth} levels deep "
+                              "(GPUFLEET_MAX_INVENTORY_DEPTH)")
         self.group(name)
-        self.defined.add(name)
-        if parent is not None:
-            self.add_child(parent, name, where)
-        if body is not None and not isinstance(body, _Mapping):
+        if body is not None and not isinstance(body, YamlMapping):
             expected = "a mapping of hosts, children and vars"
             raise where.error(f"group '{name}' must be {expected}, got {_kind(body)}")
-        for key, value, at in _yaml_entries(body, where, f"group '{name}'"):
+        for key, section, at in _yaml_entries(body, where, f"group '{name}'"):
             if key not in _GROUP_SECTIONS:
                 expected = "expected hosts, children or vars"
                 raise at.error(f"unexpected key '{key}' in group '{name}' ({expected})")
             what = f"'{key}' of group '{name}'"
+            value = _one_entry(section, at) if isinstance(section, str) else section
             if key == "vars":
                 self.add_group_vars(name, _yaml_vars(value, at, what))
             elif key == "children":
                 for child, child_body, child_at in _yaml_entries(value, at, what):
-                    self.yaml_group(child, child_body, child_at, name)
+                    self.yaml_group(child, child_body, child_at, name, depth + 1)
+                    self.add_child(name, child, child_at)
             else:
                 for host, host_body, host_at in _yaml_entries(value, at, what):
                     self.yaml_host(host, host_body, host_at, name)
 
-    def yaml_host(self, token: Any, body: Any, where: _Where, group: str) -> None:
+    def yaml_host(self, token: Any, body: Any, where: Where, group: str) -> None:
         if not isinstance(token, str):
             raise where.error(f"host names must be strings, got {_kind(token)} {token!r}")
         self.add_hosts(token, _yaml_vars(body, where, f"vars of host '{token}'"), group)
 
-    def read_ini(self, text: str, file: Path) -> None:
-        group, kind = "ungrouped", "hosts"
-        for number, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line or line[0] in "#;":
-                continue
-            where = _Where(file, number)
-            line = _strip_comment(line)
-            section = _SECTION.fullmatch(line)
-            if section:
-                group, kind = self.ini_section(section, where)
-            elif line.startswith("[") and not _bracketed_ipv6(line.split()[0]):
-                raise where.error(f"invalid section header '{line}'")
-            elif kind == "hosts":
-                self.ini_host(line, group, where)
-            elif kind == "vars":
-                self.ini_var(line, group, where)
+    # INI
+
+    def read_ini(self, text: str, where: Where) -> None:
+        """Read INI entries. A group named by ``:children`` or ``:vars`` before it exists must
+        be declared (``[group]`` or ``[group:children]``) later in the same file; a child
+        joins its parent when it is declared, as Ansible does."""
+        pending: dict[str, tuple[str, list[tuple[str, Where]]]] = {}
+        for entry in read_ini(text, where):
+            if isinstance(entry, Section):
+                self.ini_section(entry, pending)
+            elif isinstance(entry, HostLine):
+                self.add_hosts(entry.token, _Vars(entry.values, entry.where), entry.group)
+            elif isinstance(entry, VarLine):
+                self.add_group_vars(entry.group, _Vars({entry.key: entry.value}, entry.where))
             else:
-                self.ini_child(line, group, where)
+                self.ini_child(entry, pending)
+        for name, (kind, places) in pending.items():
+            parent, at = places[-1]
+            if kind == "vars":
+                raise at.error(f"section [{name}:vars] names undefined group '{name}'")
+            raise at.error(f"section [{parent}:children] names undefined group '{name}'")
 
-    def ini_section(self, section: re.Match[str], where: _Where) -> tuple[str, str]:
-        name, kind = section.group(1), section.group(2) or "hosts"
-        if kind not in _GROUP_SECTIONS:
-            expected = "expected hosts, children or vars"
-            raise where.error(f"unknown section type '{kind}' in '[{name}:{kind}]' ({expected})")
-        self.group(name)
-        if kind == "vars":
-            self.references.append((name, where, f"section [{name}:vars] names undefined group"))
+    def ini_section(self, entry: Section,
+                    pending: dict[str, tuple[str, list[tuple[str, Where]]]]) -> None:
+        if entry.name not in self.groups and entry.kind == "vars" and entry.name not in pending:
+            pending[entry.name] = ("vars", [(entry.name, entry.where)])
+        self.group(entry.name)
+        if entry.kind == "vars" or entry.name not in pending:
+            return
+        kind, places = pending.pop(entry.name)
+        if kind == "children":
+            for parent, at in places:
+                self.add_child(parent, entry.name, at)
+
+    def ini_child(self, entry: ChildLine,
+                  pending: dict[str, tuple[str, list[tuple[str, Where]]]]) -> None:
+        if entry.child == "all":
+            raise entry.where.error(f"group 'all' cannot be a child of group '{entry.group}'")
+        if entry.child in self.groups:
+            self.add_child(entry.group, entry.child, entry.where)
         else:
-            self.defined.add(name)
-        return name, kind
+            pending.setdefault(entry.child, ("children", []))[1].append(
+                (entry.group, entry.where))
 
-    def ini_host(self, line: str, group: str, where: _Where) -> None:
-        try:
-            token, *assignments = shlex.split(line)
-        except ValueError as exc:
-            raise where.error(f"cannot parse host line: {exc}") from None
-        values: dict[str, Any] = {}
-        for assignment in assignments:
-            key, equals, value = assignment.partition("=")
-            if not equals or not key:
-                problem = f"expected key=value after host '{token}', got '{assignment}'"
-                raise where.error(problem)
-            values[key] = _literal(value)
-        self.add_hosts(token, _Vars(values, where), group)
+    # ansible-inventory JSON
 
-    def ini_var(self, line: str, group: str, where: _Where) -> None:
-        key, equals, value = line.partition("=")
-        key = key.strip()
-        if not equals or len(key.split()) != 1:
-            raise where.error(f"expected key=value in [{group}:vars], got '{line}'")
-        self.add_group_vars(group, _Vars({key: _unquote(value.strip())}, where))
+    def read_json(self, document: JsonInventory, where: Where) -> None:
+        self.complete = True
+        for name, group in document.groups.items():
+            self.group(name)
+            if group.vars:
+                self.add_group_vars(name, _Vars(group.vars, where))
+        for name, group in document.groups.items():
+            for child in group.children:
+                self.add_child(name, child, where)
+            for host in group.hosts:
+                self.define_host(host, {}, {}, where)
+                self.groups[name].hosts[host] = None
+        for host, values in document.hostvars.items():
+            variables = _Vars(values, where)
+            variables.check()
+            self.define_host(host, values, variables.origins(), where)
 
-    def ini_child(self, line: str, group: str, where: _Where) -> None:
-        if not _GROUP_NAME.fullmatch(line):
-            raise where.error(f"expected one group name in [{group}:children], got '{line}'")
-        self.add_child(group, line, where)
-        self.references.append((line, where, f"section [{group}:children] names undefined group"))
+    # Common
 
-    def add_child(self, parent: str, child: str, where: _Where) -> None:
+    def add_child(self, parent: str, child: str, where: Where) -> None:
         if child == "all":
             raise where.error(f"group 'all' cannot be a child of group '{parent}'")
         self.group(child)
@@ -765,24 +639,37 @@ class _Builder:
     def add_group_vars(self, group: str, variables: _Vars) -> None:
         variables.check()
         values = dict(variables.values)
+        origins = variables.origins()
         if "ansible_group_priority" in values:
             where = variables.where_of("ansible_group_priority")
             self.groups[group].priority = _priority(values.pop("ansible_group_priority"), where)
+            origins.pop("ansible_group_priority")
         self.groups[group].vars.update(values)
+        self.groups[group].origins.update(origins)
 
     def add_hosts(self, token: str, variables: _Vars, group: str) -> None:
         variables.check()
         where = variables.where
-        names, port = _host_names(token, where)
-        values = variables.values if port is None else {"ansible_port": port, **variables.values}
+        names, port = host_names(token, where, self.bounds.max_hosts)
+        values = variables.values
+        origins = variables.origins()
+        if port is not None:
+            values = {"ansible_port": port, **values}
+            origins = {"ansible_port": str(where), **origins}
         for name in names:
             if not name:
                 raise where.error(f"missing host name in '{token}'")
-            self.define_host(name, values, where)
+            self.define_host(name, values, origins, where)
             self.groups[group].hosts[name] = None
 
-    def define_host(self, name: str, values: dict[str, Any], where: _Where) -> None:
-        host = self.hosts.setdefault(name, _HostDef())
+    def define_host(self, name: str, values: dict[str, Any], origins: dict[str, str],
+                    where: Where) -> None:
+        host = self.hosts.get(name)
+        if host is None:
+            if len(self.hosts) >= self.bounds.max_hosts:
+                raise where.error(f"more than {self.bounds.max_hosts} hosts "
+                                  "(GPUFLEET_MAX_HOSTS)")
+            host = self.hosts[name] = _HostDef()
         for key in _ADDRESS_KEYS:
             if key not in values:
                 continue
@@ -792,115 +679,188 @@ class _Builder:
                 problem = f"host '{name}' defined twice with different addresses"
                 raise where.error(f"{problem}: {here} here, {there} at {seen_at}")
         host.vars.update(values)
+        host.origins.update(origins)
 
     def build(self, path: Path) -> Inventory:
-        """Check references and cycles, then merge variables into the final Inventory."""
-        for group, where, problem in self.references:
-            if group not in self.defined:
-                raise where.error(f"{problem} '{group}'")
+        """Check cycles, then merge variables into the final Inventory."""
+        self.reconcile()
         self.check_cycles()
         members = self.members()
         depth = self.depths()
         root = path if path.is_dir() else path.parent
-        group_files = {name: self.vars_from(root / "group_vars", name) for name in self.groups}
-        host_files = {name: self.vars_from(root / "host_vars", name) for name in self.hosts}
+        none: tuple[dict[str, Any], dict[str, str]] = ({}, {})
+        group_dir, host_dir = root / "group_vars", root / "host_vars"
+        read_group = not self.complete and group_dir.is_dir()
+        read_host = not self.complete and host_dir.is_dir()
+        group_files = {name: self.vars_from(group_dir, name) if read_group else none
+                       for name in self.groups}
+        host_files = {name: self.vars_from(host_dir, name) if read_host else none
+                      for name in self.hosts}
+        host_groups: dict[str, list[str]] = {name: [] for name in self.hosts}
+        for group, names in members.items():
+            for name in names:
+                host_groups[name].append(group)
+        by_groups: dict[frozenset[str], tuple[dict[str, Any], dict[str, str]]] = {}
         hosts: dict[str, Host] = {}
         for name, definition in self.hosts.items():
-            groups = [group for group, names in members.items() if name in names]
-            order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
-            layers = [self.groups[g].vars for g in order] + [group_files[g] for g in order]
-            merged = _merge(*layers, definition.vars, host_files[name])
-            hosts[name] = Host(name, copy.deepcopy(merged), frozenset(groups))
+            groups = frozenset(host_groups[name])
+            if groups not in by_groups:
+                order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
+                layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
+                by_groups[groups] = _merge(layers + [group_files[g] for g in order])
+            values, origins = _merge([by_groups[groups], (definition.vars, definition.origins),
+                                      host_files[name]])
+            for key, value in values.items():
+                remember_secret(key, value)
+            hosts[name] = Host(name, HostVars(name, _copied(values), origins), groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
-            name: _merge(group.vars, group_files[name]) for name, group in self.groups.items()
+            name: _merge([(group.vars, group.origins), group_files[name]])[0]
+            for name, group in self.groups.items()
         }
+        inventory._tree = {name: (list(group.hosts), list(group.children))
+                           for name, group in self.groups.items()}
         return inventory
 
-    def check_cycles(self) -> None:
-        state: dict[str, bool] = {}
-        trail: list[str] = []
-
-        def visit(group: str) -> None:
-            state[group] = True
-            trail.append(group)
-            for child, where in self.groups[group].children.items():
-                if state.get(child):
-                    cycle = " -> ".join([*trail[trail.index(child) :], child])
-                    raise where.error(f"group children form a cycle: {cycle}")
-                if child not in state:
-                    visit(child)
-            trail.pop()
-            state[group] = False
-
-        for group in self.groups:
-            if group not in state:
-                visit(group)
-
-    def members(self) -> dict[str, set[str]]:
-        """Host names of every group, children included; ``ungrouped`` as Ansible defines it."""
+    def reconcile(self) -> None:
+        """Ansible's last step: groups without a parent become children of ``all``; hosts in
+        no group but ``all`` are ``ungrouped``, and only those."""
+        has_parent = {child for group in self.groups.values() for child in group.children}
+        for name in self.groups:
+            if name != "all" and name not in has_parent:
+                self.groups["all"].children.setdefault(name, Where(Path("all")))
         listed: dict[str, set[str]] = {name: set() for name in self.hosts}
         for group, definition in self.groups.items():
             for name in definition.hosts:
                 listed[name].add(group)
-        implicit = {"all", "ungrouped"}
-        found: dict[str, set[str]] = {
-            "all": set(self.hosts),
-            "ungrouped": {name for name, groups in listed.items() if groups <= implicit},
-        }
+        ungrouped = self.groups["ungrouped"].hosts
+        for name in list(ungrouped):
+            if listed[name] - {"all", "ungrouped"}:
+                del ungrouped[name]
+        for name, groups in listed.items():
+            if groups <= {"all"}:
+                ungrouped[name] = None
 
-        def collect(group: str) -> set[str]:
-            if group not in found:
-                definition = self.groups[group]
-                found[group] = set(definition.hosts).union(*map(collect, definition.children))
-            return found[group]
+    def check_cycles(self) -> None:
+        """Refuse children that form a cycle (iteratively: any depth is safe)."""
+        state: dict[str, int] = {}
+        for start in self.groups:
+            if start in state:
+                continue
+            trail: list[str] = []
+            stack: list[tuple[str, Iterator[tuple[str, Where]]]] = []
+            state[start] = 1
+            trail.append(start)
+            stack.append((start, iter(self.groups[start].children.items())))
+            while stack:
+                group, children = stack[-1]
+                step = next(children, None)
+                if step is None:
+                    stack.pop()
+                    trail.pop()
+                    state[group] = 2
+                    continue
+                child, where = step
+                if state.get(child) == 1:
+                    cycle = " -> ".join([*trail[trail.index(child):], child])
+                    raise where.error(f"group children form a cycle: {cycle}")
+                if child not in state:
+                    state[child] = 1
+                    trail.append(child)
+                    stack.append((child, iter(self.groups[child].children.items())))
 
-        return {group: collect(group) for group in self.groups}
+    def topological(self) -> list[str]:
+        """Groups ordered so that every group comes after all of its parents."""
+        parents: dict[str, int] = dict.fromkeys(self.groups, 0)
+        for group in self.groups.values():
+            for child in group.children:
+                parents[child] += 1
+        ready = [name for name, count in parents.items() if count == 0]
+        order: list[str] = []
+        while ready:
+            name = ready.pop()
+            order.append(name)
+            for child in self.groups[name].children:
+                parents[child] -= 1
+                if parents[child] == 0:
+                    ready.append(child)
+        return order
+
+    def members(self) -> dict[str, set[str]]:
+        """Host names of every group, children included."""
+        found: dict[str, set[str]] = {}
+        for name in reversed(self.topological()):
+            definition = self.groups[name]
+            found[name] = set(definition.hosts).union(
+                *(found[child] for child in definition.children))
+        found["all"] = set(self.hosts)
+        return {name: found[name] for name in self.groups}
 
     def depths(self) -> dict[str, int]:
         """Each group's depth: the longest chain of parents up to ``all``."""
-        parents: dict[str, list[str]] = {group: [] for group in self.groups}
-        for group, definition in self.groups.items():
-            for child in definition.children:
-                parents[child].append(group)
-        depth: dict[str, int] = {"all": 0}
+        depth: dict[str, int] = dict.fromkeys(self.groups, 0)
+        for name in self.topological():
+            for child in self.groups[name].children:
+                depth[child] = max(depth[child], depth[name] + 1)
+        return depth
 
-        def measure(group: str) -> int:
-            if group not in depth:
-                depth[group] = 1 + max(map(measure, parents[group]), default=0)
-            return depth[group]
-
-        return {group: measure(group) for group in self.groups}
-
-    def vars_from(self, directory: Path, name: str) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
+    def vars_from(self, directory: Path, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+        values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
         for file in _vars_files(directory, name):
-            variables = _load_vars_file(file)
+            variables = _load_vars_file(file, self.bounds)
             variables.check()
             self.sources.append(file)
-            merged.update(variables.values)
-        return merged
+            values.update(variables.values)
+            origins.update(variables.origins())
+        return values, origins
+
+
+def _one_entry(value: str, where: Where) -> YamlMapping:
+    """Ansible reads ``hosts: name`` (also ``children:``, ``vars:``) as a mapping of that one
+    name to nothing."""
+    mapping = YamlMapping(where.line or 0)
+    mapping[value] = None
+    mapping.key_lines[value] = where.line or 0
+    return mapping
 
 
 def _shown(key: str, value: Any) -> str:
     return f"port {value}" if key == "ansible_port" else str(value)
 
 
-def _merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        merged.update(layer)
-    return merged
+def _merge(layers: Iterable[tuple[Mapping[str, Any], Mapping[str, str]]]
+           ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Values merged key by key, later layers winning, with where each winner is set (every
+    layer's origins name exactly its own keys)."""
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for layer_values, layer_origins in layers:
+        values.update(layer_values)
+        origins.update(layer_origins)
+    return values, origins
+
+
+def _copied(values: dict[str, Any]) -> dict[str, Any]:
+    """A copy that shares no list or mapping with other hosts."""
+    return {key: copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+            for key, value in values.items()}
 
 
 # Public functions ----------------------------------------------------------------------------
 
 
 def resolve_inventory(name: str, base: Path = Path("inventory")) -> Path:
-    """Find inventory ``name`` as base/name.yml, .yaml, .ini or base/name, else as a path."""
+    """Find inventory ``name``: a bare name as base/name.yml, .yaml, .ini, base/name or
+    ./name; a path (it has a ``/``) exactly as given, or under base."""
     if not name:
         raise InventoryError("no inventory given")
-    tried = [*(base / f"{name}{suffix}" for suffix in _NAME_SUFFIXES), base / name, Path(name)]
+    check_path_text(name, "inventory")
+    path = Path(name)
+    if "/" in name or path.is_absolute():
+        tried = [path] if path.is_absolute() else [path, base / name]
+    else:
+        tried = [*(base / f"{name}{suffix}" for suffix in _NAME_SUFFIXES), base / name, path]
     tried = list(dict.fromkeys(tried))
     for candidate in tried:
         if candidate.exists():
@@ -911,10 +871,11 @@ def resolve_inventory(name: str, base: Path = Path("inventory")) -> Path:
 def load_inventory(path: str | Path) -> Inventory:
     """Load an inventory file or directory, or an inventory name resolved under ./inventory."""
     target = resolve_inventory(str(path))
-    builder = _Builder()
+    bounds = limits()
+    builder = _Builder(bounds)
     files = _inventory_files(target) if target.is_dir() else [target]
     if not files:
-        raise _Where(target).error("no inventory files found")
+        raise Where(target).error("no inventory files found")
     for file in files:
         builder.read(file)
     return builder.build(target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,9 +56,15 @@ def _is_capture_note(line: str) -> bool:
     return stripped.startswith("#") or stripped.startswith("$ ")
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of ``text`` without the indentation they all share, so output copied with
+    every line indented (from a mail, a ticket, a log) reads like the tool printed it."""
+    return textwrap.dedent(text).splitlines()
+
+
 def _output_lines(text: str) -> list[str]:
     """Return the non-blank lines of ``text`` that are not capture annotations."""
-    return [line for line in text.splitlines() if line.strip() and not _is_capture_note(line)]
+    return [line for line in _lines(text) if line.strip() and not _is_capture_note(line)]
 
 
 def _quote(text: str) -> str:
@@ -111,12 +118,13 @@ def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "[")
 
 # --------------------------------------------------------------------------- RDMA / QoS
 
-_QOS_TRUST = re.compile(r"^Priority trust state:\s*(\S*)\s*$")
+_QOS_START = re.compile(r"^\s*DCBX mode:")
+_QOS_TRUST = re.compile(r"^\s*Priority trust state:\s*(\S*)\s*$")
 _QOS_DSCP = re.compile(r"^\s*prio:(\d+)\s+dscp:([\d,\s]*)$")
 _QOS_PFC_HEADER = re.compile(r"^\s*priority((?:\s+\d+)+)\s*$")
 _QOS_PFC_ENABLED = re.compile(r"^\s*enabled\b(.*)$")
 _QOS_TC = re.compile(
-    r"^tc:\s*(\d+)\s+(?:ratelimit:\s*[^,]*,\s*)?tsa:\s*([A-Za-z_]+)(?:,\s*bw:\s*(\d+)\s*%)?\s*$"
+    r"^\s*tc:\s*(\d+)\s+(?:ratelimit:\s*[^,]*,\s*)?tsa:\s*([A-Za-z_]+)(?:,\s*bw:\s*(\d+)\s*%)?\s*$"
 )
 _QOS_TC_PRIORITY = re.compile(r"^\s*priority:\s*(\d+)\s*$")
 
@@ -129,8 +137,8 @@ def mlnx_qos(text: str) -> dict[str, Any]:
     ``bw`` percent or None, ``priorities``). Old and current layouts are accepted; when
     the text holds several reports (e.g. a script that ran mlnx_qos twice) the last wins.
     """
-    lines = text.splitlines()
-    starts = [index for index, line in enumerate(lines) if line.startswith("DCBX mode:")]
+    lines = _lines(text)
+    starts = [index for index, line in enumerate(lines) if _QOS_START.match(line)]
     if starts:
         lines = lines[starts[-1] :]
 
@@ -346,7 +354,7 @@ def nccl_tests(text: str) -> list[dict[str, Any]]:
     """
     layout: tuple[bool, list[str]] | None = None
     rows: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    for line in _lines(text):
         stripped = line.strip()
         if stripped.startswith("#"):
             names = stripped.lstrip("#").split()
@@ -418,7 +426,7 @@ def _nccl_row(tokens: list[str], layout: tuple[bool, list[str]], line: str) -> d
 def nccl_tests_avg_busbw(text: str) -> float | None:
     """Return the value of the ``# Avg bus bandwidth : X`` line, or None when absent."""
     value: float | None = None
-    for line in text.splitlines():
+    for line in _lines(text):
         if match := _NCCL_AVG.match(line.strip()):
             value = _float("nccl-tests", match.group(1), line)
     return value
@@ -510,7 +518,7 @@ def nvidia_topo(text: str) -> dict[str, Any]:
     ``numa_affinity`` per GPU (None for N/A), and ``nics`` (NIC0 -> mlx5_0) from the
     NIC Legend when printed. Empty fields between the affinity columns are ignored.
     """
-    lines = [line for line in _ANSI.sub("", text).splitlines() if not _is_capture_note(line)]
+    lines = [line for line in _lines(_ANSI.sub("", text)) if not _is_capture_note(line)]
     start = next(
         (
             index
@@ -583,7 +591,7 @@ def nvlink_status(text: str) -> dict[int, list[float | None]]:
     """
     result: dict[int, list[float | None]] = {}
     current: list[float | None] | None = None
-    for line in text.splitlines():
+    for line in _lines(text):
         if match := _NVLINK_GPU.match(line):
             current = result.setdefault(int(match.group(1)), [])
         elif match := _NVLINK_LINK.match(line):
@@ -848,7 +856,7 @@ def xid_events(text: str) -> list[dict[str, Any]]:
     log) raises, since an unreadable log is not an empty one.
     """
     events: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    for line in _lines(text):
         if _LOG_TOOL_ERROR.match(line.strip()):
             raise _error("kernel log", "kernel log lines", line)
         if match := _XID.search(line):

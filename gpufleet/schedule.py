@@ -12,6 +12,7 @@ from gpufleet.connection import local_put
 from gpufleet.errors import GpufleetError
 
 UNIT = "gpufleet-drift"
+CRON_PERCENT = "\\%"
 SYSTEMD_RUNNING = Path("/run/systemd/system")
 
 
@@ -32,6 +33,12 @@ class Schedule:
         invoke = self.project / ".venv" / "bin" / "invoke"
         return shlex.join([str(invoke), "-r", str(self.project), "drift", *self.invoke_args])
 
+    @property
+    def unit_command(self) -> str:
+        """The command as a unit file's ExecStart= needs it: systemd expands ``%``
+        specifiers and ``$`` variables there, so both are doubled."""
+        return self.command.replace("%", "%%").replace("$", "$$")
+
     def units(self) -> dict[str, str]:
         """The service and timer unit files."""
         service = "\n".join([
@@ -42,8 +49,8 @@ class Schedule:
             "",
             "[Service]",
             "Type=oneshot",
-            f"WorkingDirectory={self.project}",
-            f"ExecStart={self.command}",
+            f"WorkingDirectory={str(self.project).replace('%', '%%')}",
+            f"ExecStart={self.unit_command}",
             "# exit 1 = drift found, 3 = unreachable hosts: the run itself succeeded",
             "SuccessExitStatus=1 3",
             "",
@@ -64,11 +71,12 @@ class Schedule:
         return {f"{UNIT}.service": service, f"{UNIT}.timer": timer}
 
     def cron_line(self) -> str:
-        """An /etc/cron.d line for machines without systemd."""
+        """An /etc/cron.d line for machines without systemd. cron ends the command at a
+        ``%`` (the rest becomes its stdin), so every ``%`` is escaped as ``\\%``."""
         hour, minute = self.at.split(":")
         log = shlex.quote(str(self.project / "reports" / "drift" / "cron.log"))
-        return (f"{int(minute)} {int(hour)} * * * root cd {shlex.quote(str(self.project))} && "
-                f"{self.command} >> {log} 2>&1")
+        command = f"cd {shlex.quote(str(self.project))} && {self.command} >> {log} 2>&1"
+        return f"{int(minute)} {int(hour)} * * * root {command.replace('%', CRON_PERCENT)}"
 
 
 def install(schedule: Schedule, unit_dir: Path = Path("/etc/systemd/system")) -> list[str]:

@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gpufleet import parsers
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import TORCH_PROBE
+from gpufleet.managed import redact
 from gpufleet.plan import ApplyContext, Change, Run
 from gpufleet.role import PlanContext, RoleVars
 
 CPU_BUILD = ("none", "cpu")
+# Package sources may carry credentials (https://user:token@host/...): they reach pip as
+# environment variables read from stdin, never on its command line (visible in ps).
+SOURCE_ENV = {"--index-url": "PIP_INDEX_URL", "--extra-index-url": "PIP_EXTRA_INDEX_URL",
+              "--find-links": "PIP_FIND_LINKS"}
 
 
 def version_matches(reported: str | None, wanted: str) -> bool:
@@ -39,7 +44,7 @@ class PipInstall:
     """pip-install torch into the venv, then verify what torch reports."""
 
     python: str
-    args: list[str]
+    args: list[str] = field(repr=False)  # may hold package source credentials
     version: str
     cuda: str | None
     nccl: str | None
@@ -48,18 +53,45 @@ class PipInstall:
     def describe(self) -> str:
         return f"pip install torch=={self.version}"
 
-    def apply(self, ctx: ApplyContext) -> None:
+    def command(self) -> tuple[str, bytes]:
+        """The shell command and the stdin it reads its package sources from."""
+        args, sources = pip_sources(self.args)
         pip = shlex.join([self.python, "-m", "pip", "install", "--no-input",
-                          "--disable-pip-version-check", "--no-compile", *self.args])
-        result = ctx.conn.run(pip, timeout=self.timeout)
+                          "--disable-pip-version-check", "--no-compile", *args])
+        reads = [f"IFS= read -r {name} && export {name}" for name in sources]
+        stdin = "".join(f"{value}\n" for value in sources.values()).encode()
+        return " && ".join([*reads, f"exec {pip}"]), stdin
+
+    def apply(self, ctx: ApplyContext) -> None:
+        command, stdin = self.command()
+        result = ctx.conn.run(command, timeout=self.timeout, stdin=stdin or None)
         if not result.ok:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            tail = redact(result.stderr or result.stdout).strip().splitlines()[-3:]
             raise GpufleetError(f"pip install torch=={self.version} failed: {' | '.join(tail)}")
         probe = ctx.conn.run(shlex.join([self.python, "-c", TORCH_PROBE]), timeout=300)
         info = parsers.torch_info(probe.stdout if probe.ok else probe.stderr)
         problems = verify(info, self.version, self.cuda, self.nccl)
         if problems:
             raise GpufleetError("after install, " + "; ".join(problems))
+
+
+def pip_sources(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """pip arguments without the package sources, and the sources as pip's environment
+    variables (a local --find-links directory stays an argument)."""
+    kept: list[str] = []
+    sources: dict[str, str] = {}
+    items = iter(args)
+    for arg in items:
+        name = SOURCE_ENV.get(arg)
+        if name is None:
+            kept.append(arg)
+            continue
+        value = next(items)
+        if arg == "--find-links" and "://" not in value:
+            kept += [arg, value]
+        else:
+            sources[name] = value
+    return kept, sources
 
 
 def verify(info: dict[str, Any], version: str, cuda: str | None, nccl: str | None) -> list[str]:
@@ -106,6 +138,8 @@ class PytorchRole:
                           ("pytorch_find_links", "--find-links"),
                           ("pytorch_constraints", "--constraint")):
             value = v.opt_string(key)
+            if value and ("\n" in value or "\r" in value):
+                raise GpufleetError(f"host {v.host.name}: variable {key} must be on one line")
             if value:
                 args += [flag, value]
         if v.boolean("pytorch_no_index"):

@@ -20,6 +20,7 @@ from gpufleet.connection import ConnectOptions
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
 from gpufleet.inventory import load_inventory, resolve_inventory
 from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.report.terminal import plain
 
 FLEET = "fleet"
 CONFORMANCE_TIMEOUT_S = 3600.0
@@ -162,10 +163,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     tr = terminalreporter
     tr.section("gpufleet conformance")
     summary = host_summary(results)
-    width = max(len(h) for h in summary)
+    width = max(len(plain(h)) for h in summary)
     for host, entry in summary.items():
         color = {"PASS": {"green": True}, "FAIL": {"red": True}, "SKIP": {"yellow": True}}
-        tr.write_line(f"{host:<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
+        tr.write_line(f"{plain(host):<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
                       f"{entry['fail']} failed, {entry['skip']} skipped",
                       **color[entry["status"]])
         skips: dict[str, list[str]] = {}
@@ -173,11 +174,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
             if r.host != host:
                 continue
             if r.outcome == "fail":
-                tr.write_line(f"{'':<{width}}    FAIL {r.suite}/{r.check}: {r.message}", red=True)
+                tr.write_line(f"{'':<{width}}    FAIL {plain(r.suite)}/{plain(r.check)}: "
+                              f"{plain(r.message)}", red=True)
             elif r.outcome == "skip":
                 skips.setdefault(r.message, []).append(f"{r.suite}/{r.check}")
         for reason, checks in skips.items():
-            tr.write_line(f"{'':<{width}}    SKIP {', '.join(checks)}: {reason}")
+            tr.write_line(f"{'':<{width}}    SKIP {plain(', '.join(checks))}: {plain(reason)}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -154,23 +154,23 @@ def test_many_threads_parse_known_hosts_once(keys: dict[str, Path], tmp_path: Pa
     known = tmp_path / "known_hosts"
     known.write_text("".join(f"10.9.{i // 250}.{i % 250} {public[0]} {public[1]}\n"
                              for i in range(1000)))
-    parses: list[str] = []
+    parses: list[Path] = []
+    parse = hostkeys.parse_known_hosts
 
-    class CountingHostKeys(paramiko.HostKeys):
-        def __init__(self, filename: str) -> None:
-            parses.append(filename)
-            super().__init__(filename)
+    def counting(text: str, file: Path) -> list[hostkeys.KnownEntry]:
+        parses.append(file)
+        return parse(text, file)
 
-    monkeypatch.setattr(hostkeys.paramiko, "HostKeys", CountingHostKeys)
+    monkeypatch.setattr(hostkeys, "parse_known_hosts", counting)
     start = threading.Barrier(32)
 
     def look(i: int) -> bool:
         start.wait()
-        return hostkeys.known_keys(known).lookup(f"10.9.0.{i}") is not None
+        return bool(hostkeys.lookup(f"10.9.0.{i}", [known]).keys)
 
     with ThreadPoolExecutor(32) as pool:
         assert all(pool.map(look, range(32)))
-    assert parses == [str(known)]
+    assert parses == [known]
     known.write_text(known.read_text() + f"10.9.9.9 {public[0]} {public[1]}\n")
-    assert hostkeys.known_keys(known).lookup("10.9.9.9") is not None
+    assert hostkeys.lookup("10.9.9.9", [known]).keys
     assert len(parses) == 2

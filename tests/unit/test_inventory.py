@@ -175,7 +175,7 @@ def test_atlas_ini_describes_the_same_cluster(atlas: Inventory) -> None:
 
     assert summary(ini) == summary(atlas)
     assert ini.groups == atlas.groups
-    assert ini.hosts["gpu02"].vars["gpus_per_node"] == "8"
+    assert ini.hosts["gpu02"].vars["gpus_per_node"] == 8
 
 
 def test_group_vars_are_the_groups_own(atlas: Inventory) -> None:
@@ -259,20 +259,32 @@ def test_precedence_inventory_file_vars_of_any_group_lose_to_group_vars_files(
     assert load_inventory(path).hosts["gpu01"].vars["driver"] == "from_group_vars_all"
 
 
-def test_group_vars_files_merge_in_ansible_order(tmp_path: Path) -> None:
+def test_only_the_first_group_vars_candidate_is_read(tmp_path: Path) -> None:
+    # Ansible's host_group_vars plugin reads the first of NAME, NAME.yml, NAME.yaml and
+    # NAME.json that exists and stops there.
     path = write(tmp_path, "hosts.yml", "gpu:\n  hosts:\n    gpu01:\n")
-    write(tmp_path, "group_vars/gpu", "a: bare\nb: bare\nc: bare\nd: bare\n")
-    write(tmp_path, "group_vars/gpu.yml", "b: yml\nc: yml\nd: yml\n")
+    write(tmp_path, "group_vars/gpu", "a: bare\nb: bare\n")
+    write(tmp_path, "group_vars/gpu.yml", "b: yml\nc: yml\n")
     write(tmp_path, "group_vars/gpu.json", '{"d": "json"}\n')
     write(tmp_path, "group_vars/gpu.yaml", "c: yaml\nd: yaml\n")
     write(tmp_path, "group_vars/all/10-base.yml", "x: base\n")
     write(tmp_path, "group_vars/all/20-site/net.yml", "x: site\n")
     write(tmp_path, "group_vars/all/.hidden.yml", "x: hidden\n")
     write(tmp_path, "group_vars/all/notes.md", "x: markdown\n")
+    write(tmp_path, "group_vars/all.yml", "x: not-read-the-directory-comes-first\n")
     inventory = load_inventory(path)
-    assert inventory.hosts["gpu01"].vars == {
-        "a": "bare", "b": "yml", "c": "yaml", "d": "json", "x": "site",
-    }  # fmt: skip
+    assert inventory.hosts["gpu01"].vars == {"a": "bare", "b": "bare", "x": "site"}
+    relative = [source.relative_to(tmp_path).as_posix() for source in inventory.sources]
+    assert relative == ["hosts.yml", "group_vars/all/10-base.yml",
+                        "group_vars/all/20-site/net.yml", "group_vars/gpu"]
+
+
+@pytest.mark.parametrize("present", [(".yml",), (".yaml", ".json"), (".json",)])
+def test_the_first_existing_extension_wins(tmp_path: Path, present: tuple[str, ...]) -> None:
+    path = write(tmp_path, "hosts.yml", "gpu:\n  hosts:\n    gpu01:\n")
+    for suffix in present:
+        write(tmp_path, f"host_vars/gpu01{suffix}", f'{{"from": "{suffix}"}}\n')
+    assert load_inventory(path).hosts["gpu01"].vars == {"from": present[0]}
 
 
 def test_same_depth_groups_merge_alphabetically(tmp_path: Path) -> None:
@@ -326,25 +338,27 @@ def test_ini_values_inline_and_in_group_vars(tmp_path: Path) -> None:
         # whole-line comment
         ; another comment
         [gpu]
-        gpu01 count=8 ratio=0.5 on=True off=False yes=yes items="[1, 'a']" text="two words" pw=pa#ss # note
+        gpu01 count=8 ratio=0.5 on=True off=False yes=yes items="[1, 'a']" text="two words" pw="pa#ss" cut=a#b after=1 # note
         gpu02 quoted="'0755'" mode=0755 none=None
 
         [gpu:vars]   # section comment
         count=8
         flag=True
         greeting="hello world"
-        note=kept # dropped
+        note=kept # not a comment in :vars
+        port=2222 # a comment after a Python literal
     """)  # noqa: E501
     hosts = load_inventory(path).hosts
     assert hosts["gpu01"].vars == {
         "count": 8, "ratio": 0.5, "on": True, "off": False, "yes": "yes", "items": [1, "a"],
-        "text": "two words", "pw": "pa#ss",
-        "flag": "True", "greeting": "hello world", "note": "kept",
+        "text": "two words", "pw": "pa#ss", "cut": "a",
+        "flag": True, "greeting": "hello world", "note": "kept # not a comment in :vars",
+        "port": 2222,
     }  # fmt: skip
     assert hosts["gpu02"].vars["quoted"] == "0755"
     assert hosts["gpu02"].vars["mode"] == "0755"
     assert hosts["gpu02"].vars["none"] is None
-    assert hosts["gpu02"].vars["count"] == "8"
+    assert hosts["gpu02"].vars["count"] == 8
 
 
 def test_ini_hosts_before_sections_are_ungrouped(tmp_path: Path) -> None:
@@ -381,6 +395,15 @@ def test_yaml_hosts_and_groups_may_be_null(tmp_path: Path) -> None:
         "all": {"jump01", "gpu01"}, "ungrouped": {"jump01"}, "empty": set(), "gpu": {"gpu01"},
         "storage": set(),
     }  # fmt: skip
+
+
+def test_yaml_sections_given_as_one_string(tmp_path: Path) -> None:
+    # Ansible reads "hosts: name" as {name: null}; the same for children and vars.
+    path = write(tmp_path, "hosts.yml", "gpu:\n  hosts: gpu01\n  vars: flag\n  children: h200\n")
+    inventory = load_inventory(path)
+    assert inventory.groups["gpu"] == {"gpu01"}
+    assert inventory.children("gpu") == ["h200"]
+    assert inventory.group_vars("gpu") == {"flag": None}
 
 
 def test_yaml_unsafe_strings_are_plain_strings(tmp_path: Path) -> None:
@@ -603,9 +626,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Inventory:
 @pytest.mark.parametrize(
     ("pattern", "expected"),
     [
-        (None, "jump gpu01 gpu02 gpu03 gpu04 node01 node02"),
-        ("all", "jump gpu01 gpu02 gpu03 gpu04 node01 node02"),
-        ("*", "jump gpu01 gpu02 gpu03 gpu04 node01 node02"),
+        (None, "jump gpu01 gpu02 node01 gpu03 gpu04 node02"),
+        ("all", "jump gpu01 gpu02 node01 gpu03 gpu04 node02"),
+        ("*", "jump gpu01 gpu02 node01 gpu03 gpu04 node02"),
+        ("al*", "jump gpu01 gpu02 node01 gpu03 gpu04 node02"),
         ("gpu03", "gpu03"),
         ("h100", "node01 node02"),
         ("ungrouped", "jump"),
@@ -615,14 +639,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Inventory:
         ("h1*", "node01 node02"),
         ("~gpu0[13]", "gpu01 gpu03"),
         ("~(jump|node02)", "jump node02"),
-        ("gpu04:jump", "jump gpu04"),
-        ("gpu04,jump", "jump gpu04"),
+        ("gpu04:jump", "gpu04 jump"),
+        ("gpu04,jump", "gpu04 jump"),
         ("gpu:&rack_a", "gpu01 gpu02 node01"),
         ("gpu:!rack_a", "gpu03 gpu04 node02"),
         ("!rack_a:h200", "gpu03 gpu04"),
         ("&h100:rack_a:!gpu01", "node01"),
         ("&rack_a:!gpu01", "gpu02 node01"),
-        ("h200, h100 :&rack_a:!node*", "gpu01 gpu02"),
+        ("h200, h100 :&rack_a:!node*", "gpu01 gpu02 gpu03 gpu04"),
+        ("gpu[0]", "gpu01"),
+        ("gpu[1:2]", "gpu02 gpu03"),
+        ("gpu[2:]", "gpu03 gpu04 node01 node02"),
+        ("gpu[-1]", "node02"),
+        ("gpu[3:0]", "gpu04"),
+        ("rack_a[0:1]:h100[1]", "gpu01 gpu02 node02"),
+        ("gpu[1-2]", "gpu02 gpu03"),
+        ("gpu[9:]", ""),
         ("nothing*", ""),
     ],
 )
@@ -631,12 +663,20 @@ def test_patterns(cluster: Inventory, pattern: str | None, expected: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("pattern", "term"), [("gpu05", "gpu05"), ("gpu:!rack_c", "rack_c"), ("all:&h300", "h300")]
+    ("pattern", "term"),
+    [("gpu05", "gpu05"), ("gpu:!rack_c", "rack_c"), ("all:&h300", "h300"),
+     ("h200:&rack_a,h100", "h200:&rack_a")],
 )
 def test_pattern_term_matching_nothing(cluster: Inventory, pattern: str, term: str) -> None:
     with pytest.raises(InventoryError) as caught:
         cluster.select(pattern)
     assert str(caught.value) == f"host pattern term '{term}' matches no host or group"
+
+
+def test_pattern_index_outside_the_group(cluster: Inventory) -> None:
+    with pytest.raises(InventoryError) as caught:
+        cluster.select("gpu[9]")
+    assert str(caught.value) == "host pattern 'gpu[9]': index 9 is outside the 6 host(s) matched"
 
 
 def test_pattern_with_a_bad_regular_expression(cluster: Inventory) -> None:
@@ -692,6 +732,9 @@ def test_error_yaml_syntax(tmp_path: Path) -> None:
 def test_error_ini_unterminated_section(tmp_path: Path) -> None:
     path = write(tmp_path, "hosts.ini", "[gpu]\ngpu01\n[login\nlogin01\n")
     assert load_error(path) == f"{path}:3: invalid section header '[login'"
+    path = write(tmp_path, "spaced.ini", "[gpu]\ngpu01\n[log in]\n")
+    assert load_error(path) == (f"{path}:3: invalid section header '[log in]' (no spaces or "
+                                "other characters allowed in a section name)")
 
 
 def test_error_ini_unknown_section_type(tmp_path: Path) -> None:
@@ -732,10 +775,18 @@ def test_error_vars_for_undefined_group(tmp_path: Path) -> None:
     assert load_error(path) == f"{path}:3: section [gpus:vars] names undefined group 'gpus'"
 
 
-def test_child_group_defined_in_another_file(tmp_path: Path) -> None:
+def test_child_group_defined_in_an_earlier_file(tmp_path: Path) -> None:
+    write(tmp_path, "inv/a.yml", "h200:\n  hosts:\n    gpu01:\n")
+    write(tmp_path, "inv/b.ini", "[gpu:children]\nh200\n")
+    assert load_inventory(tmp_path / "inv").groups["gpu"] == {"gpu01"}
+
+
+def test_child_group_defined_only_in_a_later_file(tmp_path: Path) -> None:
+    # Ansible checks an INI file's :children references at the end of that file.
     write(tmp_path, "inv/a.ini", "[gpu:children]\nh200\n")
     write(tmp_path, "inv/b.yml", "h200:\n  hosts:\n    gpu01:\n")
-    assert load_inventory(tmp_path / "inv").groups["gpu"] == {"gpu01"}
+    assert load_error(tmp_path / "inv") == (
+        f"{tmp_path / 'inv' / 'a.ini'}:2: section [gpu:children] names undefined group 'h200'")
 
 
 @pytest.mark.parametrize(
@@ -870,7 +921,7 @@ def test_error_host_defined_twice_with_different_ports(tmp_path: Path) -> None:
          "'hosts' of group 'gpu' must be a mapping, got a list"),
         ("gpu:\n  children: [h200]\n", 2,
          "'children' of group 'gpu' must be a mapping, got a list"),
-        ("gpu:\n  vars: driver\n", 2, "'vars' of group 'gpu' must be a mapping, got a string"),
+        ("gpu:\n  vars: [driver]\n", 2, "'vars' of group 'gpu' must be a mapping, got a list"),
         ("gpu:\n  - gpu01\n", 1,
          "group 'gpu' must be a mapping of hosts, children and vars, got a list"),
         ("gpu:\n  hostz:\n    gpu01:\n", 2,
@@ -903,7 +954,8 @@ def test_error_host_vars_file_not_a_mapping(tmp_path: Path) -> None:
 def test_error_vault_encrypted_vars_file(tmp_path: Path) -> None:
     path = write(tmp_path, "hosts.ini", "gpu01\n")
     vault = write(tmp_path, "group_vars/all/vault.yml", "$ANSIBLE_VAULT;1.1;AES256\n6162636465\n")
-    assert load_error(path) == f"{vault}: encrypted with ansible-vault, which gpufleet cannot read"
+    assert load_error(path) == (f"{vault}: encrypted with ansible-vault; gpufleet cannot decrypt "
+                                "vault; pass `ansible-inventory --list` JSON instead")
 
 
 def test_error_vault_encrypted_value(tmp_path: Path) -> None:
@@ -914,14 +966,16 @@ def test_error_vault_encrypted_value(tmp_path: Path) -> None:
           6162636465
     """)
     assert load_error(path) == (
-        f"{secrets}:1: invalid YAML: could not determine a constructor for the tag '!vault'"
+        f"vault-encrypted value in {secrets}:1 (variable ansible_become_password): gpufleet "
+        "cannot decrypt vault; pass `ansible-inventory --list` JSON instead"
     )
 
 
 def test_error_inventory_script(tmp_path: Path) -> None:
     path = write(tmp_path, "inventory", "#!/usr/bin/env python3\nprint('{}')\n")
     assert load_error(path) == (
-        f"{path}: inventory scripts are not supported; use a static YAML or INI file"
+        f"{path}: inventory scripts are not supported; use a static YAML or INI file, or the "
+        "output of `ansible-inventory --list`"
     )
 
 

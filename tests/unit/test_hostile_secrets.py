@@ -1,0 +1,132 @@
+"""Secrets stay out of diffs, reports and process lists; cron and systemd keep every '%'."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from gpufleet import schedule
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory import load_inventory
+from gpufleet.inventory_secrets import is_secret_name
+from gpufleet.managed import redact, unified_diff
+from gpufleet.role import RoleVars
+from roles import pytorch
+
+
+@pytest.mark.parametrize(("line", "shown"), [
+    ("DB_PASS=hunter2", "DB_PASS=********"),
+    ("ansible_ssh_pass: hunter2", "ansible_ssh_pass: ********"),
+    ("PASSPHRASE = open sesame", "PASSPHRASE = ********"),
+    ("GITHUB_PAT=ghp_abcdef", "GITHUB_PAT=********"),
+    ("PRIVATE_KEY: abc", "PRIVATE_KEY: ********"),
+    ("AWS_SECRET_ACCESS_KEY=abc", "AWS_SECRET_ACCESS_KEY=********"),
+    ('"api_token": "x y"', '"api_token": ********'),
+    ("index-url = https://user:tok3n@pypi.example/simple",
+     "index-url = https://user:********@pypi.example/simple"),
+    ("remote https://ghp_token@github.com/org/repo", "remote https://********@github.com/org/repo"),
+    ("machine pypi.example login user password p4ss",
+     "machine pypi.example login user password ********"),
+    ("tool --password hunter3 -v", "tool --password ******** -v"),
+    ("tool --token=tok -v", "tool --token=******** -v"),
+    ("Authorization: Bearer eyJhbGci", "Authorization: Bearer ********"),
+    ("ExecStart=/usr/bin/x --token-file /etc/x", "ExecStart=/usr/bin/x --token-file /etc/x"),
+    ("path=/opt/pat/pass bypass_cache=1", "path=/opt/pat/pass bypass_cache=1"),
+    ("NCCL_DEBUG=WARN", "NCCL_DEBUG=WARN"),
+])
+def test_redaction(line: str, shown: str) -> None:
+    assert redact(line) == shown
+
+
+def test_a_private_key_block_keeps_only_its_frame() -> None:
+    text = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\nAAAA\n"
+            "-----END OPENSSH PRIVATE KEY-----\n")
+    assert redact(text) == ("-----BEGIN OPENSSH PRIVATE KEY-----\n********\n"
+                            "-----END OPENSSH PRIVATE KEY-----\n")
+
+
+def test_an_inventory_secret_is_redacted_wherever_it_appears(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01:\n      ansible_become_password: "
+                         "'Tr0ub4dor&3'\n      ansible_ssh_private_key_file: /keys/gpu01\n")
+    load_inventory(inventory)
+    diff = unified_diff("/etc/default/gpufleet-nccl", "NCCL_DEBUG=WARN\n",
+                        "Tr0ub4dor&3\nNCCL_DEBUG=WARN\n")
+    assert "Tr0ub4dor&3" not in diff
+    assert "+********\n" in diff
+    assert "/keys/gpu01" in redact("key at /keys/gpu01")
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("ansible_become_password", True), ("ansible_ssh_pass", True), ("db_pass", True),
+    ("GITHUB_PAT", True), ("gpg_passphrase", True), ("vault_token", True),
+    ("ansible_ssh_private_key_file", False), ("pytorch_index_url", False),
+    ("bypass", False), ("path", False), ("ansible_user", False)])
+def test_secret_names(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+
+
+def pip_step(tmp_path: Path, extra: str) -> pytorch.PipInstall:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01:\n      pytorch_version: '2.13.0'\n"
+                         + "".join(f"      {line}\n" for line in extra.splitlines()))
+    v = RoleVars(load_inventory(inventory).hosts["gpu01"], pytorch.ROLE.defaults)
+    args = pytorch.ROLE._pip_args(v, "2.13.0", False)
+    return pytorch.PipInstall("/opt/venv/bin/python", args, "2.13.0", None, None, 60.0)
+
+
+def test_a_token_in_the_index_url_never_reaches_the_command_line(tmp_path: Path) -> None:
+    step = pip_step(tmp_path, "pytorch_index_url: https://ci:s3cr3t-tok@pypi.example/simple\n"
+                    "pytorch_extra_index_url: https://mirror.example/simple?token=abc\n"
+                    "pytorch_find_links: /srv/wheels dir")
+    command, stdin = step.command()
+    assert "s3cr3t-tok" not in command and "token=abc" not in command
+    assert "s3cr3t-tok" not in repr(step)
+    assert stdin == (b"https://ci:s3cr3t-tok@pypi.example/simple\n"
+                     b"https://mirror.example/simple?token=abc\n")
+    assert command.startswith("IFS= read -r PIP_INDEX_URL && export PIP_INDEX_URL && "
+                              "IFS= read -r PIP_EXTRA_INDEX_URL && export PIP_EXTRA_INDEX_URL "
+                              "&& exec ")
+    assert shlex.split(command.split("exec ", 1)[1])[-3:] == [
+        "--find-links", "/srv/wheels dir", "torch==2.13.0"]
+
+
+def test_a_line_break_in_a_package_source_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(GpufleetError) as caught:
+        pip_step(tmp_path, 'pytorch_index_url: "https://pypi.example/simple\\nevil"')
+    assert str(caught.value) == "host gpu01: variable pytorch_index_url must be on one line"
+
+
+def cron_command(line: str) -> tuple[str, str]:
+    """The command cron runs for a crontab line, and its stdin: cron ends the command at
+    the first unescaped % and turns '\\%' into '%' (cronie, Vixie cron)."""
+    command = line.split(" ", 6)[6]
+    out: list[str] = []
+    escaped = False
+    for index, char in enumerate(command):
+        if escaped:
+            out.append(char if char == "%" else "\\" + char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "%":
+            return "".join(out), command[index + 1:]
+        else:
+            out.append(char)
+    return "".join(out), ""
+
+
+def test_percent_signs_survive_cron_and_systemd() -> None:
+    args = ["--limit", "gpu%01", "--json", "/srv/reports/drift-$(date +%F).json"]
+    plan = schedule.Schedule(Path("/srv/pro%ject"), args, "04:00")
+    command, stdin = cron_command(plan.cron_line())
+    assert stdin == ""
+    assert shlex.split(command) == [
+        "cd", "/srv/pro%ject", "&&", "/srv/pro%ject/.venv/bin/invoke", "-r", "/srv/pro%ject",
+        "drift", *args, ">>", "/srv/pro%ject/reports/drift/cron.log", "2>&1"]
+    service = plan.units()["gpufleet-drift.service"]
+    assert "WorkingDirectory=/srv/pro%%ject\n" in service
+    assert ("ExecStart=/srv/pro%%ject/.venv/bin/invoke -r /srv/pro%%ject drift --limit gpu%%01 "
+            "--json '/srv/reports/drift-$$(date +%%F).json'\n") in service
