@@ -16,11 +16,11 @@ import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes, slurm_inventory
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.connection import Connection, ConnectOptions
-from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
+from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import FactRequest, gather_facts
 from gpufleet.facts.catalog import json_safe
-from gpufleet.facts.summary import SYSTEM_NCCL, summarize_facts
+from gpufleet.facts.summary import summarize_facts
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
 from gpufleet.history import History
 from gpufleet.inventory import Host, Inventory, load_inventory, resolve_inventory
@@ -120,9 +120,7 @@ def _facts_code(outcomes: dict[str, Outcome[Any]]) -> int:
 
 def facts_request(host: Host) -> FactRequest:
     """What ``facts`` asks each host: the roles' needs, system NCCL and torch."""
-    pairs = active_roles(host, role_registry.ALL)
-    return fact_request(pairs) | FactRequest(packages=frozenset({SYSTEM_NCCL}),
-                                             pythons=frozenset({drift.training_python(host)}))
+    return fact_request(active_roles(host, role_registry.ALL)) | drift.consistency_request(host)
 
 
 @guarded
@@ -131,6 +129,7 @@ def facts(inventory: str, *, limit: str | None = None, json_path: str | None = N
     """Gather facts from every selected host in one round trip each; print and save them."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
+    validate(target.hosts, role_registry.ALL)
 
     def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
         gathered = gather_facts(conn, facts_request(host))
@@ -183,6 +182,7 @@ def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = Fal
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     selected = role_registry.select(roles)
+    validate(target.hosts, selected)
     options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
                                                          lock_timeout_s=lock_timeout),
                          fleet=fleet.options(target, "provision"))
@@ -252,6 +252,7 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     fleet = fleet or FleetArgs()
     outputs = outputs or DriftOutputs()
     selected = role_registry.select(roles)
+    validate(target.hosts, selected)
     started = time.time()
     options = RunOptions(check=True, fleet=fleet.options(target, "drift"),
                          extra_facts=drift.consistency_request)
@@ -368,6 +369,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     fleet.options(target, "conformance")
+    validate(target.hosts, role_registry.ALL)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
             "--rootdir", str(PROJECT), "-q", "--tb=no", "--no-header", "-rN",
             "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,

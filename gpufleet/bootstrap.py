@@ -29,16 +29,21 @@ from gpufleet.connection import (
     known_hosts_files,
 )
 from gpufleet.drift import comparable, consistency_request
-from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision
+from gpufleet.engine import (
+    HostRun,
+    RunOptions,
+    active_roles,
+    fact_request,
+    provision,
+    validate,
+)
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import Facts, gather_facts
-from gpufleet.facts.formats import FileState
 from gpufleet.fleet import FleetOptions, Outcome
 from gpufleet.fleet import host_timeout as fleet_host_timeout
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import ApplyOptions
-from gpufleet.role import RoleVars
-from roles import firewall
+from gpufleet.role import Role, RoleVars
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
@@ -240,20 +245,34 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
 
 def admit(inventory: Inventory, host: Host, peer: str | None, fleet: FleetOptions
           ) -> tuple[str, dict[str, Any]]:
-    """Apply the firewall role on the other hosts of the cluster group whose firewall
-    gpufleet already manages, so that they admit the new node on the rendezvous port and
-    NCCL's range (the peer, when it is one of them, must succeed). Hosts without
-    gpufleet's firewall are left alone: bootstrapping one node never firewalls another."""
-    v = RoleVars(host, firewall.ROLE.defaults)
-    if not firewall.ROLE.active(v):
-        return "the firewall is not managed", {}
-    group = v.string("firewall_cluster_group")
+    """Re-apply, on the other hosts of the group, every role that must admit a new member
+    (the firewall: the rendezvous port and NCCL's range for the new node), where gpufleet
+    already applied it (the peer, when it is one of them, must succeed). Hosts where the
+    role was never applied are left alone: bootstrapping one node never firewalls another."""
+    details: list[str] = []
+    data: dict[str, Any] = {"updated": [], "unmanaged": [], "not_updated": {}}
+    for role in role_registry.ALL:
+        group = role.admits_members(RoleVars(host, role.defaults))
+        if group is None:
+            continue
+        detail, found = _admit_with(role, inventory, host, group, peer, fleet=fleet)
+        details.append(detail)
+        data["updated"] += found["updated"]
+        data["unmanaged"] += found["unmanaged"]
+        data["not_updated"].update(found["not_updated"])
+    if not details:
+        return "no role admits new members here (the firewall is not managed)", {}
+    return "; ".join(details), data
+
+
+def _admit_with(role: Role, inventory: Inventory, host: Host, group: str, peer: str | None, *,
+                fleet: FleetOptions) -> tuple[str, dict[str, Any]]:
     others = [inventory.hosts[h] for h in inventory.hosts
               if h in inventory.groups.get(group, set()) and h != host.name]
-    looked = provision(inventory, others, [firewall.ROLE],
+    looked = provision(inventory, others, [role],
                        RunOptions(check=True, apply=ApplyOptions(), fleet=fleet))
-    managed = [h for h in others if _manages_firewall(looked[h.name])]
-    outcomes = provision(inventory, managed, [firewall.ROLE],
+    managed = [h for h in others if _in_use(role, h, looked[h.name])]
+    outcomes = provision(inventory, managed, [role],
                          RunOptions(apply=ApplyOptions(), fleet=fleet))
     failed = {n: f"{o.status}: {o.error}" for n, o in (looked | outcomes).items()
               if o.status in ("failed", "unreachable")}
@@ -262,19 +281,19 @@ def admit(inventory: Inventory, host: Host, peer: str | None, fleet: FleetOption
     changed = sorted(n for n, o in outcomes.items() if o.status == "changed")
     names = {h.name for h in managed}
     unmanaged = sorted(h.name for h in others if h.name not in failed and h.name not in names)
-    detail = f"{len(changed)} of {len(managed)} node(s) of group {group} updated their firewall"
+    detail = f"{len(changed)} of {len(managed)} node(s) of group {group} updated their " \
+             f"{role.name}"
     if unmanaged:
-        detail += f"; {len(unmanaged)} without gpufleet's firewall left alone"
+        detail += f"; {len(unmanaged)} without gpufleet's {role.name} left alone"
     if failed:
         detail += f"; NOT updated: {', '.join(f'{n} ({e})' for n, e in failed.items())}"
     return detail, {"updated": changed, "unmanaged": unmanaged, "not_updated": failed}
 
 
-def _manages_firewall(outcome: Outcome[HostRun]) -> bool:
-    """Whether gpufleet has loaded its firewall on the host (its state file is there)."""
+def _in_use(role: Role, host: Host, outcome: Outcome[HostRun]) -> bool:
+    """Whether gpufleet has applied ``role`` on the host before (its facts say so)."""
     facts = outcome.value.facts if outcome.value else None
-    state = facts.values.get(f"file:{firewall.STATE_FILE}") if facts else None
-    return isinstance(state, FileState) and state.exists
+    return facts is not None and role.in_use(facts, RoleVars(host, role.defaults))
 
 
 # ---- 5. certify ----------------------------------------------------------------------------
@@ -447,6 +466,7 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
     if options.host not in inventory.hosts:
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
+    validate([host], role_registry.ALL)
     if options.timeout is not None and not options.timeout > 0:
         raise GpufleetError(f"--timeout must be a positive number of seconds, "
                             f"got {options.timeout:g}")

@@ -5,26 +5,21 @@ writes anything on a node.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import roles as role_registry
 from gpufleet.engine import HostRun
 from gpufleet.facts import FactRequest, Facts
-from gpufleet.facts.summary import SYSTEM_NCCL
 from gpufleet.fleet import Outcome
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import Change
 from gpufleet.role import RoleVars
-from roles import nccl_env, pytorch
 
 SCHEMA = "gpufleet.drift/1"
 CONSISTENCY_ROLE = "consistency"
-KINDS = {"package": "package", "hold": "hold", "file": "file", "link": "link",
-         "sysctl": "sysctl", "kernel": "reboot", "torch": "torch", "venv": "torch",
-         "live": "firewall", "alternative": "link"}
 
 
 @dataclass
@@ -56,17 +51,8 @@ class DriftItem:
                 "diff": self.diff, "reboot_required": self.reboot_required, "new": self.new}
 
 
-def kind_of(change: Change) -> str:
-    """The category of a change, for reports: package, hold, file, apt-pin, sysctl ..."""
-    if change.resource.startswith("file /etc/apt/preferences.d/"):
-        return "apt-pin"
-    if change.role == "firewall":
-        return "firewall"
-    return KINDS.get(change.resource.split(" ", 1)[0], "other")
-
-
 def item_from_change(host: str, change: Change) -> DriftItem:
-    return DriftItem(host, change.role, change.resource, kind_of(change), change.after,
+    return DriftItem(host, change.role, change.resource, change.kind, change.after,
                      change.before, change.diff, change.pending_reboot)
 
 
@@ -91,49 +77,25 @@ class HostDrift:
 
 
 def training_python(host: Host) -> str:
-    """The interpreter that trains on the host: the venv the pytorch role manages (its
-    default path when only ``pytorch_version`` is set), else python3."""
-    v = RoleVars(host, pytorch.ROLE.defaults)
-    if pytorch.ROLE.active(v) or "pytorch_venv" in host.vars:
-        return pytorch.ROLE.venv_python(v)
-    return "python3"
-
-
-def nccl_conf(host: Host) -> str:
-    """Where the host's nccl.conf lives (the nccl_env role's ``nccl_conf_path``)."""
-    return RoleVars(host, nccl_env.ROLE.defaults).string("nccl_conf_path")
+    """The interpreter that trains on the host (as the roles say), else python3."""
+    return role_registry.provided(host, "training_python", "python3")
 
 
 def consistency_request(host: Host) -> FactRequest:
     """Facts the consistency check compares even where the inventory pins nothing."""
-    return FactRequest(packages=frozenset({SYSTEM_NCCL}), files=frozenset({nccl_conf(host)}),
-                       pythons=frozenset({training_python(host)}))
+    request = FactRequest()
+    for role in role_registry.ALL:
+        request = request | role.shared_request(RoleVars(host, role.defaults))
+    return request
 
 
 def comparable(facts: Facts, host: Host) -> dict[str, str]:
-    """The values every node of a training job must share."""
-    values: dict[str, str] = {}
-    packages = facts.get("packages") or {}
-    nccl = packages.get(SYSTEM_NCCL) or {}
-    torch = facts.torch(training_python(host)) or {}
-    candidates = {
-        "driver": facts.get("nvidia_module"),
-        "cuda": facts.cuda_version,
-        "nccl": nccl.get("version") if nccl.get("installed") else None,
-        "python": torch.get("python"),
-        "torch": torch.get("torch"),
-        "torch_cuda": torch.get("cuda"),
-        "torch_nccl": torch.get("nccl"),
-        "kernel": facts.get("kernel"),
-        "port_range": " ".join(map(str, facts.get("port_range") or ())) or None,
-    }
-    conf = facts.values.get(f"file:{nccl_conf(host)}")
-    if conf is not None:
-        candidates["nccl_conf"] = (hashlib.sha256(conf.content).hexdigest()[:12]
-                                   if conf.exists else "absent")
-    for key, value in candidates.items():
-        values[key] = "absent" if value is None else str(value)
-    return values
+    """The values every node of a training job must share: the kernel, and what each role
+    shares (the driver, CUDA, NCCL, torch, nccl.conf, the port range ...)."""
+    values: dict[str, str | None] = {"kernel": facts.get("kernel")}
+    for role in role_registry.ALL:
+        values.update(role.shared(facts, RoleVars(host, role.defaults)))
+    return {key: "absent" if value is None else str(value) for key, value in values.items()}
 
 
 @dataclass
@@ -201,11 +163,6 @@ def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
                      timed_out=timed_out)
 
 
-KEY_ROLES = {"driver": "driver", "cuda": "cuda", "nccl": "nccl", "python": "pytorch",
-             "torch": "pytorch", "torch_cuda": "pytorch", "torch_nccl": "pytorch",
-             "nccl_conf": "nccl_env", "port_range": "nccl_env"}
-
-
 def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inconsistency],
                           managed: dict[str, set[str]]) -> None:
     """Each outlier host gets one item per value it does not share with its group, unless
@@ -216,7 +173,7 @@ def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inc
             if value == inc.majority:
                 continue
             for host in hosts:
-                if KEY_ROLES.get(inc.key) in managed.get(host, set()):
+                if role_registry.owner_of(inc.key) in managed.get(host, set()):
                     continue
                 entry = drift[host]
                 entry.items.append(DriftItem(

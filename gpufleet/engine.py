@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.connection import Connection
+from gpufleet.errors import GpufleetError
 from gpufleet.facts import FactRequest, Facts, gather_facts
 from gpufleet.fleet import FleetOptions, Outcome, ProgressSink, TaskResult, run_fleet
 from gpufleet.inventory import Host, Inventory
@@ -38,6 +39,28 @@ def active_roles(host: Host, roles: Sequence[Role]) -> list[tuple[Role, RoleVars
     """The roles the inventory asks to manage on ``host``, with their variables."""
     pairs = [(role, RoleVars(host, role.defaults)) for role in roles]
     return [(role, v) for role, v in pairs if role.active(v)]
+
+
+class BadVariables(GpufleetError):
+    """Variables the roles cannot use, found before any host is contacted (exit 2)."""
+
+
+def validate(hosts: Sequence[Host], roles: Sequence[Role], most: int = 20) -> None:
+    """Check every selected role's variables on every host, once, before anything runs;
+    raise BadVariables listing the problems (at most ``most``)."""
+    problems: list[str] = []
+    for host in hosts:
+        for role in roles:
+            v = RoleVars(host, role.defaults)
+            try:
+                role.check(v)
+                if role.active(v):
+                    role.request(v)
+            except GpufleetError as exc:
+                problems.append(str(exc))
+    if problems:
+        more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
+        raise BadVariables("; ".join(problems[:most]) + more)
 
 
 def fact_request(pairs: list[tuple[Role, RoleVars]]) -> FactRequest:

@@ -80,9 +80,25 @@ class Put:
         ctx.conn.put(self.path, self.content, mode=self.mode, owner=self.owner)
 
 
+@dataclass(eq=False)
+class Fail:
+    """A difference gpufleet cannot fix on its own (a preinstalled driver, a toolkit from
+    elsewhere): applying it fails the host with ``message``."""
+
+    message: str
+
+    def describe(self) -> str:
+        return "needs an operator"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        raise GpufleetError(self.message)
+
+
 @dataclass
 class Change:
-    """One resource that differs from its desired state, and how to fix it."""
+    """One resource that differs from its desired state, and how to fix it. ``kind`` (for
+    reports: package, hold, file, link, sysctl, reboot ...) defaults to the resource's first
+    word."""
 
     role: str
     resource: str
@@ -92,6 +108,11 @@ class Change:
     steps: list[Step] = field(default_factory=list)
     diff: str | None = None
     pending_reboot: bool = False
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.kind:  # "package libnccl2" is of kind package, "file /etc/x" of kind file
+            self.kind = self.resource.split(" ", 1)[0]
 
     @property
     def item(self) -> str:

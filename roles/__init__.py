@@ -1,12 +1,27 @@
-"""The roles gpufleet applies, in order: the stack first, the firewall last."""
+"""The roles gpufleet applies: every module of this package that exports ``ROLE``, in the
+order the roles declare (the NVIDIA repository first, the stack, configuration, the
+firewall last). Adding a role is adding a module here."""
 
 from __future__ import annotations
 
-from gpufleet.errors import GpufleetError
-from gpufleet.role import Role
-from roles import cuda, driver, firewall, nccl, nccl_env, pytorch
+import importlib
+import pkgutil
 
-ALL: list[Role] = [driver.ROLE, cuda.ROLE, nccl.ROLE, pytorch.ROLE, nccl_env.ROLE, firewall.ROLE]
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory import Host
+from gpufleet.role import Role, RoleVars
+
+
+def _discover() -> list[Role]:
+    found: list[Role] = []
+    for module in pkgutil.iter_modules(__path__):
+        role = getattr(importlib.import_module(f"{__name__}.{module.name}"), "ROLE", None)
+        if role is not None:
+            found.append(role)
+    return sorted(found, key=lambda r: (r.order, r.name))
+
+
+ALL: list[Role] = _discover()
 
 
 def select(names: str | None) -> list[Role]:
@@ -20,3 +35,18 @@ def select(names: str | None) -> list[Role]:
         raise GpufleetError(f"unknown role(s) {', '.join(unknown)}; roles are "
                             f"{', '.join(r.name for r in ALL)}")
     return [r for r in ALL if r.name in wanted]
+
+
+def provided(host: Host, key: str, default: str) -> str:
+    """A value a role offers under ``key`` for ``host`` (``training_python`` ...), else
+    ``default``."""
+    for role in ALL:
+        value = role.provides(RoleVars(host, role.defaults)).get(key)
+        if value is not None:
+            return value
+    return default
+
+
+def owner_of(key: str) -> str | None:
+    """The role that owns the shared value ``key`` (it reports it as its own drift)."""
+    return next((role.name for role in ALL if key in role.shared_keys), None)

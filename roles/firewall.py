@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shlex
 import socket
 import time
@@ -25,7 +26,7 @@ from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
 from gpufleet.managed import HEADER, file_change, link_change, render
 from gpufleet.plan import ApplyContext, Change, Run
-from gpufleet.role import PlanContext, RoleVars, VarError
+from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
 from roles.nccl_env import parse_range
 
 STATE_DIR = "/etc/gpufleet"
@@ -36,6 +37,7 @@ LOCK = f"{STATE_DIR}/firewall.guard.lock"
 CONFIRMED = f"{STATE_DIR}/firewall.confirmed"
 FIRED = f"{STATE_DIR}/firewall.guard-fired"
 CONTROLLERS_VAR = "gpufleet_controllers"
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,18 @@ def _backend(name: str, path: str) -> Backend:
 
 @cache
 def _resolve(address: str) -> tuple[str, ...]:
+    """The addresses rules name for ``address`` (an IP, a CIDR or a name). An IPv6 zone
+    (``fe80::1%eth0``) only says which interface reaches the host: rules use the address."""
+    plain = address.split("%", 1)[0] if ":" in address else address
     try:
-        return (str(ipaddress.ip_network(address, strict=False)),)
+        return (str(ipaddress.ip_network(plain, strict=False)),)
     except ValueError:
         pass
     try:
-        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
-    except OSError:
+        infos = socket.getaddrinfo(plain, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
         return ()
-    return tuple(sorted({str(info[4][0]) for info in infos}))
+    return tuple(sorted({str(info[4][0]).split("%", 1)[0] for info in infos}))
 
 
 @cache
@@ -173,26 +178,50 @@ class GuardedLoad:
         result.check("confirming the ruleset")
 
 
-class FirewallRole:
+class FirewallRole(RoleBase):
     name = "firewall"
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "firewall_enabled": False,
-        "firewall_backend": "nftables",
-        "firewall_policy": "drop",
-        "firewall_rendezvous_port": 29500,
-        "firewall_port_range": "49152-65535",
-        "firewall_open_tcp_ports": [],
-        "firewall_cluster_group": "all",
-        "firewall_extra_cidrs": [],
-        "firewall_ssh_cidrs": [],
-        "firewall_allow_controller": True,
-        CONTROLLERS_VAR: [],
-        "firewall_guard_seconds": 30,
-        "firewall_ruleset_path": None,
+    order = 90
+    variables: ClassVar[Mapping[str, Var]] = {
+        "firewall_enabled": Var(False, "boolean", "manage the firewall on this host"),
+        "firewall_backend": Var("nftables", "string", "nftables or iptables"),
+        "firewall_policy": Var("drop", "string", "drop or accept"),
+        "firewall_rendezvous_port": Var(29500, "integer", "TCP port open to the cluster"),
+        "firewall_port_range": Var("49152-65535", "string", "TCP range open to the cluster"),
+        "firewall_open_tcp_ports": Var([], "list", "more TCP ports open to the cluster"),
+        "firewall_cluster_group": Var("all", "string", "the group that forms the cluster"),
+        "firewall_extra_cidrs": Var([], "list", "addresses treated as cluster members"),
+        "firewall_ssh_cidrs": Var([], "list", "addresses allowed to SSH"),
+        "firewall_allow_controller": Var(True, "boolean",
+                                         "allow SSH from gpufleet_controllers"),
+        CONTROLLERS_VAR: Var([], "list", "the addresses gpufleet runs from"),
+        "firewall_guard_seconds": Var(30, "integer", "seconds before a rollback"),
+        "firewall_ruleset_path": Var(None, "string", "where the ruleset file lives"),
     }
 
     def active(self, v: RoleVars) -> bool:
         return v.boolean("firewall_enabled")
+
+    def check(self, v: RoleVars) -> None:
+        super().check(v)
+        if not self.active(v):
+            return
+        self.backend(v)
+        self._port(v, v.get("firewall_rendezvous_port"), "firewall_rendezvous_port")
+        for port in v.items("firewall_open_tcp_ports"):
+            self._port(v, port, "firewall_open_tcp_ports")
+        parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
+        if v.integer("firewall_guard_seconds") < 5:
+            raise v.fail("firewall_guard_seconds", "at least 5 (seconds before the guard "
+                         "restores the previous rules)", v.get("firewall_guard_seconds"))
+        if v.string("firewall_policy") not in ("drop", "accept"):
+            raise v.fail("firewall_policy", "drop or accept", v.get("firewall_policy"))
+
+    def admits_members(self, v: RoleVars) -> str | None:
+        return v.string("firewall_cluster_group") if self.active(v) else None
+
+    def in_use(self, facts: Facts, v: RoleVars) -> bool:
+        state = facts.values.get(f"file:{STATE_FILE}")
+        return bool(state is not None and state.exists)
 
     def backend(self, v: RoleVars) -> Backend:
         name = v.string("firewall_backend")
@@ -200,7 +229,12 @@ class FirewallRole:
             raise VarError(f"host {v.host.name}: firewall_backend must be nftables or "
                            f"iptables, got {name!r}")
         default = f"{STATE_DIR}/firewall.{'nft' if name == 'nftables' else 'rules'}"
-        return _backend(name, v.opt_string("firewall_ruleset_path") or default)
+        path = v.opt_string("firewall_ruleset_path") or default
+        if not _SAFE_PATH.match(path):
+            raise VarError(f"host {v.host.name}: variable firewall_ruleset_path must be an "
+                           "absolute path of letters, digits and . _ - / (it is run by the "
+                           f"boot unit), got {path!r}")
+        return _backend(name, path)
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({self.backend(v).path, STATE_FILE, UNIT_PATH}),
@@ -242,14 +276,14 @@ class FirewallRole:
             sources += resolved
         return sources
 
-    def _port(self, v: RoleVars, value: Any) -> int:
+    def _port(self, v: RoleVars, value: Any, key: str = "firewall_open_tcp_ports") -> int:
         try:
             port = int(value)
         except (TypeError, ValueError):
             port = 0
-        if isinstance(value, bool) or not 1 <= port <= 65535:
-            raise VarError(f"host {v.host.name}: firewall_open_tcp_ports entry {value!r} is not "
-                           "a TCP port (1-65535)")
+        if isinstance(value, bool) or not 1 <= port <= 65535 or str(port) != str(value).strip():
+            raise VarError(f"host {v.host.name}: {key} value {value!r} is not a TCP port "
+                           "(1-65535)")
         return port
 
     def _cidr(self, v: RoleVars, text: Any, key: str) -> str:
@@ -270,7 +304,8 @@ class FirewallRole:
         if v.boolean("firewall_allow_controller"):
             ssh += self.controllers(facts, v)
         low, high = parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
-        ports = [(str(v.integer("firewall_rendezvous_port")), cluster),
+        ports = [(str(self._port(v, v.get("firewall_rendezvous_port"),
+                                 "firewall_rendezvous_port")), cluster),
                  (f"{low}-{high}", cluster),
                  (str(v.host.port), ssh)]
         ports += [(str(self._port(v, p)), cluster) for p in v.items("firewall_open_tcp_ports")]
@@ -324,6 +359,8 @@ class FirewallRole:
                        link_change(self.name, facts, UNIT_LINK, "../gpufleet-firewall.service")):
             if change:
                 changes.append(change)
+        for change in changes:
+            change.kind = "firewall"
         return changes
 
     def _other_backend(self, facts: Facts, backend: Backend) -> Change | None:

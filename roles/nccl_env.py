@@ -7,15 +7,16 @@ Linux defaults to 32768-60999, so without this NCCL picks ports outside
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.managed import HEADER, file_change, render
 from gpufleet.plan import Change, Run
-from gpufleet.role import PlanContext, RoleVars, VarError
+from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -34,18 +35,24 @@ def parse_range(text: str, host: str, key: str) -> tuple[int, int]:
     return low, high
 
 
-class NcclEnvRole:
+class NcclEnvRole(RoleBase):
     name = "nccl_env"
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "nccl_env": None,
-        "gloo_socket_ifname": None,
-        "nccl_conf_path": "/etc/nccl.conf",
-        "nccl_env_file": "/etc/default/gpufleet-nccl",
-        "nccl_profile_script": "/etc/profile.d/gpufleet-nccl.sh",
-        "nccl_sysctl_file": "/etc/sysctl.d/60-gpufleet-nccl.conf",
-        "nccl_local_port_range": None,
-        "firewall_port_range": "49152-65535",
+    order = 70
+    variables: ClassVar[Mapping[str, Var]] = {
+        "nccl_env": Var(None, "mapping", "NCCL_* settings for nccl.conf and the env file"),
+        "gloo_socket_ifname": Var(None, "string", "GLOO_SOCKET_IFNAME (default: "
+                                                   "NCCL_SOCKET_IFNAME)"),
+        "nccl_conf_path": Var("/etc/nccl.conf", "string", "where nccl.conf lives"),
+        "nccl_env_file": Var("/etc/default/gpufleet-nccl", "string", "the env file"),
+        "nccl_profile_script": Var("/etc/profile.d/gpufleet-nccl.sh", "string",
+                                   "the login-shell script sourcing the env file"),
+        "nccl_sysctl_file": Var("/etc/sysctl.d/60-gpufleet-nccl.conf", "string",
+                                "the sysctl file of the local port range"),
+        "nccl_local_port_range": Var(None, "string", "the local port range (default: "
+                                                      "firewall_port_range)"),
+        "firewall_port_range": Var("49152-65535", "string", "the firewall's open range"),
     }
+    shared_keys = ("nccl_conf", "port_range")
 
     def active(self, v: RoleVars) -> bool:
         return v.get("nccl_env") is not None
@@ -109,6 +116,21 @@ class NcclEnvRole:
             changes.append(Change(self.name, f"sysctl {PORT_RANGE_KEY}", "set", live,
                                   port_range, [Run(command, f"sysctl {PORT_RANGE_KEY}")]))
         return changes
+
+    def shared_request(self, v: RoleVars) -> FactRequest:
+        return FactRequest(files=frozenset({v.string("nccl_conf_path")}))
+
+    def shared(self, facts: Facts, v: RoleVars) -> dict[str, str | None]:
+        values: dict[str, str | None] = {
+            "port_range": " ".join(map(str, facts.get("port_range") or ())) or None}
+        conf = facts.values.get(f"file:{v.string('nccl_conf_path')}")
+        if conf is not None:
+            values["nccl_conf"] = (hashlib.sha256(conf.content).hexdigest()[:12]
+                                   if conf.exists else "absent")
+        return values
+
+    def provides(self, v: RoleVars) -> dict[str, str]:
+        return {"nccl_conf": v.string("nccl_conf_path")}
 
 
 ROLE = NcclEnvRole()

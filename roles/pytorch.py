@@ -14,7 +14,7 @@ from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import TORCH_PROBE
 from gpufleet.managed import redact
 from gpufleet.plan import ApplyContext, Change, Run
-from gpufleet.role import PlanContext, RoleVars
+from gpufleet.role import PlanContext, RoleBase, RoleVars, Var
 
 CPU_BUILD = ("none", "cpu")
 # Package sources may carry credentials (https://user:token@host/...): they reach pip as
@@ -106,27 +106,47 @@ def verify(info: dict[str, Any], version: str, cuda: str | None, nccl: str | Non
     return problems
 
 
-class PytorchRole:
+class PytorchRole(RoleBase):
     name = "pytorch"
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "pytorch_version": None,
-        "pytorch_venv": "/opt/gpufleet/venv",
-        "pytorch_python": "python3",
-        "pytorch_index_url": None,
-        "pytorch_extra_index_url": None,
-        "pytorch_find_links": None,
-        "pytorch_no_index": False,
-        "pytorch_constraints": None,
-        "pytorch_cuda": None,
-        "pytorch_nccl": None,
-        "pytorch_pip_timeout": 3600,
+    order = 60
+    variables: ClassVar[Mapping[str, Var]] = {
+        "pytorch_version": Var(None, "string", "torch version, e.g. 2.11.0"),
+        "pytorch_venv": Var("/opt/gpufleet/venv", "string", "the virtual environment"),
+        "pytorch_python": Var("python3", "string", "the interpreter that creates the venv"),
+        "pytorch_index_url": Var(None, "string", "pip --index-url"),
+        "pytorch_extra_index_url": Var(None, "string", "pip --extra-index-url"),
+        "pytorch_find_links": Var(None, "string", "pip --find-links"),
+        "pytorch_no_index": Var(False, "boolean", "pip --no-index"),
+        "pytorch_constraints": Var(None, "string", "pip --constraint"),
+        "pytorch_cuda": Var(None, "string", "torch.version.cuda wanted (none: a CPU build)"),
+        "pytorch_nccl": Var(None, "string", "the NCCL torch bundles"),
+        "pytorch_pip_timeout": Var(3600, "integer", "seconds pip may take"),
     }
+    shared_keys = ("python", "torch", "torch_cuda", "torch_nccl")
 
     def active(self, v: RoleVars) -> bool:
         return "pytorch_version" in v
 
     def venv_python(self, v: RoleVars) -> str:
         return v.string("pytorch_venv").rstrip("/") + "/bin/python"
+
+    def training_python(self, v: RoleVars) -> str:
+        """The interpreter that trains on the host: the venv this role manages (its default
+        path when only ``pytorch_version`` is set), else python3."""
+        if self.active(v) or "pytorch_venv" in v.host.vars:
+            return self.venv_python(v)
+        return "python3"
+
+    def provides(self, v: RoleVars) -> dict[str, str]:
+        return {"training_python": self.training_python(v)}
+
+    def shared_request(self, v: RoleVars) -> FactRequest:
+        return FactRequest(pythons=frozenset({self.training_python(v)}))
+
+    def shared(self, facts: Facts, v: RoleVars) -> dict[str, str | None]:
+        torch = facts.torch(self.training_python(v)) or {}
+        return {"python": torch.get("python"), "torch": torch.get("torch"),
+                "torch_cuda": torch.get("cuda"), "torch_nccl": torch.get("nccl")}
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(pythons=frozenset({self.venv_python(v)}))

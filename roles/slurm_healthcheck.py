@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gpufleet.conformance.gpu import CRITICAL_XIDS
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.managed import HEADER, file_change, render
 from gpufleet.plan import Change
-from gpufleet.role import PlanContext, RoleVars, VarError
+from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
 from roles import nccl_env
 
 # Where bootstrap records the node's versions (gpufleet.bootstrap.STATE_FILE); not imported,
@@ -26,17 +26,20 @@ STATE_FILE = "/etc/gpufleet/node.json"
 PROGRAM = Path(__file__).resolve().parent.parent / "gpufleet" / "healthcheck" / "program.py"
 
 
-class SlurmHealthcheckRole:
+class SlurmHealthcheckRole(RoleBase):
     name = "slurm_healthcheck"
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "slurm_healthcheck": False,
-        "slurm_healthcheck_path": "/usr/local/sbin/gpufleet-healthcheck",
-        "slurm_healthcheck_config": "/etc/gpufleet/healthcheck.json",
-        "slurm_healthcheck_python": "/usr/bin/python3",
-        "slurm_healthcheck_xids": list(CRITICAL_XIDS),
-        "slurm_healthcheck_nvidia_smi_timeout_s": 4,
-        "slurm_healthcheck_budget_s": 9,
-        "gpu_count": None,
+    order = 80
+    variables: ClassVar[Mapping[str, Var]] = {
+        "slurm_healthcheck": Var(False, "boolean", "install gpufleet-healthcheck"),
+        "slurm_healthcheck_path": Var("/usr/local/sbin/gpufleet-healthcheck", "string",
+                                      "where the program goes"),
+        "slurm_healthcheck_config": Var("/etc/gpufleet/healthcheck.json", "string",
+                                        "its expectations"),
+        "slurm_healthcheck_python": Var("/usr/bin/python3", "string", "its interpreter"),
+        "slurm_healthcheck_xids": Var(list(CRITICAL_XIDS), "list", "Xids that drain"),
+        "slurm_healthcheck_nvidia_smi_timeout_s": Var(4, "integer", "nvidia-smi deadline"),
+        "slurm_healthcheck_budget_s": Var(9, "integer", "the whole program's deadline"),
+        "gpu_count": Var(None, "integer", "GPUs the node must have"),
     }
 
     def active(self, v: RoleVars) -> bool:

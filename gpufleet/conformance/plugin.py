@@ -137,6 +137,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         module = getattr(item, "module", None)
         suite = module.__name__.rsplit(".", 1)[-1].removeprefix("test_") if module else "?"
         check = getattr(item, "originalname", item.name)
+        others = {k: v for k, v in (callspec.params.items() if callspec else ()) if k != "node"}
+        if others:  # a check parametrised beyond the node: test_role_converged[driver]
+            check += f"[{'-'.join(str(v) for v in others.values())}]"
         state = "pass" if report.passed else "skip" if report.skipped else "fail"
         item.config.stash[RESULTS_KEY].append(Result(
             suite, check, host, state, _message(report), report.duration,

@@ -19,18 +19,20 @@ SNIPPET_TIMEOUT_VAR = "gpufleet_fact_timeout"
 
 @dataclass(frozen=True)
 class FactRequest:
-    """What a run needs beyond the base facts: packages, files, links, pythons, sysctls."""
+    """What a run needs beyond the base facts: packages, files, links, pythons, sysctls,
+    and ``custom`` facts a role defines itself (its own shell and parser)."""
 
     packages: frozenset[str] = frozenset()
     files: frozenset[str] = frozenset()
     links: frozenset[str] = frozenset()
     pythons: frozenset[str] = frozenset()
     sysctls: frozenset[str] = frozenset()
+    custom: frozenset[catalog.Fact] = frozenset()
 
     def __or__(self, other: FactRequest) -> FactRequest:
         return FactRequest(self.packages | other.packages, self.files | other.files,
                            self.links | other.links, self.pythons | other.pythons,
-                           self.sysctls | other.sysctls)
+                           self.sysctls | other.sysctls, self.custom | other.custom)
 
     def facts(self) -> list[catalog.Fact]:
         """The fact definitions this request adds to the base set."""
@@ -41,6 +43,13 @@ class FactRequest:
         extra += [catalog.link_fact(p) for p in sorted(self.links)]
         extra += [catalog.torch_fact(p) for p in sorted(self.pythons)]
         extra += [catalog.sysctl_fact(k) for k in sorted(self.sysctls)]
+        base = {f.name for f in catalog.BASE_FACTS}
+        names: set[str] = set()
+        for fact in sorted(self.custom, key=lambda f: f.name):
+            if fact.name in base or fact.name in names:
+                raise ValueError(f"two facts are named {fact.name!r}")
+            names.add(fact.name)
+            extra.append(fact)
         return extra
 
 

@@ -115,7 +115,8 @@ def test_invoke_conformance_reports_junit_and_json(provisioned: Path, tmp_path: 
     assert doc["schema"] == "gpufleet.conformance/1"
     assert doc["hosts"]["node01"]["status"] == "PASS"
     checks = {(r["suite"], r["check"], r["host"]): r for r in doc["results"]}
-    assert checks[("stack", "test_driver", "node01")]["outcome"] == "pass"
+    assert checks[("stack", "test_role_converged[driver]", "node01")]["outcome"] == "pass"
+    assert checks[("stack", "test_role_converged[nccl]", "node01")]["outcome"] == "pass"
     gpu = checks[("gpu", "test_health", "node02")]
     assert (gpu["outcome"], gpu["message"]) == (
         "skip", "no NVIDIA GPU: nvidia-smi not found (no NVIDIA driver user space on this host)")

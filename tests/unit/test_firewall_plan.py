@@ -260,7 +260,7 @@ all:
     ("firewall_port_range: 65535-1024\n",
      "host gpu01: firewall_port_range '65535-1024' is not a valid port range"),
     ("firewall_rendezvous_port: rdzv\n",
-     "host gpu01: variable firewall_rendezvous_port must be an integer, got 'rdzv'"),
+     "host gpu01: firewall_rendezvous_port value 'rdzv' is not a TCP port (1-65535)"),
 ])
 def test_render_variable_errors(tmp_path: Path, extra: str, message: str) -> None:
     inv = inventory(tmp_path, extra)
