@@ -3,9 +3,13 @@ and no inactive link; PCIe link; no uncorrectable ECC errors, no pending or fail
 remapping; no critical Xid in the kernel log since boot; no thermal or power slowdown;
 temperature under the limit; persistence mode on.
 
+NVSwitch fabric up on every GPU and fabricmanager at the driver's version; DCGM's
+diagnostics pass where DCGM is installed.
+
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
 gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
-gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140).
+gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140), gpu_dcgm_diag_level
+(1; 0 turns the diagnostics off).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import pytest
 from gpufleet import parsers
 from gpufleet.conformance.gpu import (
     CRITICAL_XIDS,
+    dcgm_problems,
+    fabric_problems,
+    fabricmanager_problem,
     health_problems,
     nvlink_problems,
     topology_problems,
@@ -95,4 +102,41 @@ def test_no_critical_xid_since_boot(node: Node) -> None:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
     critical = node.numbers("gpu_critical_xids", CRITICAL_XIDS)
     found = xid_problems(events, critical)
+    assert not found, "; ".join(found)
+
+
+DCGM_TIMEOUTS = {1: 120, 2: 600, 3: 2400, 4: 7200}
+
+
+def test_fabric_and_persistence(node: Node, record_property: pytest.RecordProperty) -> None:
+    _gpus(node)
+    facts: Facts = node.facts  # type: ignore[assignment]
+    fabric = facts.get("gpu_fabric")
+    if fabric is None:
+        pytest.fail(f"unknown: nvidia-smi -q: {facts.why_absent('gpu_fabric')}")
+    record_property("gpus", [{"bus_id": g["bus_id"], "fabric": f"{g['fabric_state']} / "
+                              f"{g['fabric_status']}", "persistence": g["persistence"]}
+                             for g in fabric])
+    found = fabric_problems(fabric)
+    mismatch = fabricmanager_problem(facts.get("fabricmanager"), facts.get("nvidia_module"))
+    assert not found and not mismatch, "; ".join([*found, *([mismatch] if mismatch else [])])
+
+
+def test_dcgm_diagnostics(node: Node, record_property: pytest.RecordProperty) -> None:
+    _gpus(node)
+    level = int(node.var("gpu_dcgm_diag_level", 1))
+    if level == 0:
+        pytest.skip("gpu_dcgm_diag_level is 0")
+    if level not in DCGM_TIMEOUTS:
+        pytest.fail(f"gpu_dcgm_diag_level must be 0-4, got {level}")
+    if not node.run("command -v dcgmi", timeout=30).ok:
+        pytest.skip("DCGM is not installed (no dcgmi)")
+    result = node.run(f"dcgmi diag -r {level} -j", timeout=DCGM_TIMEOUTS[level])
+    try:
+        diag = parsers.dcgm_diag(result.stdout)
+    except ParseError as exc:
+        pytest.fail(f"unknown: dcgmi diag -r {level}: {exc}")
+    record_property("dcgm", [{k: t[k] for k in ("gpu", "name", "status")}
+                             for t in diag["tests"]])
+    found = dcgm_problems(diag)
     assert not found, "; ".join(found)

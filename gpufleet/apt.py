@@ -1,9 +1,18 @@
-"""Pinned apt packages: exact versions, holds, preferences pins, one transaction per role."""
+"""Pinned apt packages: exact versions, holds, preferences pins, one transaction per role.
+
+A wanted version is exact (``12.4.1-1``) or a pattern with ``*`` (``580.95.05-*``: that
+upstream version, whatever the packaging revision; ``13.0.*-1``: the one 13.0 release the
+repositories have). An installed version matching the pattern is converged; an install
+resolves the pattern against what the repositories offer, after ``apt-get update``.
+"""
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import shlex
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gpufleet import debversion, parsers
 from gpufleet.errors import GpufleetError
@@ -16,6 +25,36 @@ APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
 
 class PackageUnavailable(GpufleetError):
     """A pinned version is not offered by the host's repositories."""
+
+
+def matches(version: str, wanted: str) -> bool:
+    """Whether an installed ``version`` is what ``wanted`` (exact or a pattern) asks for."""
+    return fnmatch.fnmatchcase(version, wanted) if "*" in wanted else version == wanted
+
+
+def resolve(name: str, wanted: str, offered: list[str]) -> str:
+    """The exact version to install for ``wanted`` among ``offered``.
+
+    A pattern that only leaves the packaging revision open takes the newest revision; one
+    that leaves the version itself open must match exactly one upstream version."""
+    if "*" not in wanted:
+        if wanted not in offered:
+            raise PackageUnavailable(
+                f"{name}={wanted} is not available from the host's apt repositories "
+                f"(available: {', '.join(offered) if offered else 'none'})")
+        return wanted
+    found = sorted((v for v in offered if fnmatch.fnmatchcase(v, wanted)),
+                   key=functools.cmp_to_key(debversion.compare), reverse=True)
+    if not found:
+        raise PackageUnavailable(
+            f"no version of {name} matching {wanted} is available from the host's apt "
+            f"repositories (available: {', '.join(offered) if offered else 'none'})")
+    upstreams = {parsers.nvidia_version_from_package(v) for v in found}
+    if len(upstreams) > 1 and not wanted.endswith("-*"):
+        raise PackageUnavailable(
+            f"{name}: {wanted} is ambiguous, the repositories offer {', '.join(found)}; "
+            "pin the exact version")
+    return found[0]
 
 
 def _apt(ctx: ApplyContext) -> str:
@@ -60,25 +99,32 @@ def apt_update(ctx: ApplyContext) -> None:
     ctx.memo["apt_updated"] = True
 
 
+Diagnose = Callable[[str], str | None]
+
+
 @dataclass(eq=False)
 class AptInstall:
-    """Install exact versions in one transaction, holding them afterwards.
+    """Install exact versions (or the versions patterns resolve to) in one transaction,
+    holding them afterwards.
 
     Only the packages named here are unheld for the transaction and held again
     after it, even when it fails, so gpufleet never releases holds it does not own.
+    ``diagnose`` turns a failed transaction's output into a clearer message (the driver
+    role names DKMS build failures and Secure Boot).
     """
 
     packages: dict[str, str]
     hold: bool = True
+    diagnose: Diagnose | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         return "apt-get install " + " ".join(f"{n}={v}" for n, v in self.packages.items())
 
     def apply(self, ctx: ApplyContext) -> None:
         apt_update(ctx)
-        self._check_available(ctx)
-        names = " ".join(shlex.quote(n) for n in self.packages)
-        specs = " ".join(shlex.quote(f"{n}={v}") for n, v in self.packages.items())
+        exact = self._resolve(ctx)
+        names = " ".join(shlex.quote(n) for n in exact)
+        specs = " ".join(shlex.quote(f"{n}={v}") for n, v in exact.items())
         script = (f"apt-mark unhold {names} >/dev/null; "
                   f"{_apt(ctx)} --allow-downgrades install {specs}; rc=$?; ")
         if self.hold:
@@ -86,36 +132,34 @@ class AptInstall:
         script += "exit $rc"
         result = ctx.conn.run(script, timeout=ctx.options.lock_timeout_s + 1800)
         if not result.ok:
-            raise GpufleetError(_lock_message(result.stdout + result.stderr, ctx)
+            output = result.stdout + result.stderr
+            raise GpufleetError(_lock_message(output, ctx)
+                                or (self.diagnose(output) if self.diagnose else None)
                                 or f"{self.describe()} failed: "
                                    f"{(result.stderr or result.stdout).strip()[-400:]}")
 
-    def _check_available(self, ctx: ApplyContext) -> None:
+    def _resolve(self, ctx: ApplyContext) -> dict[str, str]:
         names = " ".join(shlex.quote(n) for n in self.packages)
         result = ctx.conn.run(f"apt-cache madison {names}", timeout=120)
         available = parsers.apt_madison(result.stdout)
-        for name, version in self.packages.items():
-            offered = available.get(name, [])
-            if version not in offered:
-                listing = ", ".join(offered) if offered else "none"
-                raise PackageUnavailable(
-                    f"{name}={version} is not available from the host's apt repositories "
-                    f"(available: {listing})")
+        return {name: resolve(name, version, available.get(name, []))
+                for name, version in self.packages.items()}
 
 
 def package_changes(role: str, facts: Facts, wanted: dict[str, str],
-                    hold: bool = True) -> list[Change]:
+                    hold: bool = True, diagnose: Diagnose | None = None) -> list[Change]:
     """Changes for packages at exact versions (and held); one shared install step."""
-    install = AptInstall(dict(wanted), hold)
+    install = AptInstall(dict(wanted), hold, diagnose)
     changes = []
     for name, version in wanted.items():
         record = facts.package(name)
         if record is None:
             changes.append(Change(role, f"package {name}", "install", "not installed", version,
                                   [install]))
-        elif record["version"] != version:
-            action = "upgrade" if debversion.compare(version, record["version"]) > 0 \
-                else "downgrade"
+        elif not matches(record["version"], version):
+            action = "change" if "*" in version else (
+                "upgrade" if debversion.compare(version, record["version"]) > 0
+                else "downgrade")
             changes.append(Change(role, f"package {name}", action, record["version"], version,
                                   [install]))
         elif hold and not record["hold"]:
@@ -139,11 +183,15 @@ def pin_content(role: str, wanted: dict[str, str]) -> str:
 
 def pin_change(role: str, facts: Facts, wanted: dict[str, str]) -> Change | None:
     """The change that writes the role's apt pin, or None when it is in place."""
-    return file_change(role, facts, pin_path(role), pin_content(role, wanted))
+    change = file_change(role, facts, pin_path(role), pin_content(role, wanted))
+    if change is not None:
+        change.kind = "apt-pin"
+    return change
 
 
-def pinned_packages(role: str, facts: Facts, wanted: dict[str, str]) -> list[Change]:
+def pinned_packages(role: str, facts: Facts, wanted: dict[str, str],
+                    diagnose: Diagnose | None = None) -> list[Change]:
     """Package, hold and pin changes for a role's packages, in that order."""
-    changes = package_changes(role, facts, wanted)
+    changes = package_changes(role, facts, wanted, diagnose=diagnose)
     pin = pin_change(role, facts, wanted)
     return changes + ([pin] if pin else [])

@@ -79,24 +79,27 @@ def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
-def file_change(role: str, facts: Facts, path: str, content: str, *, mode: int = 0o644,
-                owner: str = "root:root") -> Change | None:
-    """The change that makes ``path`` hold ``content`` with ``mode``/``owner``, or None."""
+def file_change(role: str, facts: Facts, path: str, content: str | bytes, *,
+                mode: int = 0o644, owner: str = "root:root") -> Change | None:
+    """The change that makes ``path`` hold ``content`` with ``mode``/``owner``, or None.
+    Text content gets a diff; bytes (a keyring) do not."""
     state = facts.file(path)
-    data = content.encode()
+    data = content if isinstance(content, bytes) else content.encode()
     want_mode = f"{mode:o}"
     if state.exists and state.content == data and state.mode == want_mode \
             and state.owner == owner:
         return None
     put = Put(path, data, mode, owner)
+    text = None if isinstance(content, bytes) else content
     if not state.exists:
         return Change(role, f"file {path}", "create", "absent", f"{len(data)} bytes", [put],
-                      diff=unified_diff(path, "", content))
+                      diff=None if text is None else unified_diff(path, "", text))
     if state.content == data:
         return Change(role, f"file {path}", "set mode", f"{state.mode} {state.owner}",
                       f"{want_mode} {owner}", [put])
     return Change(role, f"file {path}", "update", f"{len(state.content)} bytes (differs)",
-                  f"{len(data)} bytes", [put], diff=unified_diff(path, state.text, content))
+                  f"{len(data)} bytes", [put],
+                  diff=None if text is None else unified_diff(path, state.text, text))
 
 
 def link_change(role: str, facts: Facts, path: str, target: str) -> Change | None:

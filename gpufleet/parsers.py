@@ -628,6 +628,21 @@ def proc_driver_version(text: str) -> str:
     raise _error("/proc/driver/nvidia/version", "'Kernel Module  X.Y.Z'", text)
 
 
+def proc_driver_flavor(text: str) -> str:
+    """``open`` for NVIDIA's open kernel module, ``proprietary`` otherwise, from
+    ``/proc/driver/nvidia/version``."""
+    proc_driver_version(text)
+    return "open" if "Open Kernel Module" in text else "proprietary"
+
+
+def secure_boot(text: str) -> bool:
+    """Whether ``mokutil --sb-state`` reports Secure Boot on."""
+    for line in _output_lines(text):
+        if line.strip().startswith("SecureBoot "):
+            return line.split()[1].lower() == "enabled"
+    raise _error("mokutil --sb-state", "'SecureBoot enabled' or 'SecureBoot disabled'", text)
+
+
 def cuda_version_json(text: str) -> str:
     """Return ``cuda.version`` from the toolkit's ``version.json``."""
     document = _json_document("cuda version.json", text, ("{",))
@@ -929,3 +944,96 @@ def sys_pci_gpus(text: str) -> list[dict[str, Any]]:
             }
         )
     return gpus
+
+
+# --------------------------------------------------------------------------- HGX services
+
+_SMI_Q_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_SMI_Q_FIELD = re.compile(r"^(\s*)([^:]+?)\s*:\s*(.*?)\s*$")
+
+
+def nvidia_smi_q(text: str) -> list[dict[str, Any]]:
+    """Per GPU from ``nvidia-smi -q``: ``bus_id``, ``persistence`` ("Enabled" ...),
+    ``fabric_state`` and ``fabric_status`` (the Fabric section: "Completed"/"Success" on a
+    healthy NVSwitch system, "N/A" where there is no fabric); None where a field is missing.
+    """
+    gpus: list[dict[str, Any]] = []
+    section = ""
+    for line in _output_lines(text):
+        stripped = line.strip()
+        gpu = _SMI_Q_GPU.match(stripped)
+        if gpu:
+            gpus.append({"bus_id": gpu.group(1).lower(), "persistence": None,
+                         "fabric_state": None, "fabric_status": None})
+            section = ""
+            continue
+        if not gpus:
+            continue
+        indent = len(line) - len(line.lstrip())
+        field = _SMI_Q_FIELD.match(line)
+        if ":" not in line:
+            if indent <= 4:
+                section = stripped
+            continue
+        if field is None:
+            continue
+        key, value = field.group(2).strip(), field.group(3)
+        if indent <= 4:
+            section = ""
+            if key == "Persistence Mode":
+                gpus[-1]["persistence"] = value
+        elif section == "Fabric" and key in ("State", "Status") and indent <= 8:
+            gpus[-1][f"fabric_{key.lower()}"] = value
+    if not gpus:
+        raise _error("nvidia-smi -q", "'GPU 00000000:XX:YY.Z' sections", text)
+    return gpus
+
+
+def dcgm_diag(text: str) -> dict[str, Any]:
+    """``dcgmi diag -r N -j``: ``{"tests": [{"name", "category", "gpu", "status", "info"}],
+    "version": ...}``, one row per GPU and test (statuses upper-cased: PASS, FAIL, WARN,
+    SKIP ...). Reads DCGM 3's layout (``DCGM GPU Diagnostic`` > ``test_categories`` >
+    ``tests`` > ``results`` with ``gpu_ids``) and DCGM 4's (``tests`` with ``results`` by
+    ``entity_id``)."""
+    document = _json_document("dcgmi diag", text, ("{",))
+    if not isinstance(document, dict):
+        raise _error("dcgmi diag", "a JSON object", text)
+    root = document.get("DCGM GPU Diagnostic", document.get("DCGM Diagnostic", document))
+    if not isinstance(root, dict):
+        raise _error("dcgmi diag", "a 'DCGM GPU Diagnostic' object", text)
+    rows: list[dict[str, Any]] = []
+    categories = root.get("test_categories") or [{"category": None,
+                                                  "tests": root.get("tests") or []}]
+    for category in categories:
+        if not isinstance(category, dict):
+            continue
+        for test in category.get("tests") or []:
+            if not isinstance(test, dict):
+                continue
+            for result in test.get("results") or []:
+                if not isinstance(result, dict):
+                    continue
+                gpu = result.get("gpu_ids", result.get("gpu_id", result.get("entity_id")))
+                info = result.get("info") or result.get("warnings") or []
+                if isinstance(info, list):
+                    info = "; ".join(str(i.get("message", i)) if isinstance(i, dict) else str(i)
+                                     for i in info)
+                rows.append({"name": str(test.get("name")), "category": category.get("category"),
+                             "gpu": None if gpu is None else str(gpu),
+                             "status": str(result.get("status", "")).upper(),
+                             "info": str(info)})
+    if not rows and not root.get("runtime_error"):
+        raise _error("dcgmi diag", "test results", text)
+    return {"tests": rows, "version": root.get("version"),
+            "error": root.get("runtime_error") or document.get("runtime_error")}
+
+
+_OFED = re.compile(r"^(?:MLNX_OFED_LINUX|OFED-internal|OFED)-([0-9][0-9A-Za-z.\-]*?):?$")
+
+
+def ofed_version(text: str) -> str:
+    """The OFED / DOCA-OFED version from ``ofed_info -s`` ("24.10-1.1.4.0")."""
+    for line in _output_lines(text):
+        if match := _OFED.match(line.strip()):
+            return match.group(1)
+    raise _error("ofed_info -s", "'MLNX_OFED_LINUX-X.Y-Z:' or 'OFED-internal-X.Y-Z:'", text)

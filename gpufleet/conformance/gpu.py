@@ -72,3 +72,35 @@ def xid_problems(events: list[dict[str, Any]], critical: tuple[int, ...]) -> lis
     """Critical Xid events from the kernel log since boot."""
     return [f"Xid {e['xid']} on {e.get('pci')}: {e.get('message', '')}".strip()
             for e in events if e.get("xid") in critical]
+
+
+def fabric_problems(gpus: list[dict[str, Any]]) -> list[str]:
+    """GPUs whose NVSwitch fabric is not up (State Completed, Status Success); GPUs without
+    a fabric (N/A) have none."""
+    problems = []
+    for index, gpu in enumerate(gpus):
+        state, status = gpu.get("fabric_state"), gpu.get("fabric_status")
+        if state in (None, "N/A"):
+            continue
+        if (state, status) != ("Completed", "Success"):
+            problems.append(f"GPU{index} ({gpu.get('bus_id')}): fabric state {state}, status "
+                            f"{status} (is nvidia-fabricmanager running at the driver's "
+                            "version?)")
+    return problems
+
+
+def fabricmanager_problem(fabricmanager: str | None, driver: str | None) -> str | None:
+    """A fabricmanager installed at another version than the loaded driver (it then refuses
+    to start, and CUDA does not initialise on NVSwitch systems)."""
+    if fabricmanager is None or driver is None or fabricmanager == driver:
+        return None
+    return f"nvidia-fabricmanager {fabricmanager} but the loaded driver is {driver}"
+
+
+def dcgm_problems(diag: dict[str, Any]) -> list[str]:
+    """Failed DCGM diagnostics, by GPU and test (warnings are not failures)."""
+    if diag.get("error"):
+        return [f"dcgmi diag did not run: {diag['error']}"]
+    return [f"GPU {t['gpu']}: {t['name']} {t['status']}" + (f" ({t['info']})" if t["info"]
+                                                          else "")
+            for t in diag["tests"] if t["status"] in ("FAIL", "ERROR")]

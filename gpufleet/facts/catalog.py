@@ -136,6 +136,10 @@ BASE_FACTS: list[Fact] = [
          parsers.nvidia_topo, "nvidia-smi"),
     Fact("nvlink", needs("nvidia-smi", NO_SMI) + "nvidia-smi nvlink --status",
          parsers.nvlink_status, "nvidia-smi"),
+    Fact("gpu_fabric", needs("nvidia-smi", NO_SMI) + "nvidia-smi -q | awk " + shlex.quote(
+        "/^GPU /{print} /^    Persistence Mode/{print} /^    [A-Za-z]/{f=($0 ~ /^    Fabric/)} "
+        "/^    Fabric/{print} f && /^        (State|Status) /{print}"), parsers.nvidia_smi_q,
+         "nvidia-smi"),
     Fact("nvidia_module", "if [ -r /proc/driver/nvidia/version ]; then "
          "cat /proc/driver/nvidia/version; else echo 'no NVIDIA kernel module loaded'; "
          "exit 127; fi", parsers.proc_driver_version),

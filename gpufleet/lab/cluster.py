@@ -26,7 +26,7 @@ import yaml
 
 from gpufleet import localcmd
 from gpufleet.errors import LabError
-from gpufleet.lab.repo import build_repo
+from gpufleet.lab.repo import KEYRING, build_repo, repo_dir
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 
 OVERLAID = ("etc", "var", "opt", "usr", "root")
@@ -380,6 +380,9 @@ class Lab:
         self._write_inventory()
         LabSlurm(self.config).converge(self.nodes())
 
+    def _repo_dir(self) -> Path:
+        return repo_dir(self.config.repo)
+
     def _known_addresses(self) -> set[str]:
         known = self.config.known_hosts
         text = known.read_text() if known.exists() else ""
@@ -517,7 +520,6 @@ class Lab:
     def _first_boot_script(self, node: Node) -> str:
         q = shlex.quote
         pub = q(str(self.config.key) + ".pub")
-        repo = q(f"deb [trusted=yes] file:{self.config.repo} ./")
         return "\n".join([
             "if [ ! -f /etc/gpufleet-lab/node ]; then",
             "  rm -f /etc/ssh/ssh_host_*",
@@ -530,7 +532,6 @@ class Lab:
             "  rm -rf /root/.bashrc /root/.profile /root/.bash_profile",
             "  for f in .bashrc .profile; do [ ! -f /etc/skel/$f ] || cp /etc/skel/$f /root/; done",
             "  rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*",
-            f"  echo {repo} > /etc/apt/sources.list.d/gpufleet-lab.list",
             "  rm -rf /var/lib/apt/lists/* && mkdir -p /var/lib/apt/lists/partial",
             "  mkdir -p /etc/gpufleet-lab /usr/local/sbin",
             f"  echo {q(node.name)} > /etc/gpufleet-lab/node",
@@ -699,6 +700,8 @@ class Lab:
                     "ansible_ssh_private_key_file": str(cfg.key),
                     "gpufleet_known_hosts": str(cfg.known_hosts),
                     "gpufleet_controllers": [cfg.controller_address],
+                    "nvidia_repo_url": f"file:{self._repo_dir()}/",
+                    "nvidia_repo_keyring": str(cfg.repo / KEYRING),
                 },
                 "children": {"lab": {"hosts": hosts}},
             }
@@ -721,14 +724,13 @@ def prepare_wheelhouse(wheelhouse: Path, requirement: str) -> None:
 
 
 def _module_load_script() -> str:
-    """Stand in for loading the NVIDIA kernel module at boot: publish the installed driver
-    version in /proc/driver/nvidia/version, as the real module does."""
+    """Stand in for loading the NVIDIA kernel module at boot: publish, as
+    /proc/driver/nvidia/version, the module line of the driver package installed (each
+    driver stand-in carries the line its real module prints, open or proprietary)."""
     return "\n".join([
-        "drv=$(dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' 'nvidia-driver-*' "
-        "'cuda-drivers-*' 2>/dev/null | awk 'substr($1, 2, 1) == \"i\" {print $2}' | head -n1)",
-        'if [ -n "$drv" ]; then',
+        "line=$(cat /usr/lib/gpufleet-lab/*.nvidia-module 2>/dev/null | head -n1)",
+        'if [ -n "$line" ]; then',
         "  mkdir -p /proc/driver/nvidia",
-        '  printf "NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  (gpufleet lab stand-in)\\n"'
-        ' "${drv%%-*}" > /proc/driver/nvidia/version',
+        '  printf "%s\\n" "$line" > /proc/driver/nvidia/version',
         "fi",
     ])

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import roles
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import PROVISIONED, node_sh
@@ -138,8 +139,7 @@ def test_new_and_resolved_since_the_last_run(lab: Lab, provisioned: Path,
     code, doc, _, _ = drift(provisioned, tmp_path, "second")
     assert code == 1
     assert doc["new_since_last"] == ["node03 nccl/hold libnccl-dev"]
-    assert doc["roles_checked"] == ["consistency", "cuda", "driver", "firewall", "nccl",
-                                    "nccl_env", "pytorch"]
+    assert doc["roles_checked"] == sorted(["consistency", *(r.name for r in roles.ALL)])
     node_sh(lab, "node03", "apt-mark hold libnccl-dev >/dev/null")
     code, doc, _, _ = drift(provisioned, tmp_path, "third")
     assert code == 0
@@ -164,7 +164,7 @@ def test_a_pending_reboot_is_drift(lab: Lab, provisioned: Path, tmp_path: Path) 
         module = next(i for i in doc["hosts"]["node04"]["items"]
                       if i["item"] == "driver/kernel module nvidia")
         assert (module["desired"], module["actual"], module["reboot_required"], module["kind"]) \
-            == ("550.144.03", "550.127.05", True, "reboot")
+            == ("550.144.03 (proprietary)", "550.127.05 (proprietary)", True, "reboot")
     run(provisioned, "node04")
     code, doc, _, _ = drift(provisioned, tmp_path, "reboot-after", limit="node04")
     assert code == 0, doc["hosts"]["node04"]

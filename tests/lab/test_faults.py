@@ -93,7 +93,8 @@ def test_a_hung_nvidia_smi_costs_one_fact_on_one_node_of_eight(
         if name != HUNG:
             assert [g["name"] for g in hosts[name]["facts"]["gpus"]] == ["NVIDIA H200"] * 2
     drift = _json(tmp_path / "drift.json")["hosts"]
-    assert set(drift[HUNG]["facts_timed_out"]) == {"gpus", "gpu_topology", "nvlink"}
+    assert set(drift[HUNG]["facts_timed_out"]) == {"gpus", "gpu_topology", "nvlink",
+                                                    "gpu_fabric"}
     assert all(drift[n]["facts_timed_out"] == {} for n in EIGHT if n != HUNG)
     assert all(drift[n]["status"] in ("clean", "drifted") for n in EIGHT)
     results = _json(tmp_path / "gpu.json")["results"]
@@ -168,7 +169,8 @@ def test_a_host_past_its_deadline_gets_no_further_command_and_no_reboot(
     holder = node_sh(lab, "node06", LOCK_HOLDER.format(seconds=25)).strip()
     report = tmp_path / "provision.json"
     start = time.monotonic()
-    code = app.provision_cmd(str(inventory_path), limit="node05:node06", roles="driver",
+    code = app.provision_cmd(str(inventory_path), limit="node05:node06",
+                             roles="nvidia_repo,driver",
                              reboot=True, json_path=str(report),
                              fleet=app.FleetArgs(timeout=15))
     elapsed = time.monotonic() - start
@@ -271,6 +273,14 @@ def test_drift_is_identical_from_a_second_controller(lab: Lab, provisioned: Path
     the other's access, and drift is clean from both."""
     second = lab.second_controller()
     controllers = [f"{SUBNET}.1", lab.config.second_controller_address]
+    try:
+        _drift_from_both(provisioned, tmp_path, second, controllers)
+    finally:
+        assert app.provision_cmd(str(provisioned), limit=PROVISIONED, roles="firewall") == 0
+
+
+def _drift_from_both(provisioned: Path, tmp_path: Path, second: str,
+                     controllers: list[str]) -> None:
     with override(provisioned, "group_vars", "lab", {"gpufleet_controllers": controllers}):
         assert app.provision_cmd(str(provisioned), limit=PROVISIONED, roles="firewall") == 0
         first = tmp_path / "first.json"
@@ -286,7 +296,6 @@ def test_drift_is_identical_from_a_second_controller(lab: Lab, provisioned: Path
             assert doc["summary"]["items"] == 0
             assert {h["status"] for h in doc["hosts"].values()} == {"clean"}
         assert app.facts(str(provisioned), limit=PROVISIONED) == 0  # the first still gets in
-    assert app.provision_cmd(str(provisioned), limit=PROVISIONED, roles="firewall") == 0
 
 
 _DRIFT_AND_PROVISION = """

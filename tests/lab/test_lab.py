@@ -12,7 +12,9 @@ import paramiko
 import pytest
 
 from gpufleet.errors import GpufleetError
+from gpufleet.inventory import load_inventory
 from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.repo import KEYRING
 from tests.conftest import ROOT
 from tests.lab.conftest import lab_config_for, node_sh
 
@@ -103,6 +105,10 @@ def test_nftables_rules_on_one_node_affect_only_that_node(lab: Lab) -> None:
 
 
 def test_apt_uses_the_lab_repository_and_installs_stay_on_one_node(lab: Lab) -> None:
+    repo = load_inventory(lab.config.inventory_dir).hosts["node09"].vars["nvidia_repo_url"]
+    node_sh(lab, "node09", f"cp {lab.config.repo / KEYRING} /usr/share/keyrings/lab.gpg && "
+            f"echo 'deb [signed-by=/usr/share/keyrings/lab.gpg] {repo} /' "
+            "> /etc/apt/sources.list.d/lab.list")
     node_sh(lab, "node09", "apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq -y "
             "install libnccl2=2.23.4-1+cuda12.6 >/dev/null && apt-mark hold libnccl2")
     assert "hi  libnccl2" in node_sh(lab, "node09", "dpkg -l libnccl2")
@@ -111,6 +117,8 @@ def test_apt_uses_the_lab_repository_and_installs_stay_on_one_node(lab: Lab) -> 
                    ).strip() == "no"
     description = node_sh(lab, "node09", "dpkg -s libnccl2 | grep -i 'lab stand-in'")
     assert "gpufleet lab stand-in" in description
+    node_sh(lab, "node09", "apt-mark unhold libnccl2 >/dev/null; DEBIAN_FRONTEND=noninteractive "
+            "apt-get -qq -y purge libnccl2 >/dev/null; rm -f /etc/apt/sources.list.d/lab.list")
 
 
 def test_lab_up_is_idempotent(lab: Lab) -> None:
@@ -140,6 +148,9 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     orphan = int(node_sh(small, "node01", "setsid sleep 600 >/dev/null 2>&1 < /dev/null & "
                          "echo $!").strip())
     node_ns = {os.stat(f"/run/netns/{name}-{n}").st_ino for n in ("node01", "node02")}
+    # a namespace inode freed by down() may be reused by a namespace made afterwards (another
+    # lab on this machine): only processes that already ran before down() count
+    before = float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")
     small.down()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            check=True).stdout
@@ -153,9 +164,10 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             inode = os.stat(f"/proc/{pid}/ns/net").st_ino
-        except OSError:
+            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
             continue
-        if inode in node_ns:
+        if inode in node_ns and started <= before:
             still_inside.append(pid)
     assert still_inside == []
     sshd = subprocess.run(["pgrep", "-af", root], capture_output=True,

@@ -220,7 +220,7 @@ def test_a_version_the_repository_lacks_fails_naming_what_exists(provisioned: Pa
     assert outcome.status == "failed"
     assert str(outcome.error).endswith(
         "libnccl2=2.99.9-1+cuda12.4 is not available from the host's apt repositories "
-        "(available: 2.23.4-1+cuda12.6, 2.21.5-1+cuda12.4)")
+        "(available: 2.28.3-1+cuda13.0, 2.23.4-1+cuda12.6, 2.21.5-1+cuda12.4)")
 
 
 def test_a_node_taken_down_mid_run_ends_unreachable(lab: Lab, provisioned: Path) -> None:

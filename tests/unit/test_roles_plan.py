@@ -64,9 +64,13 @@ def header(role: str) -> str:
 
 
 def test_roles_are_applied_stack_first_firewall_last() -> None:
-    assert [r.name for r in ALL] == ["driver", "cuda", "nccl", "pytorch", "nccl_env", "firewall"]
+    names = [r.name for r in ALL]
+    assert names[:2] == ["nvidia_repo", "driver"] and names[-1] == "firewall"
+    assert names.index("cuda") < names.index("nccl") < names.index("pytorch") < \
+        names.index("nccl_env")
     assert [r.name for r in select("firewall, driver")] == ["driver", "firewall"]
-    with pytest.raises(Exception, match=r"unknown role\(s\) drivers; roles are driver, cuda"):
+    with pytest.raises(Exception, match=r"unknown role\(s\) drivers; roles are nvidia_repo, "
+                                        r"driver"):
         select("drivers")
 
 
@@ -103,7 +107,9 @@ def driver_facts(version: str = "550.127.05-0ubuntu1", module: str | None = "550
     return Facts("gpu01", values=values, absent=absent)
 
 
-DRIVER_VARS = 'nvidia_driver_version: "550.127.05"\n'
+DRIVER_VARS = ('nvidia_driver_version: "550.127.05"\n'
+               'nvidia_driver_package: "nvidia-driver-{branch}"\n'
+               'nvidia_driver_package_version: "{version}-0ubuntu1"\n')
 
 
 def test_driver_converged(tmp_path: Path) -> None:
@@ -115,7 +121,8 @@ def test_driver_request(tmp_path: Path) -> None:
     v = RoleVars(inv.hosts["gpu01"], driver.ROLE.defaults)
     assert driver.ROLE.active(v)
     assert driver.ROLE.request(v) == FactRequest(
-        packages=frozenset({"nvidia-driver-550"}), files=frozenset({DRIVER_PIN, UNATTENDED}))
+        packages=frozenset({"nvidia-driver-550"}), files=frozenset({DRIVER_PIN, UNATTENDED}),
+        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT}))
     assert not driver.ROLE.active(RoleVars(inventory(tmp_path).hosts["gpu01"],
                                            driver.ROLE.defaults))
 
@@ -124,13 +131,14 @@ def test_driver_reboot_when_module_absent(tmp_path: Path) -> None:
     changes = plan(driver.ROLE, inventory(tmp_path, DRIVER_VARS), driver_facts(module=None))
     assert rows(changes) == [
         ("driver/kernel module nvidia", "reboot", "not loaded (no NVIDIA kernel module loaded)",
-         "550.127.05")]
+         "550.127.05 (proprietary)")]
     [reboot] = changes
-    assert reboot.pending_reboot
+    assert reboot.pending_reboot and reboot.kind == "reboot"
     [step] = reboot.steps
     assert isinstance(step, Reboot)
     assert (step.command, step.reason) == (
-        "reboot", "loaded kernel module none, driver package 550.127.05")
+        "reboot", "loaded kernel module not loaded (no NVIDIA kernel module loaded), driver "
+                  "package 550.127.05 (proprietary)")
 
 
 def test_driver_upgrade_with_old_module_loaded(tmp_path: Path) -> None:
@@ -139,11 +147,12 @@ def test_driver_upgrade_with_old_module_loaded(tmp_path: Path) -> None:
     assert rows(changes) == [
         ("driver/package nvidia-driver-550", "upgrade", "550.54.15-0ubuntu1",
          "550.127.05-0ubuntu1"),
-        ("driver/kernel module nvidia", "reboot", "550.54.15", "550.127.05"),
+        ("driver/kernel module nvidia", "reboot", "550.54.15 (None)",
+         "550.127.05 (proprietary)"),
     ]
     assert [c.pending_reboot for c in changes] == [False, True]
     assert changes[1].steps[0].reason == (  # type: ignore[attr-defined]
-        "loaded kernel module 550.54.15, driver package 550.127.05")
+        "loaded kernel module 550.54.15 (None), driver package 550.127.05 (proprietary)")
 
 
 def test_driver_fresh_host(tmp_path: Path) -> None:
@@ -158,7 +167,7 @@ def test_driver_fresh_host(tmp_path: Path) -> None:
         (f"driver/file {DRIVER_PIN}", "create", "absent", f"{len(DRIVER_PIN_TEXT)} bytes"),
         (f"driver/file {UNATTENDED}", "create", "absent", f"{len(UNATTENDED_TEXT)} bytes"),
         ("driver/kernel module nvidia", "reboot", "not loaded (no NVIDIA kernel module loaded)",
-         "550.127.05"),
+         "550.127.05 (proprietary)"),
     ]
     assert changes[1].steps[0].content == DRIVER_PIN_TEXT.encode()  # type: ignore[attr-defined]
     assert changes[2].steps[0].content == UNATTENDED_TEXT.encode()  # type: ignore[attr-defined]
@@ -182,7 +191,8 @@ def test_driver_cuda_drivers_package_form(tmp_path: Path) -> None:
     assert rows(changes) == [
         ("driver/hold cuda-drivers-550", "hold", "not held", "held"),
         (f"driver/file {DRIVER_PIN}", "create", "absent", f"{len(pin)} bytes"),
-        ("driver/kernel module nvidia", "reboot", "550.144.03", "550.127.05"),
+        ("driver/kernel module nvidia", "reboot", "550.144.03 (None)",
+         "550.127.05 (proprietary)"),
     ]
     assert changes[1].steps[0].content == pin.encode()  # type: ignore[attr-defined]
     assert changes[2].steps[0].command == "systemctl reboot"  # type: ignore[attr-defined]
@@ -205,14 +215,14 @@ def test_driver_invalid_version(tmp_path: Path, version: str) -> None:
     inv = inventory(tmp_path, f'nvidia_driver_version: "{version}"\n')
     with pytest.raises(VarError) as caught:
         plan(driver.ROLE, inv, driver_facts())
-    assert str(caught.value) == (f"host gpu01: nvidia_driver_version must look like 550.127.05, "
+    assert str(caught.value) == (f"host gpu01: nvidia_driver_version must look like 580.95.05, "
                                  f"got {version!r}")
 
 
 def test_driver_version_of_wrong_type(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "nvidia_driver_version: [550]\n")
     with pytest.raises(VarError, match=r"^host gpu01: variable nvidia_driver_version must be a "
-                                       r"string, got \[550\]$"):
+                                       r"string, got \[550\] \(.*/hosts\.yml:5\)$"):
         plan(driver.ROLE, inv, driver_facts())
 
 
@@ -225,12 +235,13 @@ CUDA_VARS = 'cuda_version: "12.4.1"\n'
 
 
 def cuda_facts(link: str | None, alternative: str | None = None,
-               package: str = "12.4.1-1") -> Facts:
+               package: str = "12.4.1-1", nvcc: str = "12.4.131") -> Facts:
     return Facts("gpu01", values={
         "packages": {"cuda-toolkit-12-4": installed(package)},
         f"file:{CUDA_PIN}": present(CUDA_PIN, CUDA_PIN_TEXT),
         "link:/usr/local/cuda": link,
         "link:/etc/alternatives/cuda": alternative,
+        "nvcc": nvcc,
     })
 
 
@@ -306,7 +317,8 @@ def test_cuda_custom_home_and_link(tmp_path: Path) -> None:
 def test_cuda_invalid_version(tmp_path: Path, version: str) -> None:
     with pytest.raises(VarError) as caught:
         plan(cuda.ROLE, inventory(tmp_path, f'cuda_version: "{version}"\n'), cuda_facts(None))
-    assert str(caught.value) == f"host gpu01: cuda_version must look like 12.4.1, got {version!r}"
+    assert str(caught.value) == (f"host gpu01: cuda_version must be a CUDA release like 13.0.2 "
+                                 f"(or 13.0), got {version!r}")
 
 
 # =========================================================================== nccl
@@ -345,8 +357,8 @@ def test_nccl_without_any_cuda_version(tmp_path: Path) -> None:
 
 
 def test_nccl_with_an_invalid_cuda_version(tmp_path: Path) -> None:
-    with pytest.raises(VarError, match=r"^host gpu01: cuda_version must look like 12\.4\.1, "
-                                       r"got '12'$"):
+    with pytest.raises(VarError, match=r"^host gpu01: cuda_version must be a CUDA release like "
+                                       r"13\.0\.2 \(or 13\.0\), got '12'$"):
         nccl_wanted(tmp_path, 'nccl_version: "2.21.5"\ncuda_version: "12"\n')
 
 
@@ -607,7 +619,7 @@ def test_nccl_env_invalid_settings(tmp_path: Path, extra: str, message: str) -> 
 def test_nccl_env_must_be_a_mapping(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "nccl_env: [NCCL_DEBUG]\n")
     with pytest.raises(VarError, match=r"^host gpu01: variable nccl_env must be a mapping, "
-                                       r"got \['NCCL_DEBUG'\]$"):
+                                       r"got \['NCCL_DEBUG'\] \(.*hosts\.yml:5\)$"):
         plan(nccl_env.ROLE, inv, env_facts())
 
 
@@ -696,12 +708,13 @@ def test_nccl_env_empty_mapping_is_active(tmp_path: Path) -> None:
 def test_plan_host_orders_reboots_last_and_unions_requests(tmp_path: Path) -> None:
     inv = inventory(tmp_path, DRIVER_VARS + CUDA_VARS)
     host = inv.hosts["gpu01"]
-    pairs = active_roles(host, ALL)
+    pairs = active_roles(host, select("driver,cuda"))
     assert [role.name for role, _ in pairs] == ["driver", "cuda"]
     assert fact_request(pairs) == FactRequest(
         packages=frozenset({"nvidia-driver-550", "cuda-toolkit-12-4"}),
         files=frozenset({DRIVER_PIN, UNATTENDED, CUDA_PIN}),
-        links=frozenset({"/usr/local/cuda", "/etc/alternatives/cuda"}))
+        links=frozenset({"/usr/local/cuda", "/etc/alternatives/cuda"}),
+        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT}))
     facts = driver_facts(module=None)
     facts.values["packages"]["cuda-toolkit-12-4"] = installed("12.4.1-1")
     facts.values[f"file:{CUDA_PIN}"] = present(CUDA_PIN, CUDA_PIN_TEXT)
