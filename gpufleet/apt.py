@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,12 +20,39 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts import Facts
 from gpufleet.managed import HEADER, file_change
 from gpufleet.plan import ApplyContext, Change, Run
+from gpufleet.role import RoleVars, VarError
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
 
 
 class PackageUnavailable(GpufleetError):
     """A pinned version is not offered by the host's repositories."""
+
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
+_VERSION = re.compile(r"^[0-9*][A-Za-z0-9.+~:*-]*$")
+
+
+def templated(v: RoleVars, names: list[str], version_key: str, fields: dict[str, str],
+              names_key: str) -> dict[str, str]:
+    """Package name -> version from a role's templates (``{version}``, ``{branch}`` ...):
+    a placeholder typo, or a name or version that is not one (it would reach apt's command
+    line and a preferences file), is a VarError naming the host and the variables."""
+    try:
+        version = v.string(version_key).format(**fields)
+        packages = {str(name).format(**fields): version for name in names}
+    except (KeyError, IndexError, ValueError) as exc:
+        raise VarError(f"host {v.host.name}: {names_key} or {version_key} has an unknown "
+                       f"placeholder ({exc}); use {', '.join('{' + k + '}' for k in fields)}"
+                       ) from None
+    for name, wanted in packages.items():
+        if not _NAME.match(name):
+            raise VarError(f"host {v.host.name}: variable {names_key} gives {name!r}, which is "
+                           "not a package name")
+        if not _VERSION.match(wanted):
+            raise VarError(f"host {v.host.name}: variable {version_key} gives {wanted!r}, "
+                           "which is not a package version")
+    return packages
 
 
 def matches(version: str, wanted: str) -> bool:

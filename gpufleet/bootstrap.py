@@ -43,7 +43,7 @@ from gpufleet.fleet import FleetOptions, Outcome
 from gpufleet.fleet import host_timeout as fleet_host_timeout
 from gpufleet.inventory import Host, Inventory
 from gpufleet.plan import ApplyOptions
-from gpufleet.role import Role, RoleVars
+from gpufleet.role import Role, RoleVars, Var
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
@@ -165,32 +165,54 @@ def trust(host: Host, base: Path, options: BootstrapOptions) -> tuple[str, dict[
 
 # ---- 2. preflight --------------------------------------------------------------------------
 
+VARIABLES = {
+    "bootstrap_supported_os": Var(SUPPORTED_OS, "list", "OS:VERSION the node may run"),
+    "bootstrap_min_free_gb": Var(20, "number", "free space on / needed"),
+    "bootstrap_max_clock_skew_s": Var(2.0, "number", "clock skew allowed without NTP status"),
+    "bootstrap_required_suites": Var(None, "list", "suites that must each pass a check"),
+    "nvidia_driver_dkms": Var(True, "boolean", "the driver builds with DKMS"),
+    "nvidia_driver_install": Var("apt", "string", "apt or preinstalled"),
+    "gpu_count": Var(None, "integer", "GPUs the node must have"),
+}
+
+
+def bootstrap_vars(host: Host) -> RoleVars:
+    """The host's bootstrap variables over their defaults, each checked (VarError names the
+    host, the variable and where it is set)."""
+    v = RoleVars(host, {key: var.default for key, var in VARIABLES.items()})
+    for key, var in VARIABLES.items():
+        if v.get(key) is not None:
+            v.checked(key, var.kind)
+    return v
+
+
 def preflight_problems(facts: Facts, host: Host, controller_clock: float) -> list[str]:
     """Why the node cannot take the stack yet (empty when it can)."""
-    v = host.vars
+    v = bootstrap_vars(host)
     problems = []
     release = facts.get("os_release") or {}
     os_id = f"{release.get('ID', '?')}:{release.get('VERSION_ID', '?')}"
-    supported = [str(s) for s in v.get("bootstrap_supported_os", SUPPORTED_OS)]
+    supported = [str(s) for s in v.items("bootstrap_supported_os")]
     if os_id not in supported:
         problems.append(f"OS {os_id} is not supported ({', '.join(supported)})")
-    min_free = float(v.get("bootstrap_min_free_gb", 20))
+    min_free = v.number("bootstrap_min_free_gb")
     free = (facts.get("disk_free") or {}).get("/")
     if free is None:
         problems.append(f"free disk space unknown: {facts.why_absent('disk_free')}")
     elif free < min_free * 1e9:
         problems.append(f"{free / 1e9:.1f} GB free on /, need {min_free:g} GB")
-    if v.get("nvidia_driver_dkms", True) and "nvidia_driver_version" in v \
+    if v.boolean("nvidia_driver_dkms") and "nvidia_driver_version" in v \
+            and v.string("nvidia_driver_install") != "preinstalled" \
             and not facts.get("kernel_headers"):
         problems.append(f"kernel headers for {facts.get('kernel')} are missing (the driver's "
                         "DKMS module cannot build)")
-    wanted = v.get("gpu_count")
+    wanted = None if v.get("gpu_count") is None else v.integer("gpu_count")
     on_bus = facts.get("pci_gpus")
-    if wanted is not None and on_bus is not None and len(on_bus) != int(wanted):
+    if wanted is not None and on_bus is not None and len(on_bus) != wanted:
         problems.append(f"{len(on_bus)} NVIDIA GPUs on the PCI bus, inventory expects {wanted}")
     synced = facts.get("time_sync")
     skew = abs(float(facts.get("clock") or controller_clock) - controller_clock)
-    max_skew = float(v.get("bootstrap_max_clock_skew_s", 2.0))
+    max_skew = v.number("bootstrap_max_clock_skew_s")
     if synced is False:
         problems.append("the clock is not synchronised (NTP reports unsynchronised)")
     elif skew > max_skew:
@@ -467,6 +489,7 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
     validate([host], role_registry.ALL)
+    bootstrap_vars(host)
     if options.timeout is not None and not options.timeout > 0:
         raise GpufleetError(f"--timeout must be a positive number of seconds, "
                             f"got {options.timeout:g}")

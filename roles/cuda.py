@@ -87,14 +87,8 @@ class CudaRole(RoleBase):
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
         """Metapackage -> version (a pattern for a release given as major.minor)."""
-        f = self._fields(v)
-        try:
-            version = v.string("cuda_package_version").format(**f)
-            return {str(p).format(**f): version for p in v.items("cuda_packages")}
-        except (KeyError, IndexError, ValueError) as exc:
-            raise VarError(f"host {v.host.name}: cuda_packages or cuda_package_version has a "
-                           f"bad placeholder ({exc}); use {{release}}, {{major}}, {{minor}}"
-                           ) from None
+        return apt.templated(v, v.items("cuda_packages"), "cuda_package_version",
+                             self._fields(v), "cuda_packages")
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),

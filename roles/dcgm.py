@@ -36,9 +36,9 @@ class DcgmRole(RoleBase):
         if not cuda.isdigit():
             raise VarError(f"host {v.host.name}: set dcgm_cuda (e.g. 13) or cuda_version to "
                            "choose DCGM's CUDA package")
-        fields = {"version": v.string("dcgm_version"), "cuda": cuda}
-        version = v.string("dcgm_package_version").format(**fields)
-        return {str(p).format(**fields): version for p in v.items("dcgm_packages")}
+        return apt.templated(v, v.items("dcgm_packages"), "dcgm_package_version",
+                             {"version": v.string("dcgm_version"), "cuda": cuda},
+                             "dcgm_packages")
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),

@@ -122,18 +122,8 @@ class DriverRole(RoleBase):
             if (source, self.flavor(v)) not in SOURCES:
                 raise v.fail("nvidia_driver_source", "cuda-repo, ubuntu or debian", source)
             names = list(SOURCES[(source, self.flavor(v))])
-        try:
-            version = v.string("nvidia_driver_package_version").format(**fields)
-            packages = {str(n).format(**fields): version for n in names}
-        except (KeyError, IndexError, ValueError) as exc:
-            raise VarError(f"host {v.host.name}: nvidia_driver_packages or "
-                           f"nvidia_driver_package_version has a bad placeholder ({exc}); "
-                           "use {version} and {branch}") from None
-        for name, pattern in packages.items():
-            if not _PATTERN.match(name) or not _PATTERN.match(pattern):
-                raise VarError(f"host {v.host.name}: driver package {name}={pattern} is not "
-                               "a package name and version")
-        return packages
+        return apt.templated(v, names, "nvidia_driver_package_version", fields,
+                             "nvidia_driver_packages")
 
     def _blacklist(self, v: RoleVars) -> list[str]:
         """The blacklist entries, each a package name prefix (anything else could change

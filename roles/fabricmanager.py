@@ -74,9 +74,10 @@ class FabricmanagerRole(RoleBase):
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
         version = v.string("nvidia_driver_version")
-        fields = {"version": version, "branch": version.split(".")[0]}
-        return {v.string("nvidia_fabricmanager_package").format(**fields):
-                v.string("nvidia_fabricmanager_package_version").format(**fields)}
+        return apt.templated(v, [v.string("nvidia_fabricmanager_package")],
+                             "nvidia_fabricmanager_package_version",
+                             {"version": version, "branch": version.split(".")[0]},
+                             "nvidia_fabricmanager_package")
 
     def request(self, v: RoleVars) -> FactRequest:
         custom = {NVSWITCHES, SERVICE_STATE}

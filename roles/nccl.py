@@ -43,8 +43,8 @@ class NcclRole(RoleBase):
                 raise VarError(f"host {v.host.name}: set nccl_cuda (e.g. 12.4) or cuda_version "
                                "to build the NCCL package version")
             cuda = ".".join(major_minor(v.string("cuda_version"), v.host.name, "cuda_version"))
-        package_version = v.string("nccl_package_version").format(version=version, cuda=cuda)
-        return {str(name): package_version for name in v.items("nccl_packages")}
+        return apt.templated(v, v.items("nccl_packages"), "nccl_package_version",
+                             {"version": version, "cuda": cuda}, "nccl_packages")
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),

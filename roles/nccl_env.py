@@ -20,6 +20,7 @@ from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 def parse_range(text: str, host: str, key: str) -> tuple[int, int]:
@@ -56,6 +57,18 @@ class NcclEnvRole(RoleBase):
 
     def active(self, v: RoleVars) -> bool:
         return v.get("nccl_env") is not None
+
+    def check(self, v: RoleVars) -> None:
+        super().check(v)
+        if not self.active(v):
+            return
+        for key in ("nccl_conf_path", "nccl_env_file", "nccl_profile_script",
+                    "nccl_sysctl_file"):
+            if not _PATH.match(v.string(key)):
+                raise v.fail(key, "an absolute path of letters, digits and . _ - / (it is "
+                             "written into the profile script and run by sysctl)", v.get(key))
+        self.settings(v)
+        self.port_range(v)
 
     def settings(self, v: RoleVars) -> dict[str, str]:
         """NCCL_* settings exactly as the inventory sets them, validated."""

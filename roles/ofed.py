@@ -36,8 +36,8 @@ class OfedRole(RoleBase):
         package = v.opt_string("ofed_package")
         if package is None:
             return {}
-        return {package: v.string("ofed_package_version").format(
-            version=v.string("ofed_version"))}
+        return apt.templated(v, [package], "ofed_package_version",
+                             {"version": v.string("ofed_version")}, "ofed_package")
 
     def request(self, v: RoleVars) -> FactRequest:
         wanted = self.wanted(v)
