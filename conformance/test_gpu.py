@@ -8,8 +8,10 @@ diagnostics pass where DCGM is installed.
 
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
 gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
-gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140), gpu_dcgm_diag_level
-(1; 0 turns the diagnostics off).
+gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140: fail), gpu_xid_policy
+(Xid -> fail, warn or ignore, over the default policy in gpufleet/conformance/gpu.py),
+gpu_xid_window_h (only Xids of the last N hours count; default: since boot),
+gpu_dcgm_diag_level (1; 0 turns the diagnostics off).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from gpufleet.conformance.gpu import (
     fabric_problems,
     fabricmanager_problem,
     health_problems,
+    inventory_problems,
     nvlink_problems,
     topology_problems,
-    xid_problems,
+    xid_policy,
+    xid_verdict,
 )
 from gpufleet.conformance.session import Node
 from gpufleet.errors import ParseError
@@ -49,17 +53,22 @@ def _gpus(node: Node) -> list[dict[str, object]]:
 
 def test_count_and_model(node: Node, record_property: pytest.RecordProperty) -> None:
     gpus = _gpus(node)
+    facts: Facts = node.facts  # type: ignore[assignment]
     models = sorted({str(g.get("name")) for g in gpus})
     record_property("gpus", len(gpus))
     record_property("models", models)
+    listed, topo, on_bus = facts.get("gpu_list"), facts.get("gpu_topology"), \
+        facts.get("pci_gpus")
+    counts = {"the PCI bus": None if on_bus is None else len(on_bus),
+              "nvidia-smi -L": None if listed is None else len(listed),
+              "the nvidia-smi query": len(gpus),
+              "the topology": None if topo is None else len(topo.get("gpus", []))}
+    record_property("counts", counts)
     count, model = node.var("gpu_count"), node.var("gpu_model")
-    if count is not None:
-        assert len(gpus) == int(count), f"{len(gpus)} GPUs, inventory expects {count}"
+    found = inventory_problems(counts, None if count is None else int(count))
+    assert not found, "; ".join(found)
     if model is not None:
         assert models == [str(model)], f"GPU model {', '.join(models)}, expected {model}"
-    on_bus = node.facts.get("pci_gpus") or []  # type: ignore[union-attr]
-    assert not on_bus or len(on_bus) == len(gpus), \
-        f"{len(on_bus)} NVIDIA GPUs on the PCI bus, but nvidia-smi sees {len(gpus)}"
 
 
 def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
@@ -89,7 +98,7 @@ def test_health(node: Node) -> None:
     assert not found, "; ".join(found)
 
 
-def test_no_critical_xid_since_boot(node: Node) -> None:
+def test_no_critical_xid_since_boot(node: Node, record_property: pytest.RecordProperty) -> None:
     _gpus(node)
     log = node.run("if out=$(dmesg 2>&1); then printf '%s\\n' \"$out\"; "
                    "else journalctl -k -b --no-pager 2>&1; fi", timeout=60)
@@ -100,9 +109,17 @@ def test_no_critical_xid_since_boot(node: Node) -> None:
         events = parsers.xid_events(log.stdout)
     except ParseError as exc:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
-    critical = node.numbers("gpu_critical_xids", CRITICAL_XIDS)
-    found = xid_problems(events, critical)
-    assert not found, "; ".join(found)
+    try:
+        policy = xid_policy(dict.fromkeys(node.numbers("gpu_critical_xids", CRITICAL_XIDS),
+                                          "fail") | (node.var("gpu_xid_policy") or {}))
+        window = node.var("gpu_xid_window_h")
+        uptime = node.facts.get("uptime_s") if node.facts else None
+        since = None if window is None or uptime is None else uptime - float(window) * 3600
+    except (ValueError, TypeError) as exc:
+        pytest.fail(f"bad Xid variables: {exc}")
+    failures, warnings = xid_verdict(events, policy, since)
+    record_property("xid_warnings", warnings)
+    assert not failures, "; ".join(failures)
 
 
 DCGM_TIMEOUTS = {1: 120, 2: 600, 3: 2400, 4: 7200}

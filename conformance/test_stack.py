@@ -14,6 +14,7 @@ import pytest
 
 import roles
 from gpufleet import parsers
+from gpufleet.conformance import nccl_env
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.drift import check_consistency, training_python
 from gpufleet.errors import GpufleetError, ParseError
@@ -62,6 +63,29 @@ def test_torch_imports(node: Node, record_property: pytest.RecordProperty) -> No
         record_property(f"torch_{key}" if key != "torch" else "torch", info.get(key))
     assert info.get("torch") == recorded.get("torch"), \
         f"torch imports as {info.get('torch')}, its files say {recorded.get('torch')}"
+
+
+def test_nccl_environment(node: Node, record_property: pytest.RecordProperty) -> None:
+    """Every interface, HCA and GID that nccl.conf and the environment file name exists
+    (and is up) on this node."""
+    paths = [roles.provided(node.host, "nccl_conf", "/etc/nccl.conf"),
+             roles.provided(node.host, "nccl_env_file", "/etc/default/gpufleet-nccl")]
+    texts = [node.run(f"cat {shlex.quote(p)} 2>/dev/null || true", timeout=30).stdout
+             for p in paths]
+    found = nccl_env.settings(*texts)
+    if not found:
+        pytest.skip(f"no NCCL settings in {' or '.join(paths)}")
+    record_property("settings", found)
+    facts = node.facts
+    interfaces = (facts.get("interfaces") if facts else None) or []
+    rdma = facts.get("rdma") if facts else None
+    problems = nccl_env.lint(found, interfaces, rdma)
+    for path in nccl_env.gid_paths(found, rdma or []):
+        gid = node.run(f"cat {shlex.quote(path)} 2>/dev/null", timeout=30).stdout.strip()
+        if not gid or set(gid) <= {"0", ":"}:
+            problems.append(f"NCCL_IB_GID_INDEX={found['NCCL_IB_GID_INDEX']}: {path} is "
+                            f"{'empty' if gid else 'missing'}")
+    assert not problems, "; ".join(problems)
 
 
 def test_versions_agree_within_each_group(conformance: ConformanceSession) -> None:

@@ -339,7 +339,7 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 PROJECT = Path(__file__).resolve().parent.parent
 SUITE_SETS = {
-    "conformance": ("stack", "reachability", "allreduce", "rdma", "gpu"),
+    "conformance": ("stack", "firewall", "reachability", "allreduce", "rdma", "gpu"),
     "acceptance": ("ddp", "thermal", "storage", "host_sizing", "p2p"),
 }
 

@@ -48,7 +48,7 @@ from gpufleet.role import Role, RoleVars, Var
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
-LOCAL_SUITES = "stack,gpu,rdma,allreduce"
+LOCAL_SUITES = "stack,firewall,gpu,rdma,allreduce"
 PAIR_SUITES = "reachability,allreduce"
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0

@@ -866,23 +866,29 @@ _LOG_TOOL_ERROR = re.compile(r"^(?:dmesg|journalctl): ")
 def xid_events(text: str) -> list[dict[str, Any]]:
     """Extract ``NVRM: Xid`` events from kernel log text (dmesg or journal format).
 
-    Each event is ``pci`` ("0000:3b:00"), ``xid`` (int) and ``message`` (the text after
-    the pid/name fields). A dmesg/journalctl error (e.g. no permission to read the
-    log) raises, since an unreadable log is not an empty one.
+    Each event is ``pci`` ("0000:3b:00"), ``xid`` (int), ``message`` (the text after
+    the pid/name fields) and ``at`` (seconds since boot from dmesg's ``[ 123.456]``, None
+    in other formats). A dmesg/journalctl error (e.g. no permission to read the log)
+    raises, since an unreadable log is not an empty one.
     """
     events: list[dict[str, Any]] = []
     for line in _lines(text):
         if _LOG_TOOL_ERROR.match(line.strip()):
             raise _error("kernel log", "kernel log lines", line)
         if match := _XID.search(line):
+            stamp = _DMESG_TIME.match(line.strip())
             events.append(
                 {
                     "pci": match.group(1).lower(),
                     "xid": int(match.group(2)),
                     "message": _XID_CONTEXT.sub("", match.group(3)),
+                    "at": float(stamp.group(1)) if stamp else None,
                 }
             )
     return events
+
+
+_DMESG_TIME = re.compile(r"^\[\s*(\d+\.\d+)\]")
 
 
 _PAUSE_OR_DISCARD = re.compile(r"pause|discard", re.IGNORECASE)
@@ -1037,3 +1043,18 @@ def ofed_version(text: str) -> str:
         if match := _OFED.match(line.strip()):
             return match.group(1)
     raise _error("ofed_info -s", "'MLNX_OFED_LINUX-X.Y-Z:' or 'OFED-internal-X.Y-Z:'", text)
+
+
+_SMI_LIST = re.compile(r"^GPU (\d+): (.+?) \(UUID: (\S+)\)\s*$")
+
+
+def nvidia_smi_list(text: str) -> list[dict[str, Any]]:
+    """``nvidia-smi -L``: one ``{"index", "name", "uuid"}`` per GPU (MIG lines skipped)."""
+    gpus = []
+    for line in _output_lines(text):
+        if match := _SMI_LIST.match(line.strip()):
+            gpus.append({"index": int(match.group(1)), "name": match.group(2),
+                         "uuid": match.group(3)})
+        elif not line.strip().startswith("MIG "):
+            raise _error("nvidia-smi -L", "'GPU N: NAME (UUID: GPU-...)' lines", line)
+    return gpus

@@ -24,8 +24,9 @@ from gpufleet.connection import BACKUP_SUFFIX
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
+from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
 from gpufleet.managed import HEADER, file_change, link_change, render
-from gpufleet.plan import ApplyContext, Change, Run
+from gpufleet.plan import ApplyContext, Change, Fail, Run
 from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
 from roles.nccl_env import parse_range
 
@@ -238,7 +239,7 @@ class FirewallRole(RoleBase):
 
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({self.backend(v).path, STATE_FILE, UNIT_PATH}),
-                           links=frozenset({UNIT_LINK}))
+                           links=frozenset({UNIT_LINK}), custom=frozenset({LIVE_RULESET}))
 
     def cluster_sources(self, v: RoleVars, ctx: PlanContext) -> list[str]:
         """The cluster's own addresses (from the inventory) plus the extra CIDRs."""
@@ -350,6 +351,8 @@ class FirewallRole(RoleBase):
             if live:
                 changes.append(Change(self.name, f"live ruleset ({backend.name})", "reload",
                                       live, "as rendered", [load]))
+            else:
+                changes += self._shadowing(facts, v, ctx)
         stale = self._other_backend(facts, backend)
         if stale:
             changes.append(stale)
@@ -362,6 +365,38 @@ class FirewallRole(RoleBase):
         for change in changes:
             change.kind = "firewall"
         return changes
+
+    def ports(self, v: RoleVars) -> list[tuple[int, int]]:
+        """What the cluster must reach: the rendezvous port, the range, the extra ports."""
+        rendezvous = self._port(v, v.get("firewall_rendezvous_port"), "firewall_rendezvous_port")
+        low, high = parse_range(v.string("firewall_port_range"), v.host.name,
+                                "firewall_port_range")
+        extra = [self._port(v, p) for p in v.items("firewall_open_tcp_ports")]
+        return [(rendezvous, rendezvous), (low, high), *((p, p) for p in extra)]
+
+    def _shadowing(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
+        """Rules of the live ruleset that drop or reject the cluster's traffic gpufleet's
+        table opens (another table of higher priority, a policy drop chain, iptables rules):
+        one item per such rule, which gpufleet does not remove (it is not gpufleet's)."""
+        live = facts.get("live_ruleset")
+        if live is None:
+            return []
+        sources = [s.removesuffix("/32").removesuffix("/128")
+                   for s in self.cluster_sources(v, ctx)]
+        analysis = analyse_live(live, sources, self.ports(v))
+        by_rule: dict[str, list[str]] = {}
+        for finding in analysis.blocked:
+            assert finding.rule is not None
+            ref = finding.rule.rule
+            where = ref.where()
+            key = f"{ref.table} chain {ref.chain}" + (f" {where}" if where else "")
+            by_rule.setdefault(key, []).append(finding.message())
+        return [Change(self.name, f"foreign rule in {key}", "verify", "; ".join(messages),
+                       "no rule drops the cluster's traffic",
+                       [Fail(f"a rule gpufleet does not own drops the cluster's traffic: "
+                             f"{messages[0]}; remove it or open it for the cluster")],
+                       kind="firewall")
+                for key, messages in by_rule.items()]
 
     def _other_backend(self, facts: Facts, backend: Backend) -> Change | None:
         """gpufleet's rules of the backend not in use (left from a switch), to remove."""

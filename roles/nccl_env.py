@@ -143,7 +143,8 @@ class NcclEnvRole(RoleBase):
         return values
 
     def provides(self, v: RoleVars) -> dict[str, str]:
-        return {"nccl_conf": v.string("nccl_conf_path")}
+        return {"nccl_conf": v.string("nccl_conf_path"), "nccl_env_file": v.string(
+            "nccl_env_file")}
 
 
 ROLE = NcclEnvRole()

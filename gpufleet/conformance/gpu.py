@@ -11,6 +11,7 @@ SLOWDOWNS = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_therma
              "clocks_event_reasons.hw_power_brake_slowdown",
              "clocks_event_reasons.sw_thermal_slowdown")
 _NV = re.compile(r"^NV(\d+)$")
+PCI_BUS = "the PCI bus"
 
 
 def topology_problems(topo: dict[str, Any], expect_nvlink: bool | None) -> list[str]:
@@ -68,10 +69,44 @@ def health_problems(gpus: list[dict[str, Any]], max_temp_c: float,
     return problems
 
 
-def xid_problems(events: list[dict[str, Any]], critical: tuple[int, ...]) -> list[str]:
-    """Critical Xid events from the kernel log since boot."""
-    return [f"Xid {e['xid']} on {e.get('pci')}: {e.get('message', '')}".strip()
-            for e in events if e.get("xid") in critical]
+# What each Xid means for a node (NVIDIA's Xid catalogue): hardware, memory and GPU
+# firmware failures fail it; errors an application usually causes (a fault in its own
+# kernel) are reported; stop/cleanup notices are ignored. Xids not listed are reported.
+XID_POLICY: dict[int, str] = {
+    **dict.fromkeys(CRITICAL_XIDS, "fail"),
+    **dict.fromkeys((13, 31, 32, 38, 61, 69), "warn"),
+    **dict.fromkeys((43, 45, 68), "ignore"),
+}
+XID_ACTIONS = ("fail", "warn", "ignore")
+
+
+def xid_policy(overrides: dict[Any, Any]) -> dict[int, str]:
+    """The default policy with the inventory's ``gpu_xid_policy`` over it (Xid -> action);
+    ValueError names a bad entry."""
+    policy = dict(XID_POLICY)
+    for key, action in overrides.items():
+        if not str(key).isdigit() or str(action) not in XID_ACTIONS:
+            raise ValueError(f"gpu_xid_policy entry {key}: {action} (want XID: fail, warn or "
+                             "ignore)")
+        policy[int(key)] = str(action)
+    return policy
+
+
+def xid_verdict(events: list[dict[str, Any]], policy: dict[int, str],
+                since: float | None = None) -> tuple[list[str], list[str]]:
+    """(failures, warnings) among the events at or after ``since`` seconds after boot
+    (all events without a time, or when ``since`` is None)."""
+    fail, warn = [], []
+    for e in events:
+        if since is not None and e.get("at") is not None and e["at"] < since:
+            continue
+        action = policy.get(e["xid"], "warn")
+        text = f"Xid {e['xid']} on {e.get('pci')}: {e.get('message', '')}".strip()
+        if action == "fail":
+            fail.append(text)
+        elif action == "warn":
+            warn.append(text)
+    return fail, warn
 
 
 def fabric_problems(gpus: list[dict[str, Any]]) -> list[str]:
@@ -104,3 +139,18 @@ def dcgm_problems(diag: dict[str, Any]) -> list[str]:
     return [f"GPU {t['gpu']}: {t['name']} {t['status']}" + (f" ({t['info']})" if t["info"]
                                                           else "")
             for t in diag["tests"] if t["status"] in ("FAIL", "ERROR")]
+
+
+def inventory_problems(counts: dict[str, int | None], wanted: int | None) -> list[str]:
+    """Every source of the GPU count must agree: the PCI bus, ``nvidia-smi -L``, the query,
+    the topology matrix, and ``gpu_count`` when set. A source that is None (not read) is
+    left out, as is a PCI bus that shows no NVIDIA device where nvidia-smi sees GPUs (a
+    container or VM without the PCI tree)."""
+    seen = {name: n for name, n in counts.items() if n is not None}
+    if seen.get(PCI_BUS) == 0 and any(n for k, n in seen.items() if k != PCI_BUS):
+        del seen[PCI_BUS]
+    if wanted is not None:
+        seen["gpu_count"] = wanted
+    if len(set(seen.values())) <= 1:
+        return []
+    return ["GPU counts disagree: " + ", ".join(f"{n} on {name}" for name, n in seen.items())]

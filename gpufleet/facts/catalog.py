@@ -132,6 +132,8 @@ BASE_FACTS: list[Fact] = [
     Fact("gpus", needs("nvidia-smi", NO_SMI)
          + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", parsers.nvidia_smi_query,
          "nvidia-smi"),
+    Fact("gpu_list", needs("nvidia-smi", NO_SMI) + "nvidia-smi -L", parsers.nvidia_smi_list,
+         "nvidia-smi"),
     Fact("gpu_topology", needs("nvidia-smi", NO_SMI) + "nvidia-smi topo -m",
          parsers.nvidia_topo, "nvidia-smi"),
     Fact("nvlink", needs("nvidia-smi", NO_SMI) + "nvidia-smi nvlink --status",

@@ -1,7 +1,8 @@
 """A stand-in nvidia-smi on lab nodes that replays real output captured on a 2x H200 node
 (tests/fixtures/h200x2), so GPU facts and checks run on GPU-less lab nodes. A node can be
 made to hang (as nvidia-smi does on a GPU that fell off the bus) or to list fewer GPUs in
-its query than its topology shows."""
+its query than its topology shows. ``nvidia-smi -L`` is derived from the query capture (the
+same GPUs, in -L's format)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gpufleet import parsers
 from gpufleet.lab.cluster import Lab
 from tests.conftest import ROOT
 from tests.lab.conftest import node_sh
@@ -26,6 +28,7 @@ case "$*" in
   "topo -m") cat "$d/topo" ;;
   "nvlink --status") cat "$d/nvlink" ;;
   "-q") cat "$d/q" ;;
+  "-L") cat "$d/list" ;;
   *) echo "lab nvidia-smi: arguments not replayed: $*" >&2; exit 2 ;;
 esac
 """
@@ -41,6 +44,10 @@ def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = Fa
         if name == "query" and drop_last_gpu:
             text = "".join(text.splitlines(keepends=True)[:-1])
         commands.append(f"printf '%s' {shlex.quote(text)} > {STATE}/{name}")
+    listing = "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n"
+                      for g in parsers.nvidia_smi_query((CAPTURES / REPLAYED["query"])
+                                                        .read_text()))
+    commands.append(f"printf '%s' {shlex.quote(listing)} > {STATE}/list")
     if hang:
         commands.append(f": > {STATE}/hang")
     node_sh(lab, node, " && ".join(commands))

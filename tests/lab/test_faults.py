@@ -93,8 +93,8 @@ def test_a_hung_nvidia_smi_costs_one_fact_on_one_node_of_eight(
         if name != HUNG:
             assert [g["name"] for g in hosts[name]["facts"]["gpus"]] == ["NVIDIA H200"] * 2
     drift = _json(tmp_path / "drift.json")["hosts"]
-    assert set(drift[HUNG]["facts_timed_out"]) == {"gpus", "gpu_topology", "nvlink",
-                                                    "gpu_fabric"}
+    assert set(drift[HUNG]["facts_timed_out"]) == {"gpus", "gpu_list", "gpu_topology",
+                                                    "nvlink", "gpu_fabric"}
     assert all(drift[n]["facts_timed_out"] == {} for n in EIGHT if n != HUNG)
     assert all(drift[n]["status"] in ("clean", "drifted") for n in EIGHT)
     results = _json(tmp_path / "gpu.json")["results"]

@@ -79,8 +79,8 @@ def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
     assert gpu.topology_problems(topo, True) == []
     assert gpu.nvlink_problems(parsers.nvlink_status(
         (H200 / "nvlink_status.txt").read_text())) == []
-    assert gpu.xid_problems(parsers.xid_events((H200 / "dmesg_xid.txt").read_text()),
-                            gpu.CRITICAL_XIDS) == []
+    assert gpu.xid_verdict(parsers.xid_events((H200 / "dmesg_xid.txt").read_text()),
+                           gpu.XID_POLICY) == ([], [])
 
 
 def test_gpu_health_problems() -> None:
@@ -114,8 +114,18 @@ def test_gpu_topology_with_a_pair_on_sys() -> None:
 def test_critical_xids_from_a_kernel_log(tmp_path: Path) -> None:
     log = ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 79, pid=123, name=python, GPU has fallen off "
            "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n")
-    assert gpu.xid_problems(parsers.xid_events(log), gpu.CRITICAL_XIDS) == [
-        "Xid 79 on 0000:3b:00: GPU has fallen off the bus."]
+    events = parsers.xid_events(log)
+    assert [e["at"] for e in events] == [12.3, 13.0]
+    assert gpu.xid_verdict(events, gpu.XID_POLICY) == (
+        ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."],
+        ["Xid 13 on 0000:3b:00: Graphics Exception"])
+    assert gpu.xid_verdict(events, gpu.XID_POLICY, since=12.5) == (
+        [], ["Xid 13 on 0000:3b:00: Graphics Exception"])
+    quiet = gpu.xid_policy({79: "warn", "13": "ignore"})
+    assert gpu.xid_verdict(events, quiet) == (
+        [], ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."])
+    with pytest.raises(ValueError, match="gpu_xid_policy entry 79: drain"):
+        gpu.xid_policy({79: "drain"})
 
 
 def test_reachability_pairs_and_ports() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.formats import FileState
+from gpufleet.firewall_analysis.live import LIVE_RULESET, parse_live
 from gpufleet.inventory import Inventory, load_inventory
 from gpufleet.managed import render
 from gpufleet.plan import Change, Put, Run
@@ -409,7 +410,8 @@ def test_request(tmp_path: Path) -> None:
     v, _ = role_args(inventory(tmp_path))
     assert firewall.ROLE.active(v)
     assert firewall.ROLE.request(v) == FactRequest(
-        files=frozenset({NFT_PATH, STATE_FILE, UNIT_PATH}), links=frozenset({UNIT_LINK}))
+        files=frozenset({NFT_PATH, STATE_FILE, UNIT_PATH}), links=frozenset({UNIT_LINK}),
+        custom=frozenset({LIVE_RULESET}))
     v, _ = role_args(inventory(tmp_path, "firewall_backend: iptables\n"
                                "firewall_ruleset_path: /srv/fw.rules\n"))
     assert firewall.ROLE.request(v).files == frozenset({"/srv/fw.rules", STATE_FILE, UNIT_PATH})
@@ -560,3 +562,28 @@ def test_a_controller_that_is_no_address_is_a_clear_error(
     with pytest.raises(VarError, match=r"gpufleet_controllers entry 'no-such-host.invalid' is "
                        "not an address"):
         rendered(inv, Facts("gpu01"))
+
+
+LIVE = Path(__file__).resolve().parents[1] / "fixtures" / "firewall" / "live"
+
+
+def test_a_foreign_rule_that_drops_the_cluster_is_drift(tmp_path: Path) -> None:
+    """The live ruleset captured from a node (nft with a foreign higher-priority table, and
+    an iptables-nft rule) beside gpufleet's converged table: each shadowing rule is an
+    item that names it; gpufleet leaves the rule alone (an operator must)."""
+    inv = inventory(tmp_path, "firewall_cluster_group: v4trainers\n")
+    inv.hosts["gpu02"].vars["ansible_host"] = "10.1.0.12"
+    inv.hosts["gpu01"].vars["ansible_host"] = "10.1.0.11"
+    v, ctx = role_args(inv)
+    live = parse_live((LIVE / "foreign-and-iptables-nft.txt").read_text())
+    changes = firewall.ROLE._shadowing(Facts("gpu01", values={"live_ruleset": live}), v, ctx)
+    assert [(c.resource, c.kind) for c in changes] == [
+        ("foreign rule in table ip filter chain INPUT handle 2", "firewall"),
+        ("foreign rule in table inet foreign chain input handle 2", "firewall")]
+    assert changes[1].before == ("tcp dports 52000-52099 from 10.1.0.12 are dropped by table "
+                                 "inet foreign chain input (priority -10) handle 2: tcp dport "
+                                 "52000-52099 ip saddr 10.1.0.12 drop")
+    assert changes[0].before.startswith("tcp dport 29500 from 10.1.0.11 is rejected by ")
+    empty = parse_live((LIVE / "empty.txt").read_text())
+    assert firewall.ROLE._shadowing(Facts("gpu01", values={"live_ruleset": empty}), v,
+                                    ctx) == []

@@ -1,0 +1,43 @@
+"""firewall: the node's complete live ruleset (every nft table, iptables-nft and
+iptables-legacy rules) admits new TCP connections from every cluster member to the
+rendezvous port and to every port of the opened range, whoever wrote the rules. A
+drop or reject is named with its table, chain and rule; a rule that may drop (a rate
+limit, an expression not understood) is reported, not failed.
+
+Variables (the firewall role's): firewall_cluster_group (all), firewall_rendezvous_port
+(29500), firewall_port_range (49152-65535), firewall_open_tcp_ports, firewall_extra_cidrs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.conformance.launch import socket_ifname
+from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.errors import GpufleetError, ParseError
+from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
+from gpufleet.role import PlanContext, RoleVars
+from roles import firewall
+
+
+def test_live_rules_admit_the_cluster(node: Node, conformance: ConformanceSession,
+                                      record_property: pytest.RecordProperty) -> None:
+    v = RoleVars(node.host, firewall.ROLE.defaults)
+    ctx = PlanContext(conformance.inventory, node.host)
+    try:
+        sources = [s.removesuffix("/32").removesuffix("/128")
+                   for s in firewall.ROLE.cluster_sources(v, ctx)
+                   if s.split("/")[0] != node.host.address]
+        ports = firewall.ROLE.ports(v)
+    except GpufleetError as exc:
+        pytest.fail(f"unknown: {exc}")
+    result = node.run(LIVE_RULESET.shell, timeout=60)
+    try:
+        live = LIVE_RULESET.parse(result.stdout)
+        analysis = analyse_live(live, sources, ports, socket_ifname(node))
+    except (ParseError, GpufleetError) as exc:
+        pytest.fail(f"unknown: the live ruleset could not be analysed: {exc}")
+    record_property("uncertain", [f.message() for f in analysis.uncertain])
+    record_property("notes", list(analysis.notes))
+    blocked = [f.message() for f in analysis.blocked]
+    assert not blocked, "; ".join(blocked)
