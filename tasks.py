@@ -96,17 +96,21 @@ def provision(c, inventory="lab", limit=None, check=False, diff=False, roles=Non
                  report_dir="directory keeping the history of drift runs",
                  keep="number of past runs kept in the report directory",
                  remediate="apply the plan to drifted hosts after reporting",
+                 drain_drifted="drain drifted hosts in the scheduler (gpufleet_scheduler), "
+                               "resume the clean ones drift drained",
                  reboot="with --remediate: reboot hosts whose loaded driver differs",
                  no_diff="leave file diffs out of the terminal report"))
 def drift(c, inventory="lab", limit=None, roles=None, json=None, junit=None, prometheus=None,
           report_dir=None, keep=30, remediate=False, reboot=False, no_diff=False, forks=None,
-          serial=None, max_fail_percent=None, accept_new_host_keys=False, timeout=None):
+          serial=None, max_fail_percent=None, accept_new_host_keys=False, timeout=None,
+          drain_drifted=False):
     """Report every host's drift from the inventory and from its group (read-only)."""
     outputs = app.DriftOutputs(json, junit, prometheus,
                                report_dir or c.config.get("gpufleet", {}).get(
                                    "drift_report_dir", "reports/drift"), int(keep))
     _exit(app.drift_cmd(inventory, limit=limit, roles=roles, outputs=outputs,
                         remediate=remediate, reboot=reboot, diff=not no_diff,
+                        drain_drifted=drain_drifted,
                         fleet=_fleet(c, forks, serial, max_fail_percent, accept_new_host_keys,
                                      timeout)))
 
@@ -137,13 +141,16 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
                  pairs="reachability pairs: all, ring or sample:K",
-                 with_nccl_tests="also run nccl-tests' all_reduce_perf where installed"))
+                 with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
+                 drain_failed="drain nodes with a failed check in the scheduler "
+                              "(gpufleet_scheduler), resume the ones that now pass"))
 def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None, pairs="all",
-                with_nccl_tests=False, forks=None, timeout=None):
+                with_nccl_tests=False, forks=None, timeout=None, drain_failed=False):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
-                              fleet=_fleet(c, forks, None, None, False, timeout)))
+                              fleet=_fleet(c, forks, None, None, False, timeout),
+                              drain_failed=drain_failed))
 
 
 @task(help={"inventory": FLEET_HELP["inventory"], "host": "the new node (inventory name)",

@@ -6,14 +6,16 @@ nothing here knows about invoke or argparse.
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import roles as role_registry
-from gpufleet import drift, drift_report, exitcodes, slurm_inventory
+from gpufleet import drift, drift_report, exitcodes, scheduler
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
@@ -23,7 +25,8 @@ from gpufleet.facts.catalog import json_safe
 from gpufleet.facts.summary import summarize_facts
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
 from gpufleet.history import History
-from gpufleet.inventory import Host, Inventory, load_inventory, resolve_inventory
+from gpufleet.inventory import Host, Inventory
+from gpufleet.inventory_source import load_source
 from gpufleet.plan import ApplyOptions
 from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
@@ -65,13 +68,6 @@ class FleetArgs:
             connect=ConnectOptions(connect_timeout=self.connect_timeout,
                                    accept_new_host_keys=self.accept_new_host_keys,
                                    known_hosts_base=target.inventory.base))
-
-
-def load_source(inventory: str) -> Inventory:
-    """An inventory by name or path, or from Slurm for ``slurm:PARTITION[:VARS]``."""
-    if slurm_inventory.is_slurm_source(inventory):
-        return slurm_inventory.load(inventory)
-    return load_inventory(resolve_inventory(inventory))
 
 
 def load_target(inventory: str, limit: str | None) -> Target:
@@ -245,7 +241,7 @@ class DriftOutputs:
 def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = None,
               outputs: DriftOutputs | None = None, remediate: bool = False,
               reboot: bool = False, diff: bool = True, fleet: FleetArgs | None = None,
-              out: TextIO | None = None) -> int:
+              out: TextIO | None = None, drain_drifted: bool = False) -> int:
     """Report each host's distance from the inventory and its group; never writes on nodes
     (unless ``remediate`` asks to apply the plan to drifted hosts afterwards)."""
     target = load_target(inventory, limit)
@@ -253,6 +249,8 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     outputs = outputs or DriftOutputs()
     selected = role_registry.select(roles)
     validate(target.hosts, selected)
+    if drain_drifted:
+        scheduler.check(target.hosts)
     started = time.time()
     options = RunOptions(check=True, fleet=fleet.options(target, "drift"),
                          extra_facts=drift.consistency_request)
@@ -282,8 +280,37 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
         junit.write(outputs.junit_path, "gpufleet.drift", drift_report.to_junit(run))
     if outputs.prometheus_path:
         prometheus.write(outputs.prometheus_path, drift_report.to_metrics(run))
-    drift_report.print_report(terminal.console(out), run, diff)
+    con = terminal.console(out)
+    drift_report.print_report(con, run, diff)
+    if drain_drifted:
+        _drain_drifted(target, hosts, run.roles_checked, con)
     return _drift_code(run)
+
+
+def _drain_drifted(target: Target, hosts: dict[str, drift.HostDrift], roles: list[str],
+                   con: Any) -> None:
+    """Drain drifted (and unreachable) hosts, naming the first item; resume the clean ones
+    that drift drained for one of the roles checked now."""
+    failed: list[tuple[Host, str, str]] = []
+    cleared: list[tuple[Host, list[str]]] = []
+    for host in target.hosts:
+        entry = hosts[host.name]
+        if entry.status == "clean":
+            cleared.append((host, [f"drift/{r}/" for r in roles]
+                            + ["drift/unreachable:", "drift/error:"]))
+        elif entry.items:
+            item = entry.items[0]
+            more = f" (+{len(entry.items) - 1} more)" if len(entry.items) > 1 else ""
+            failed.append((host, f"drift/{item.item}",
+                           f"desired {item.desired}, actual {item.actual}{more}"))
+        else:
+            failed.append((host, f"drift/{entry.status}", str(entry.error)))
+    _print_actions(con, scheduler.drain(failed) | scheduler.resume(cleared))
+
+
+def _print_actions(con: Any, actions: dict[str, str]) -> None:
+    for name, action in actions.items():
+        con.print(terminal.markup(f"  scheduler {name}: {action}"))
 
 
 def _slug(path: Path) -> str:
@@ -363,13 +390,16 @@ def suite_files(suites: str | None) -> list[str]:
 def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | None = None,
                     junit_path: str | None = None, json_path: str | None = None,
                     pairs: str = "all", with_nccl_tests: bool = False,
-                    fleet: FleetArgs | None = None, extra_args: list[str] | None = None) -> int:
+                    fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
+                    drain_failed: bool = False) -> int:
     """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
     import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     fleet.options(target, "conformance")
     validate(target.hosts, role_registry.ALL)
+    if drain_failed:
+        scheduler.check(target.hosts)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
             "--rootdir", str(PROJECT), "-q", "--tb=no", "--no-header", "-rN",
             "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,
@@ -381,15 +411,38 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
         args += ["--gpufleet-limit", limit]
     if with_nccl_tests:
         args.append("--gpufleet-with-nccl-tests")
+    if drain_failed and not json_path:
+        json_path = str(Path(tempfile.mkdtemp(prefix="gpufleet-conformance-")) / "c.json")
     if json_path:
         args += ["--gpufleet-json", json_path]
     if junit_path:
         args += [f"--junitxml={junit_path}", "-o", "junit_family=xunit1",
                  "-o", "junit_suite_name=gpufleet.conformance"]
     code = int(pytest.main([*args, *(extra_args or [])]))
-    if code in (0, 1):
-        return code
-    raise GpufleetError(f"the conformance run could not complete (pytest exit {code})")
+    if code not in (0, 1):
+        raise GpufleetError(f"the conformance run could not complete (pytest exit {code})")
+    if drain_failed and json_path:
+        _drain_by_results(target, Path(json_path), terminal.console(None))
+    return code
+
+
+def _drain_by_results(target: Target, report: Path, con: Any) -> None:
+    """Drain every node with a failed check (the first one names the reason); resume the
+    nodes without a failure that conformance drained for a check that now passed on them
+    (or, for a check run once for the fleet, passed for the fleet)."""
+    results = json.loads(report.read_text()).get("results", [])
+    hosts = {h.name: h for h in target.hosts}
+    failed: dict[str, tuple[Host, str, str]] = {}
+    passed: dict[str, list[str]] = {name: [] for name in hosts}
+    for r in results:
+        check = f"conformance/{r['suite']}/{r['check'].removeprefix('test_')}"
+        if r["outcome"] == "fail" and r["host"] in hosts:
+            failed.setdefault(r["host"], (hosts[r["host"]], check, r["message"]))
+        elif r["outcome"] == "pass":
+            for name in hosts if r["host"] == "fleet" else [r["host"]]:
+                passed.get(name, []).append(f"{check}:")
+    cleared = [(host, passed[name]) for name, host in hosts.items() if name not in failed]
+    _print_actions(con, scheduler.drain(list(failed.values())) | scheduler.resume(cleared))
 
 
 # ---- bootstrap -----------------------------------------------------------------------------
@@ -398,7 +451,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
 def bootstrap_cmd(inventory: str, options: BootstrapOptions, json_path: str | None = None,
                   out: TextIO | None = None) -> int:
     """Take a new node to certified-ready and report each step."""
-    inv = load_inventory(resolve_inventory(inventory))
+    inv = load_source(inventory)
     result = bootstrap(inv, inventory, options, conformance_cmd)
     con = terminal.console(out)
     con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")

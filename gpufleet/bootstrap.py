@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import roles as role_registry
-from gpufleet import __version__, exitcodes
+from gpufleet import __version__, exitcodes, scheduler
 from gpufleet.connection import (
     Budget,
     Connection,
@@ -330,8 +330,9 @@ def _suite_results(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def required_suites(host: Host, facts: Facts | None) -> list[str]:
     """The node-local suites that must each pass at least one check: the inventory's
-    ``bootstrap_required_suites``, else stack and allreduce, plus gpu where NVIDIA GPUs are
-    on the PCI bus (or ``gpu_count`` is set) and rdma where the node has RDMA devices."""
+    ``bootstrap_required_suites``, else stack, firewall and allreduce, plus gpu where NVIDIA
+    GPUs are on the PCI bus (or ``gpu_count`` is set) and rdma where the node has RDMA
+    devices."""
     configured = RoleVars(host, {"bootstrap_required_suites": None}).items(
         "bootstrap_required_suites")
     if configured:
@@ -341,7 +342,7 @@ def required_suites(host: Host, facts: Facts | None) -> list[str]:
                                 f"{', '.join(map(str, unknown))}; the node-local suites are "
                                 f"{LOCAL_SUITES.replace(',', ', ')}")
         return [str(s) for s in configured]
-    wanted = ["stack", "allreduce"]
+    wanted = ["stack", "firewall", "allreduce"]
     if host.vars.get("gpu_count") or (facts and facts.get("pci_gpus")):
         wanted.append("gpu")
     if facts and facts.get("rdma"):
@@ -584,9 +585,14 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
         done = ["ready command: " + (run_hook(host.vars.get("bootstrap_ready_command"), host,
                                               "ready", None)
                                      if not was_ready else "not needed (already ready)")]
+        acted = scheduler.resume([(host, ("",))])
     else:
         done = ["drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
                                              "not-ready", result.reason)]
+        step = next((s.name for s in result.steps if s.status == "failed"), "bootstrap")
+        acted = scheduler.drain([(host, f"bootstrap/{step}", str(result.reason))])
+    if host.name in acted:
+        done.append(f"scheduler: {acted[host.name]}")
     if conn is None or lost is not None:
         message = f"{status}; {'; '.join(done)}; the node was not contacted: {lost}"
         if conn is None:

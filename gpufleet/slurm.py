@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -310,14 +310,19 @@ class Slurm:
         self.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
         return Action(node, "drained", reason)
 
-    def resume(self, node: str) -> Action:
-        """Resume ``node`` if gpufleet drained it; a node drained or downed by someone else
-        (its reason does not start with ``gpufleet:``) is left alone."""
+    def resume(self, node: str, cleared: Collection[str] = ("",)) -> Action:
+        """Resume ``node`` if gpufleet drained it for one of the ``cleared`` checks (reason
+        prefixes after ``gpufleet: ``; the default clears any of gpufleet's drains); a node
+        drained or downed by someone else, or by a check not cleared, is left alone."""
         current = self.node(node)
         if not current.drained and current.base_state != "DOWN":
             return Action(node, "unchanged", f"not drained ({current.state})")
         if not current.drained_by_gpufleet:
             return Action(node, "left alone", f"drained by {current.reason_user or 'someone'}"
                                               f" else: {current.reason or 'no reason'}")
+        reason = current.reason or ""
+        if not any(reason.startswith(f"{REASON_PREFIX} {c}") for c in cleared):
+            return Action(node, "left alone", f"drained by a check not run or not passed "
+                                              f"now: {reason}")
         self.run(["scontrol", "update", f"nodename={node}", "state=resume"])
         return Action(node, "resumed", f"was {current.state}: {current.reason}")

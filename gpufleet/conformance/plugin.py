@@ -18,7 +18,7 @@ import pytest
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connection import ConnectOptions
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
-from gpufleet.inventory import load_inventory, resolve_inventory
+from gpufleet.inventory_source import load_source
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.terminal import plain
 
@@ -73,7 +73,7 @@ def _session(config: pytest.Config) -> ConformanceSession:
         name = config.getoption("gpufleet_inventory")
         if not name:
             raise pytest.UsageError("conformance checks need --gpufleet-inventory")
-        inventory = load_inventory(resolve_inventory(name))
+        inventory = load_source(name)
         hosts = inventory.select(config.getoption("gpufleet_limit"))
         if not hosts:
             raise pytest.UsageError("--gpufleet-limit selects no host")

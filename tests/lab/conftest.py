@@ -85,6 +85,12 @@ def node_sh(lab: Lab, node: str, command: str, check: bool = True) -> str:
     return proc.stdout
 
 
+def foreign_table(lab: Lab, node: str, rule: str) -> None:
+    """Add a table no gpufleet role wrote (inet site), its input chain ahead of gpufleet's."""
+    node_sh(lab, node, "nft add table inet site && nft 'add chain inet site in { type filter "
+            f"hook input priority -10; policy accept; }}' && nft add rule inet site in {rule}")
+
+
 def ssh(host: Host, base: Path, **options: object) -> SSHConnection:
     """An SSH connection to a lab host, verifying host keys against the lab's known_hosts."""
     return SSHConnection(host, ConnectOptions(known_hosts_base=base, **options))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
-from tests.lab.conftest import PROVISIONED, node_sh
+from tests.lab.conftest import PROVISIONED, foreign_table, node_sh
 from tests.lab.fakegpu import install, remove
 from tests.lab.test_provision import run
 
@@ -25,11 +25,6 @@ def failures(inventory: Path, tmp_path: Path, limit: str, suites: str,
     results = json.loads(report.read_text())["results"]
     return code, {(r["host"], r["check"]): r["message"] for r in results
                   if r["outcome"] == "fail"}, results
-
-
-def foreign_table(lab: Lab, node: str, rule: str) -> None:
-    node_sh(lab, node, "nft add table inet site && nft 'add chain inet site in { type filter "
-            f"hook input priority -10; policy accept; }}' && nft add rule inet site in {rule}")
 
 
 def test_a_clean_lab_passes_the_firewall_and_stack_checks(provisioned: Path,

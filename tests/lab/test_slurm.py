@@ -19,10 +19,10 @@ from gpufleet.errors import InventoryError
 from gpufleet.inventory import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
-from gpufleet.slurm import Slurm, SlurmNode
+from gpufleet.slurm import Slurm, SlurmNode, drain_reason
 from roles import nccl_env, slurm_healthcheck
 from tests.conftest import ROOT
-from tests.lab.conftest import lab_config_for, node_sh
+from tests.lab.conftest import foreign_table, lab_config_for, node_sh
 
 NODES = 3
 HEALTH_CHECK_INTERVAL = 3
@@ -35,8 +35,11 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.skip("lab tests need root: they create network namespaces and mounts")
     inventory_dir = tmp_path_factory.mktemp("slurm-inventory") / "lab"
     shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
-    (inventory_dir / "group_vars" / "lab.yml").write_text("slurm_healthcheck: true\n")
-    lab = Lab(lab_config_for("sl", 3, inventory_dir))
+    config = lab_config_for("sl", 3, inventory_dir)
+    (inventory_dir / "group_vars" / "lab.yml").write_text(
+        f"slurm_healthcheck: true\ngpufleet_scheduler: slurm\n"
+        f"gpufleet_slurm_conf: {LabSlurm(config).conf}\n")
+    lab = Lab(config)
     lab.down()
     lab.up(NODES, slurm=SlurmSettings(health_check_interval=HEALTH_CHECK_INTERVAL))
     yield lab
@@ -170,6 +173,69 @@ def test_the_health_check_leaves_an_operator_drain_alone(slurm_lab: Lab, slurm: 
                        timeout=30, env=_slurm_env(slurm_lab))
 
 
+def _operator_drain(lab: Lab, node: str, reason: str) -> None:
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain",
+                    f"reason={reason}"], check=True, timeout=30, env=_slurm_env(lab))
+
+
+def _operator_resume(lab: Lab, node: str) -> None:
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True,
+                   timeout=30, env=_slurm_env(lab))
+
+
+def test_conformance_drains_the_failing_node_and_resumes_it_once_it_passes(
+        slurm_lab: Lab, slurm: Slurm, tmp_path: Path) -> None:
+    inventory = str(slurm_lab.config.inventory_dir)
+    node1 = slurm_lab.node("node01").address
+    foreign_table(slurm_lab, "node02", f"ip saddr {node1} tcp dport 29500 drop")
+    _operator_drain(slurm_lab, "node03", "RMA ticket 4411")
+    try:
+        try:
+            code = app.conformance_cmd(inventory, suites="firewall", drain_failed=True,
+                                       json_path=str(tmp_path / "failed.json"))
+        finally:
+            node_sh(slurm_lab, "node02", "nft delete table inet site")
+        assert code == 1
+        node = slurm.node("node02")
+        assert node.drained and node.reason == drain_reason(
+            "conformance/firewall/live_rules_admit_the_cluster", f"tcp dport 29500 from "
+            f"{node1} is dropped by table inet site chain in (priority -10) handle 2: ip "
+            f"saddr {node1} tcp dport 29500 drop")
+        assert not slurm.node("node01").drained
+
+        _provision_nccl_env_and_healthcheck(slurm_lab)
+        assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
+                             outputs=app.DriftOutputs(report_dir=str(tmp_path / "d"))) == 0
+        assert slurm.node("node02").reason == node.reason, "drift resumed a conformance drain"
+
+        assert app.conformance_cmd(inventory, suites="firewall", drain_failed=True,
+                                   json_path=str(tmp_path / "passed.json")) == 0
+        _idle(slurm, "node02", "conformance resumes node02 once the firewall check passes")
+        operator = slurm.node("node03")
+        assert operator.drained and operator.reason == "RMA ticket 4411"
+    finally:
+        _operator_resume(slurm_lab, "node03")
+
+
+def test_drift_drains_the_drifted_node_and_resumes_it_once_clean(
+        slurm_lab: Lab, slurm: Slurm, tmp_path: Path) -> None:
+    inventory = str(slurm_lab.config.inventory_dir)
+    outputs = app.DriftOutputs(report_dir=str(tmp_path / "d"))
+    _provision_nccl_env_and_healthcheck(slurm_lab)
+    node_sh(slurm_lab, "node03", "sed -i 's/^NCCL_SOCKET_IFNAME=.*/NCCL_SOCKET_IFNAME=eth7/' "
+            "/etc/default/gpufleet-nccl")
+    assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
+                         outputs=outputs) == 1
+    node = slurm.node("node03")
+    assert node.drained and (node.reason or "").startswith(
+        "gpufleet: drift/nccl_env/file /etc/default/gpufleet-nccl: desired ")
+    assert [n.name for n in slurm.nodes() if n.drained] == ["node03"]
+    _provision_nccl_env_and_healthcheck(slurm_lab)
+    assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
+                         outputs=outputs) == 0
+    _idle(slurm, "node03", "drift resumes node03 once it is clean")
+
+
 def test_slurm_partition_as_inventory(slurm_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_CONF", str(LabSlurm(slurm_lab.config).conf))
     source = f"slurm:lab:{slurm_lab.config.inventory_dir}"
@@ -180,6 +246,7 @@ def test_slurm_partition_as_inventory(slurm_lab: Lab, monkeypatch: pytest.Monkey
     assert {"all", "lab"} <= host.groups
     assert host.vars["slurm_healthcheck"] is True and "nccl_env" in host.vars
     assert app.facts(source) == 0
+    assert app.conformance_cmd(source, suites="firewall") == 0
     with pytest.raises(InventoryError, match="Slurm has no partition 'gpu' "
                                              r"\(partitions: lab\)"):
         app.load_target("slurm:gpu", None)

@@ -50,7 +50,7 @@ def test_every_required_suite_passing_certifies(tmp_path: Path) -> None:
 
 def test_a_collection_error_never_certifies(tmp_path: Path) -> None:
     fake = FakeConformance((2, None))
-    with pytest.raises(GpufleetError, match=r"^the stack,gpu,rdma,allreduce suites did not run "
+    with pytest.raises(GpufleetError, match=r"^the stack,firewall,gpu,rdma,allreduce suites did not run "
                                             r"\(conformance exit 2\)$"):
         certify(certifier(tmp_path, fake), "gpu17", None, ["stack"])
 
@@ -76,8 +76,8 @@ def test_a_failed_check_is_named(tmp_path: Path) -> None:
 def test_required_suites_follow_the_hardware_and_the_inventory() -> None:
     plain = Host("gpu17", {}, frozenset({"all"}))
     facts = Facts("gpu17", values={"pci_gpus": [{"slot": "0000:01:00.0"}], "rdma": [{}]})
-    assert required_suites(plain, None) == ["stack", "allreduce"]
-    assert required_suites(plain, facts) == ["stack", "allreduce", "gpu", "rdma"]
+    assert required_suites(plain, None) == ["stack", "firewall", "allreduce"]
+    assert required_suites(plain, facts) == ["stack", "firewall", "allreduce", "gpu", "rdma"]
     pinned = Host("gpu17", {"bootstrap_required_suites": "stack,gpu"}, frozenset({"all"}))
     assert required_suites(pinned, None) == ["stack", "gpu"]
     wrong = Host("gpu17", {"bootstrap_required_suites": ["stack", "ddp"]}, frozenset({"all"}))

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.bootstrap import Bootstrap, StepResult, mark
 from gpufleet.errors import ParseError
+from gpufleet.inventory import load_inventory
 from gpufleet.slurm import (
     REASON_LIMIT,
     Slurm,
@@ -183,7 +185,9 @@ def test_resume_only_what_gpufleet_drained(fake_slurm: Path,
     assert Slurm().resume("node04").action == "unchanged"
     assert not any(c[0] == "update" for c in _calls(fake_slurm))
     _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node03")
-    action = Slurm().resume("node03")
+    assert Slurm().resume("node03", ("drift/", "conformance/firewall/")).action == "left alone"
+    assert not any(c[0] == "update" for c in _calls(fake_slurm))
+    action = Slurm().resume("node03", ("conformance/reachability",))
     assert action.action == "resumed" and "conformance/reachability" in action.detail
     assert _calls(fake_slurm)[-1] == ["update", "nodename=node03", "state=resume"]
 
@@ -226,3 +230,26 @@ def test_unknown_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with pytest.raises(SlurmError, match=r"^no Slurm node named 'nope'$"):
         Slurm().resume("nope")
+
+
+def test_bootstrap_drains_a_node_it_could_not_reach_and_resumes_a_certified_one(
+        fake_slurm: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars: {gpufleet_scheduler: slurm, gpufleet_slurm_conf: /x/s.conf}\n"
+                   "  hosts:\n    gpu4: {ansible_host: 127.0.0.1, gpufleet_slurm_node: node04}\n")
+    inventory = load_inventory(inv)
+    host = inventory.hosts["gpu4"]
+    _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node04")
+    failed = Bootstrap("gpu4", [StepResult("trust", "ok", ""),
+                                StepResult("provision", "failed", "apt failed")],
+                       reason="provision: apt failed")
+    message, _ = mark(None, host, inventory, failed, None)
+    reason = "gpufleet: bootstrap/provision: provision: apt failed"
+    assert _calls(fake_slurm)[-1] == ["update", "nodename=node04", "state=drain",
+                                      f"reason={reason}"]
+    assert f"scheduler: drained: {reason}" in message
+    _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node03")  # a gpufleet drain
+    show = fake_slurm / "show.txt"
+    show.write_text(show.read_text().replace("NodeName=node03 ", "NodeName=node04 "))
+    mark(None, host, inventory, Bootstrap("gpu4", ready=True), None)
+    assert _calls(fake_slurm)[-1] == ["update", "nodename=node04", "state=resume"]

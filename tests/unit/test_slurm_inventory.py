@@ -110,3 +110,12 @@ def test_without_slurm_the_error_is_one_clear_line(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert app.facts("slurm:lab") == 2
+
+
+def test_an_unknown_scheduler_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 127.0.0.1, gpufleet_scheduler: pbs}\n")
+    assert app.conformance_cmd(str(inv), suites="firewall", drain_failed=True) == 2
+    assert capsys.readouterr().err == (
+        "error: host gpu1: variable gpufleet_scheduler must be slurm or none, got 'pbs'\n")
