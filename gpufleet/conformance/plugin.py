@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.conformance.launch import cleanup_active
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connection import ConnectOptions
@@ -220,4 +221,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             results=[r.to_dict() for r in results],
             data=state.report if state else {}))
     if state:
+        cleanup_active()
         state.close()
