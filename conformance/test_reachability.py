@@ -4,7 +4,7 @@ ruleset on the node opens every one of them.
 
 Variables: firewall_rendezvous_port (29500), firewall_port_range (49152-65535),
 reachability_range_samples (3 evenly spaced ports between the range's ends, on every
-pair), reachability_random_ports (64 random ports of the range per target, shared out
+pair), reachability_random_ports (128 random ports of the range per target, shared out
 between its sources), reachability_seed (default: a new sample every run). Pairs: --pairs
 auto | all | ring | sample:K (invoke conformance --pairs).
 """
@@ -39,7 +39,7 @@ def _spec(conformance: ConformanceSession) -> PortSpec:
     rendezvous = int(first.var("firewall_rendezvous_port", 29500))
     return PortSpec(probe_ports(rendezvous, low, high,
                                 int(first.var("reachability_range_samples", 3))),
-                    low, high, int(first.var("reachability_random_ports", 64)),
+                    low, high, int(first.var("reachability_random_ports", 128)),
                     int(first.var("reachability_seed", time.time_ns() // 1000)),
                     source_band(low, high, rendezvous))
 

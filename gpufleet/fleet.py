@@ -39,6 +39,7 @@ DEFAULT_HOST_TIMEOUT_S = 1800.0
 HOST_TIMEOUT_VAR = "gpufleet_host_timeout"
 PROCESS_MIN_HOSTS = 256
 HOSTS_PER_PROCESS = 128
+PROCESSES_ENV = "GPUFLEET_PROCESSES"
 
 
 @dataclass
@@ -106,11 +107,19 @@ def host_timeout(host: Host, options: FleetOptions) -> float:
 
 
 def worker_processes(count: int, options: FleetOptions) -> int:
-    """How many processes work on a batch of ``count`` hosts: ``options.processes`` when
-    set, else one below PROCESS_MIN_HOSTS (threads alone are cheaper there) and one per
-    HOSTS_PER_PROCESS hosts above, at most one per core."""
-    if options.processes is not None:
-        return max(1, min(options.processes, count))
+    """How many processes work on a batch of ``count`` hosts: ``options.processes`` or the
+    environment's ``GPUFLEET_PROCESSES`` when set, else one below PROCESS_MIN_HOSTS (threads
+    alone are cheaper there) and one per HOSTS_PER_PROCESS hosts above, at most one per
+    core."""
+    wanted = options.processes
+    if wanted is None and os.environ.get(PROCESSES_ENV, "").strip():
+        text = os.environ[PROCESSES_ENV].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise GpufleetError(f"{PROCESSES_ENV} must be a positive number of processes, "
+                                f"got {text!r}")
+        wanted = int(text)
+    if wanted is not None:
+        return max(1, min(wanted, count))
     if count < PROCESS_MIN_HOSTS:
         return 1
     return max(1, min(os.cpu_count() or 1, math.ceil(count / HOSTS_PER_PROCESS)))

@@ -158,18 +158,23 @@ def direction(a: Node, b: Node) -> tuple[str | None, dict[str, list[int]]]:
                f"{b.name}->{a.name}": matrix.blocked(b.name, a.name)}
     ab, ba = blocked.values()
 
-    def ports(found: list[int]) -> str:
-        probed = len(spec.fixed) + len(matrix.sampled.get(b.name, []))
-        return f"{len(found)} of {probed} probed ports, e.g. {', '.join(map(str, found[:4]))}"
+    def ports(source: str, target: str) -> str:
+        probed = sorted(p for (s, t, p) in matrix.results if (s, t) == (source, target))
+        found = matrix.blocked(source, target)
+        opened = [p for p in probed if p not in found]
+        return (f"{len(found)} of {len(probed)} probed ports dropped, e.g. "
+                f"{', '.join(map(str, found[:4]))}"
+                + (f"; open: {', '.join(map(str, opened[:4]))}" if opened else ""))
 
     if ab and not ba:
-        return (f"{b.name} drops {a.name}'s connections, {a.name} -> {b.name}: {ports(ab)}",
-                blocked)
+        return (f"{b.name} drops {a.name}'s connections, {a.name} -> {b.name}: "
+                f"{ports(a.name, b.name)}", blocked)
     if ba and not ab:
-        return (f"{a.name} drops {b.name}'s connections, {b.name} -> {a.name}: {ports(ba)}",
-                blocked)
+        return (f"{a.name} drops {b.name}'s connections, {b.name} -> {a.name}: "
+                f"{ports(b.name, a.name)}", blocked)
     if ab and ba:
-        return f"dropped both ways: {ports(ab)}", blocked
+        return (f"dropped both ways: {a.name} -> {b.name}: {ports(a.name, b.name)}; "
+                f"{b.name} -> {a.name}: {ports(b.name, a.name)}"), blocked
     return "every probed port open both ways: the pair fails inside the collective", blocked
 
 
