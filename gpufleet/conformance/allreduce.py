@@ -13,7 +13,13 @@ from typing import Any
 
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, run_probe
-from gpufleet.conformance.reachability import PortSpec, measure, probe_ports, source_band
+from gpufleet.conformance.reachability import (
+    Matrix,
+    PortSpec,
+    measure,
+    probe_ports,
+    source_band,
+)
 from gpufleet.conformance.session import Node
 from roles.nccl_env import parse_range
 
@@ -145,7 +151,7 @@ def trial_dict(trial: Trial) -> dict[str, Any]:
             "round": trial.round}
 
 
-def direction(a: Node, b: Node) -> tuple[str | None, dict[str, list[int]]]:
+def direction(a: Node, b: Node) -> tuple[str, dict[str, list[int]]]:
     """Which way a pair's traffic is dropped, from connects both ways on the rendezvous port
     and the range (leaving from a source port outside the range)."""
     low, high = parse_range(a.var("firewall_port_range", "49152-65535"), a.name,
@@ -153,9 +159,13 @@ def direction(a: Node, b: Node) -> tuple[str | None, dict[str, list[int]]]:
     rendezvous = port_of(a)
     spec = PortSpec(probe_ports(rendezvous, low, high, 3), low, high, 64, 0,
                     source_band(low, high, rendezvous))
-    matrix = measure({a.name: a, b.name: b}, [(a.name, b.name), (b.name, a.name)], spec)
-    blocked = {f"{a.name}->{b.name}": matrix.blocked(a.name, b.name),
-               f"{b.name}->{a.name}": matrix.blocked(b.name, a.name)}
+    return describe_direction(a.name, b.name, measure(
+        {a.name: a, b.name: b}, [(a.name, b.name), (b.name, a.name)], spec))
+
+
+def describe_direction(a: str, b: str, matrix: Matrix) -> tuple[str, dict[str, list[int]]]:
+    """The direction line of a pair's verdict, and the dropped ports each way."""
+    blocked = {f"{a}->{b}": matrix.blocked(a, b), f"{b}->{a}": matrix.blocked(b, a)}
     ab, ba = blocked.values()
 
     def ports(source: str, target: str) -> str:
@@ -167,14 +177,12 @@ def direction(a: Node, b: Node) -> tuple[str | None, dict[str, list[int]]]:
                 + (f"; open: {', '.join(map(str, opened[:4]))}" if opened else ""))
 
     if ab and not ba:
-        return (f"{b.name} drops {a.name}'s connections, {a.name} -> {b.name}: "
-                f"{ports(a.name, b.name)}", blocked)
+        return f"{b} drops {a}'s connections, {a} -> {b}: {ports(a, b)}", blocked
     if ba and not ab:
-        return (f"{a.name} drops {b.name}'s connections, {b.name} -> {a.name}: "
-                f"{ports(b.name, a.name)}", blocked)
+        return f"{a} drops {b}'s connections, {b} -> {a}: {ports(b, a)}", blocked
     if ab and ba:
-        return (f"dropped both ways: {a.name} -> {b.name}: {ports(a.name, b.name)}; "
-                f"{b.name} -> {a.name}: {ports(b.name, a.name)}"), blocked
+        return (f"dropped both ways: {a} -> {b}: {ports(a, b)}; {b} -> {a}: "
+                f"{ports(b, a)}"), blocked
     return "every probed port open both ways: the pair fails inside the collective", blocked
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpufleet.conformance.allreduce import (
     Verdict,
+    describe_direction,
     disjoint_pairs,
     domain,
     figure,
@@ -15,6 +16,7 @@ from gpufleet.conformance.allreduce import (
 )
 from gpufleet.conformance.grouptest import Fault, Trial
 from gpufleet.conformance.launch import NodeOutput, ProbeRun
+from gpufleet.conformance.reachability import Matrix
 from gpufleet.conformance.session import Node
 from gpufleet.connection import ConnectOptions
 from gpufleet.facts import Facts
@@ -105,3 +107,30 @@ def test_verdict_lines_name_the_node_or_the_pair_its_direction_and_the_phase() -
     assert flaky.message().endswith("[not confirmed: intermittent]")
     assert pair.to_dict()["evidence"][0] == {"group": ["n3", "n5"], "ok": False,
                                              "problem": hung, "round": 0}
+
+
+def _matrix(states: dict[tuple[str, str, int], str]) -> Matrix:
+    return Matrix([29500, 49152, 65535], dict(states))
+
+
+def test_an_asymmetric_cut_is_named_by_the_way_it_drops() -> None:
+    ports = [29500, 49152, 50000, 65535]
+    one_way = {("n3", "n5", p): ("open" if p == 29500 else "filtered") for p in ports}
+    one_way |= {("n5", "n3", p): "open" for p in ports}
+    text, blocked = describe_direction("n3", "n5", _matrix(one_way))
+    assert text == ("n5 drops n3's connections, n3 -> n5: 3 of 4 probed ports dropped, e.g. "
+                    "49152, 50000, 65535; open: 29500")
+    assert blocked == {"n3->n5": [49152, 50000, 65535], "n5->n3": []}
+    # the same cut seen from the other order of the pair
+    text, _ = describe_direction("n5", "n3", _matrix(one_way))
+    assert text.startswith("n5 drops n3's connections, n3 -> n5: 3 of 4")
+
+
+def test_both_ways_and_no_way() -> None:
+    both = {(s, t, p): "filtered" for s, t in (("a", "b"), ("b", "a")) for p in (1, 2)}
+    text, _ = describe_direction("a", "b", _matrix(both))
+    assert text == ("dropped both ways: a -> b: 2 of 2 probed ports dropped, e.g. 1, 2; "
+                    "b -> a: 2 of 2 probed ports dropped, e.g. 1, 2")
+    clean = {(s, t, p): "open" for s, t in (("a", "b"), ("b", "a")) for p in (1, 2)}
+    assert describe_direction("a", "b", _matrix(clean))[0] == (
+        "every probed port open both ways: the pair fails inside the collective")
