@@ -140,12 +140,13 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
-                 pairs="reachability pairs: all, ring or sample:K",
+                 pairs="reachability pairs: auto (all up to 256 nodes), all, ring, sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
                               "(gpufleet_scheduler), resume the ones that now pass"))
-def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None, pairs="all",
-                with_nccl_tests=False, forks=None, timeout=None, drain_failed=False):
+def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None,
+                pairs="auto", with_nccl_tests=False, forks=None, timeout=None,
+                drain_failed=False):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
@@ -170,7 +171,7 @@ def bootstrap(c, host, inventory="lab", peer=None, expect_fingerprint=None, rebo
     _exit(app.bootstrap_cmd(inventory, options, json))
 
 
-@task(help={"nodes": "number of lab nodes (1-200)",
+@task(help={"nodes": "number of lab nodes (1-1000)",
             "slurm": "also run Slurm: slurmctld and munged here, slurmd on every node"})
 def lab_up(c, nodes=3, slurm=False):
     """Bring the local lab cluster up with N nodes (idempotent)."""

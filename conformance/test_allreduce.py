@@ -1,92 +1,107 @@
-"""allreduce: torch.distributed all_reduce on each node alone (all its GPUs, or
-``allreduce_cpu_procs`` gloo processes), then across every selected node; exact sums, and
-busbw at the largest size against the inventory's threshold. A failing or slow multi-node
-run is bisected with node pairs to name the culprit. With --with-nccl-tests, nccl-tests'
+"""allreduce: torch.distributed all_reduce on every node alone (all nodes at once, all its
+GPUs, or ``allreduce_cpu_procs`` gloo processes), then on disjoint pairs of nodes (all pairs
+at once), then across every node that passed alone; exact sums, and busbw at the largest
+size against the inventory's threshold. A failing or slow pair or multi-node run is
+searched to the bad nodes and pairs (adaptive group testing, confirmed against known-good
+nodes; a pair's direction from connects both ways). With --with-nccl-tests, nccl-tests'
 all_reduce_perf runs too where installed.
 
 Variables: allreduce_sizes (probe defaults: gloo 1M..256M, nccl 1M..8G), allreduce_iters,
-allreduce_timeout_s (600), allreduce_cpu_procs (1), allreduce_port (29500),
-allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330}}).
+allreduce_timeout_s (600), allreduce_bisect_timeout_s (3x the slowest single-node run, at
+least 20 s), allreduce_cpu_procs (1), allreduce_port (29500),
+allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330}}),
+topology_domain or groups named rack*/leaf* (topology_group_prefixes).
 """
 
 from __future__ import annotations
 
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gpufleet import parsers
 from gpufleet.conformance.allreduce import (
-    bisect,
-    gpu_model,
+    figure,
+    hierarchical,
+    port_of,
     probe_args,
+    problem,
     run_allreduce,
-    threshold,
+    timeout_of,
 )
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import ParseError
 
 
-def _timeout(node: Node) -> float:
-    return float(node.var("allreduce_timeout_s", 600))
-
-
-def _port(node: Node) -> int:
-    return int(node.var("allreduce_port", node.var("firewall_rendezvous_port", 29500)))
-
-
-def _problem(run: ProbeRun, node: Node, count: int) -> str | None:
-    problem = run.error()
-    if problem:
-        return problem
-    largest = run.largest
-    assert largest is not None
-    minimum = threshold(node, count)
-    if minimum is not None and largest["world_size"] > 1 and largest["busbw"] < minimum:
-        return (f"busbw {largest['busbw']:.2f} GB/s at {largest['size']} bytes is under the "
-                f"{minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
-    return None
-
-
 def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:
     largest = run.largest
     if largest:
         record_property("largest_size", largest["size"])
-        record_property("busbw_gbps", round(float(largest["busbw"]), 3))
+        record_property("busbw_gbps", float(figure(float(largest["busbw"]))))
         record_property("world_size", largest["world_size"])
     record_property("duration_s", round(run.duration, 2))
 
 
+def _alone(conformance: ConformanceSession) -> dict[str, ProbeRun]:
+    """Every node's single-node run, all nodes at once (once per run)."""
+    def measure() -> dict[str, ProbeRun]:
+        nodes = conformance.ready()
+        with ThreadPoolExecutor(max_workers=max(1, min(conformance.forks, len(nodes)))) as pool:
+            runs = pool.map(lambda n: run_allreduce([n], probe_args(n), timeout_of(n),
+                                                    port_of(n)), nodes)
+            return {n.name: r for n, r in zip(nodes, runs, strict=True)}
+
+    return conformance.once("allreduce-alone", measure)
+
+
 def test_each_node_alone(node: Node, conformance: ConformanceSession,
                          record_property: pytest.RecordProperty) -> None:
-    run = run_allreduce([node], probe_args(node), _timeout(node), _port(node))
+    run = _alone(conformance)[node.name]
     conformance.add_report("allreduce", f"single {node.name}", run.to_dict())
     _record(run, record_property)
     assert not run.leftovers, f"processes left behind: {run.leftovers}"
-    problem = _problem(run, node, 1)
-    assert problem is None, problem
+    found = problem(run, node, 1)
+    assert found is None, found
 
 
 def test_all_nodes_together(conformance: ConformanceSession,
                             record_property: pytest.RecordProperty) -> None:
-    nodes = [n for n in conformance.nodes.values() if n.facts is not None]
+    nodes = conformance.ready()
     if len(nodes) < 2:
         pytest.skip("fewer than two reachable nodes selected")
-    first = nodes[0]
-    run = run_allreduce(nodes, probe_args(first), _timeout(first), _port(first))
-    conformance.add_report("allreduce", "all nodes", run.to_dict())
-    _record(run, record_property)
-    assert not run.leftovers, f"processes left behind: {run.leftovers}"
-    problem = _problem(run, first, len(nodes))
-    if problem is None:
+    alone = _alone(conformance)
+    good = [n for n in nodes if problem(alone[n.name], n, 1) is None
+            and not alone[n.name].leftovers]
+    left_out = [n.name for n in nodes if n not in good]
+    record_property("left_out", left_out)
+    if len(good) < 2:
+        pytest.fail(f"fewer than two nodes passed alone (failed alone: {', '.join(left_out)})")
+    result = hierarchical(good, conformance.forks, [alone[n.name] for n in good])
+    conformance.add_report("allreduce", "all nodes", result.together.to_dict()
+                           if result.together else None)
+    conformance.add_report("allreduce", "hierarchy", result.to_dict())
+    assert result.together is not None
+    _record(result.together, record_property)
+    record_property("pairs_s", round(max((r.duration for r in result.pairs), default=0.0), 2))
+    leftovers = {n: p for r in [*result.pairs, result.together] for n, p in r.leftovers.items()}
+    assert not leftovers, f"processes left behind: {leftovers}"
+    if result.search is None:
         return
-    culprits = bisect(nodes, probe_args(first), _timeout(first), _port(first)) \
-        if len(nodes) > 2 else {}
-    conformance.add_report("allreduce", "bisect", culprits)
-    named = "; ".join(f"{name}: {why}" for name, why in culprits.items())
-    pytest.fail(f"{len(nodes)}-node AllReduce failed: {problem}"
-                + (f" -- bisection names {named}" if named else ""))
+    record_property("bisection_rounds", result.search.rounds)
+    record_property("bisection_s", round(result.search_s, 1))
+    failing = problem(result.together, good[0], len(good)) or next(
+        (r.error() or "under the pair threshold" for r in result.pairs
+         if problem(r, good[0], 2)), "a pair failed")
+    verdicts = "; ".join(v.message() for v in result.verdicts) or (
+        "no culprit named (the failure did not reproduce in smaller groups)")
+    spent = (f"{result.search.rounds} rounds, {result.search_s:.0f}s of a "
+             f"{result.budget_s:.0f}s budget" + (", budget spent" if result.search.exhausted
+                                                  else ""))
+    skipped = f"; failed alone and left out: {', '.join(left_out)}" if left_out else ""
+    pytest.fail(f"{len(good)}-node AllReduce failed: {failing} -- bisection ({spent}): "
+                f"{verdicts}{skipped}")
 
 
 def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,
@@ -99,7 +114,7 @@ def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,
     gpus = len(node.facts.get("gpus") or []) or 1  # type: ignore[union-attr]
     result = node.run(f"NCCL_NVLS_ENABLE=0 {shlex.quote(found)} -b 8 -e "
                       f"{shlex.quote(str(node.var('nccl_tests_max_size', '1G')))} -f 2 "
-                      f"-g {gpus}", timeout=_timeout(node))
+                      f"-g {gpus}", timeout=timeout_of(node))
     try:
         rows = parsers.nccl_tests(result.stdout)
     except ParseError as exc:

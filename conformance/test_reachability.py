@@ -1,40 +1,63 @@
 """reachability: every node reaches every other node on the rendezvous port and across
-NCCL's port range, and its own ephemeral ports fall inside that range.
+NCCL's port range, its own ephemeral ports fall inside that range, and the firewall's
+ruleset on the node opens every one of them.
 
 Variables: firewall_rendezvous_port (29500), firewall_port_range (49152-65535),
-reachability_range_samples (3 ports between the range's ends). Pairs: --pairs
-all | ring | sample:K (invoke conformance --pairs).
+reachability_range_samples (3 evenly spaced ports between the range's ends, on every
+pair), reachability_random_ports (128 random ports of the range per target, shared out
+between its sources), reachability_seed (default: a new sample every run). Pairs: --pairs
+auto | all | ring | sample:K (invoke conformance --pairs).
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
+from gpufleet.conformance.portrange import closed_within, describe, opened_ports
+from gpufleet.conformance.reachability import (
+    Matrix,
+    PortSpec,
+    probe_ports,
+    run_matrix,
+    source_band,
+)
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.errors import ParseError
+from gpufleet.role import RoleVars
+from roles import firewall
 from roles.nccl_env import parse_range
 
 DEFAULT_RANGE = "49152-65535"
 
 
-def _ports(conformance: ConformanceSession) -> list[int]:
+def _spec(conformance: ConformanceSession) -> PortSpec:
     first = next(iter(conformance.nodes.values()))
     low, high = parse_range(first.var("firewall_port_range", DEFAULT_RANGE), first.name,
                             "firewall_port_range")
-    return probe_ports(int(first.var("firewall_rendezvous_port", 29500)), low, high,
-                       int(first.var("reachability_range_samples", 3)))
+    rendezvous = int(first.var("firewall_rendezvous_port", 29500))
+    return PortSpec(probe_ports(rendezvous, low, high,
+                                int(first.var("reachability_range_samples", 3))),
+                    low, high, int(first.var("reachability_random_ports", 128)),
+                    int(first.var("reachability_seed", time.time_ns() // 1000)),
+                    source_band(low, high, rendezvous))
 
 
 @pytest.fixture(scope="session")
 def matrix(conformance: ConformanceSession) -> Matrix:
-    result = run_matrix(conformance, _ports(conformance), conformance.options["pairs"])
+    spec = _spec(conformance)
+    result = run_matrix(conformance, spec, conformance.options["pairs"], seed=spec.seed)
     conformance.add_report("reachability", "matrix", result.to_dict())
+    conformance.add_report("reachability", "seed", spec.seed)
     return result
 
 
-def test_reachable_from_the_cluster(node: Node, matrix: Matrix) -> None:
+def test_reachable_from_the_cluster(node: Node, matrix: Matrix,
+                                    record_property: pytest.RecordProperty) -> None:
     if len(matrix.results) == 0:
         pytest.skip("fewer than two reachable nodes selected")
+    record_property("random_ports", len(matrix.sampled.get(node.name, [])))
     failures = matrix.failures_to(node.name)
     listener = matrix.listeners.get(node.name, "")
     assert not failures, f"{node.name}: " + "; ".join(
@@ -52,3 +75,28 @@ def test_ephemeral_ports_inside_the_open_range(node: Node) -> None:
     assert low <= local[0] and local[1] <= high, (
         f"net.ipv4.ip_local_port_range is {local[0]}-{local[1]}, outside the open range "
         f"{low}-{high}: NCCL would listen on ports the firewall closes")
+
+
+def test_firewall_opens_every_ephemeral_port(node: Node,
+                                             record_property: pytest.RecordProperty) -> None:
+    if not node.flag("firewall_enabled", False):
+        pytest.skip("gpufleet manages no firewall on this node (firewall_enabled)")
+    facts = node.facts
+    assert facts is not None
+    local = facts.get("port_range")
+    if local is None:
+        pytest.fail(f"unknown: {facts.why_absent('port_range')}")
+    path = firewall.ROLE.backend(RoleVars(node.host, firewall.ROLE.defaults)).path
+    state = facts.get(f"file:{path}")
+    if state is None or not state.exists:
+        why = facts.why_absent(f"file:{path}") if state is None else "the file is missing"
+        pytest.fail(f"unknown: the ruleset {path} cannot be read: {why}")
+    try:
+        opened = opened_ports(state.text)
+    except ParseError as exc:
+        pytest.fail(f"unknown: the ruleset {path} cannot be read: {exc}")
+    closed = closed_within(opened, local[0], local[1])
+    record_property("opened", describe(opened))
+    assert not closed, (
+        f"net.ipv4.ip_local_port_range is {local[0]}-{local[1]} but the firewall ({path}) "
+        f"opens only {describe(opened)}: ephemeral ports {describe(closed)} are closed")

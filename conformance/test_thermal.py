@@ -11,6 +11,7 @@ thermal_warmup_s (15: clocks fall from idle boost to their power-capped level fi
 from __future__ import annotations
 
 import csv
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from conformance.probes.thermal import thermal_verdict
 from gpufleet.conformance.launch import run_script
 from gpufleet.conformance.session import ConformanceSession, Node
 
+PLOTTING = threading.Lock()  # pyplot is not thread-safe, and every node's soak ends at once
 COLUMNS = ("t", "gpu", "temp_c", "power_w", "sm_mhz", "reasons", "hw_thermal",
            "hw_power_brake", "sw_thermal")
 
@@ -70,7 +72,8 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
         error = next((e.get("message") for e in output.events if e.get("event") == "error"),
                      output.stderr_tail)
         pytest.fail(f"unknown: the thermal probe failed (exit {output.rc}): {error}")
-    files = save_curves(samples, conformance.options["artifacts"], node.name)
+    with PLOTTING:
+        files = save_curves(samples, conformance.options["artifacts"], node.name)
     summary = next((e for e in output.events if e.get("event") == "summary"), {})
     conformance.add_report("thermal", node.name, {"summary": summary,
                                                   "files": [str(f) for f in files]})

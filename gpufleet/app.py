@@ -389,7 +389,7 @@ def suite_files(suites: str | None) -> list[str]:
 @guarded
 def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | None = None,
                     junit_path: str | None = None, json_path: str | None = None,
-                    pairs: str = "all", with_nccl_tests: bool = False,
+                    pairs: str = "auto", with_nccl_tests: bool = False,
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
                     drain_failed: bool = False) -> int:
     """Run the conformance suites as pytest; the exit code is non-zero on any failure."""

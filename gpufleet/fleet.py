@@ -5,18 +5,28 @@ every host ends with exactly one outcome. Each host works under its own budget: 
 its time is up the host is reported failed at once, its connections are closed, and it
 gets no further command, reconnect or reboot; the report keeps what the task had
 published as its progress (``Budget.progress``) by then.
+
+A large batch is spread over worker processes, each running the same thread pool over its
+share of the hosts (``FleetOptions.processes``; by default one process per 128 hosts, up
+to the controller's cores, from 256 hosts on), so the controller's CPU rather than one
+interpreter's lock bounds the run. Workers are forked: the task is the caller's own
+function, nothing is pickled but each outcome, which a worker sends back the moment its
+host ends, so the caller keeps one progress display and one report.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
+import multiprocessing.connection
+import os
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from gpufleet.connection import Budget, Connection, ConnectOptions, Unreachable, connect
 from gpufleet.errors import GpufleetError
@@ -27,6 +37,9 @@ Status = Literal["ok", "changed", "failed", "unreachable", "skipped"]
 DEFAULT_FORKS = 128
 DEFAULT_HOST_TIMEOUT_S = 1800.0
 HOST_TIMEOUT_VAR = "gpufleet_host_timeout"
+PROCESS_MIN_HOSTS = 256
+HOSTS_PER_PROCESS = 128
+PROCESSES_ENV = "GPUFLEET_PROCESSES"
 
 
 @dataclass
@@ -62,6 +75,7 @@ class FleetOptions:
     serial: str | None = None
     max_fail_percent: float | None = None
     connect: ConnectOptions = field(default_factory=ConnectOptions)
+    processes: int | None = None  # worker processes per batch; None: worker_processes()
 
 
 class ProgressSink(Protocol):
@@ -90,6 +104,25 @@ def host_timeout(host: Host, options: FleetOptions) -> float:
         raise GpufleetError(f"host {host.name}: variable {HOST_TIMEOUT_VAR} must be a "
                             f"positive number of seconds, got {value!r}")
     return seconds
+
+
+def worker_processes(count: int, options: FleetOptions) -> int:
+    """How many processes work on a batch of ``count`` hosts: ``options.processes`` or the
+    environment's ``GPUFLEET_PROCESSES`` when set, else one below PROCESS_MIN_HOSTS (threads
+    alone are cheaper there) and one per HOSTS_PER_PROCESS hosts above, at most one per
+    core."""
+    wanted = options.processes
+    if wanted is None and os.environ.get(PROCESSES_ENV, "").strip():
+        text = os.environ[PROCESSES_ENV].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise GpufleetError(f"{PROCESSES_ENV} must be a positive number of processes, "
+                                f"got {text!r}")
+        wanted = int(text)
+    if wanted is not None:
+        return max(1, min(wanted, count))
+    if count < PROCESS_MIN_HOSTS:
+        return 1
+    return max(1, min(os.cpu_count() or 1, math.ceil(count / HOSTS_PER_PROCESS)))
 
 
 def batches(hosts: Sequence[Host], serial: str | None) -> list[list[Host]]:
@@ -154,14 +187,9 @@ def run_fleet(hosts: Sequence[Host], task: HostTask[T], options: FleetOptions | 
             for host in batch:
                 outcomes[host.name] = Outcome(host.name, "skipped", stopped)
             continue
-        # A pool per batch: a host that timed out may still hold its thread, and must not
-        # hold up the next batch.
-        pool = ThreadPoolExecutor(max_workers=max(1, min(options.forks, len(batch))),
-                                  thread_name_prefix="gpufleet-host")
-        try:
-            done = _run_batch(pool, batch, task, options, progress)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        processes = worker_processes(len(batch), options)
+        done = _run_threads(batch, task, options, progress) if processes == 1 else \
+            _run_processes(batch, task, options, progress, processes)
         outcomes.update(done)
         if options.max_fail_percent is not None:
             bad = sum(o.status in ("failed", "unreachable") for o in done.values())
@@ -171,6 +199,93 @@ def run_fleet(hosts: Sequence[Host], task: HostTask[T], options: FleetOptions | 
     if progress:
         progress.finish()
     return {h.name: outcomes[h.name] for h in hosts}
+
+
+def _run_threads(batch: list[Host], task: HostTask[T], options: FleetOptions,
+                 progress: ProgressSink | None) -> dict[str, Outcome[T]]:
+    # A pool per batch: a host that timed out may still hold its thread, and must not hold
+    # up the next batch.
+    pool = ThreadPoolExecutor(max_workers=max(1, min(options.forks, len(batch))),
+                              thread_name_prefix="gpufleet-host")
+    try:
+        return _run_batch(pool, batch, task, options, progress)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Sender:
+    """A worker's progress sink: every outcome goes to the parent the moment it is known."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def start(self, total: int) -> None:
+        return
+
+    def finish(self) -> None:
+        return
+
+    def host_done(self, outcome: Outcome[object]) -> None:
+        with self.lock:
+            try:
+                self.conn.send(outcome)
+            except Exception as exc:  # a value that cannot be pickled fails its host only
+                self.conn.send(Outcome(outcome.host, "failed", "internal error: the outcome "
+                                       f"could not leave its worker process: {exc}",
+                                       outcome.duration, round_trips=outcome.round_trips))
+
+
+def _worker(shard: list[Host], task: HostTask[T], options: FleetOptions,
+            conn: multiprocessing.connection.Connection) -> None:
+    """A worker process: the thread path over its shard, then exit at once (a thread of a
+    host past its deadline must not keep the process alive)."""
+    code = 0
+    try:
+        _run_threads(shard, task, options, _Sender(conn))
+    except BaseException:
+        code = 70
+    finally:
+        conn.close()
+        os._exit(code)
+
+
+def _run_processes(batch: list[Host], task: HostTask[T], options: FleetOptions,
+                   progress: ProgressSink | None, processes: int) -> dict[str, Outcome[T]]:
+    """The batch dealt round-robin to ``processes`` forked workers, forks shared out."""
+    context = multiprocessing.get_context("fork")
+    share = FleetOptions(forks=max(1, math.ceil(options.forks / processes)),
+                         host_timeout=options.host_timeout,
+                         default_timeout=options.default_timeout, connect=options.connect)
+    readers: dict[multiprocessing.connection.Connection, tuple[Any, list[Host]]] = {}
+    for index in range(processes):
+        shard = batch[index::processes]
+        reader, writer = context.Pipe(duplex=False)
+        worker = context.Process(target=_worker, args=(shard, task, share, writer),
+                                 name=f"gpufleet-fleet-{index}", daemon=True)
+        worker.start()
+        writer.close()
+        readers[reader] = (worker, shard)
+    results: dict[str, Outcome[T]] = {}
+    while readers:
+        for ready in multiprocessing.connection.wait(list(readers), timeout=0.5):
+            assert isinstance(ready, multiprocessing.connection.Connection)
+            reader = ready
+            try:
+                outcome: Outcome[T] = reader.recv()
+            except (EOFError, OSError):
+                worker, shard = readers.pop(reader)
+                worker.join()
+                for host in shard:
+                    if host.name not in results:
+                        results[host.name] = Outcome(
+                            host.name, "failed", "internal error: its worker process ended "
+                            f"(exit status {worker.exitcode}) before the host did")
+                        _report(progress, results[host.name])
+                continue
+            results[outcome.host] = outcome
+            _report(progress, outcome)
+    return results
 
 
 def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],

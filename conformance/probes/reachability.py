@@ -4,10 +4,12 @@
 ``{"pid": P, "bound": [...], "busy": [...]}`` and keep accepting in the background until
 the deadline (or until killed), so the SSH command returns at once.
 
-``connect TIMEOUT_S [PARALLEL]``: read a JSON list of ``[target, address, port]`` on stdin
-(a plan of any size: it never travels on the command line), connect to each, at most
-PARALLEL (default 256) at a time, and print
-``{"target port": "open|refused|filtered|no route|error: ..."}``.
+``connect TIMEOUT_S [PARALLEL [LOW-HIGH]]``: read a JSON list of ``[target, address, port]``
+on stdin (a plan of any size: it never travels on the command line), connect to each, at
+most PARALLEL (default 256) at a time, and print
+``{"target port": "open|refused|filtered|no route|error: ..."}``. With LOW-HIGH, each
+connect leaves from a source port of that band (each worker its own port, closed with a
+reset so the port is free again at once), else from an ephemeral port.
 """
 
 import errno
@@ -15,6 +17,7 @@ import json
 import os
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
@@ -57,8 +60,23 @@ def listen(deadline_s, ports):
     os._exit(0)
 
 
-def classify(address, port, timeout_s):
+def _bound_socket(source_port):
+    """A TCP socket bound to ``source_port`` (closing it sends a reset), or to an ephemeral
+    port when ``source_port`` is None or cannot be bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source_port is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            sock.bind(("0.0.0.0", source_port))
+        except OSError:
+            sock.close()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    return sock
+
+
+def classify(address, port, timeout_s, source_port=None):
+    sock = _bound_socket(source_port)
     sock.settimeout(timeout_s)
     try:
         sock.connect((address, port))
@@ -75,22 +93,26 @@ def classify(address, port, timeout_s):
         sock.close()
 
 
-def connect(timeout_s, targets, parallel):
+def connect(timeout_s, targets, parallel, band=None):
     results = {}
     lock = threading.Lock()
     pending = list(reversed(targets))
 
-    def worker():
+    def worker(source_port):
         while True:
             with lock:
                 if not pending:
                     return
                 target, address, port = pending.pop()
-            state = classify(address, port, timeout_s)
+            state = classify(address, port, timeout_s, source_port)
             with lock:
                 results[f"{target} {port}"] = state
 
-    threads = [threading.Thread(target=worker) for _ in range(min(parallel, len(targets)))]
+    count = min(parallel, len(targets))
+    if band is not None:
+        count = min(count, band[1] - band[0] + 1)
+    ports = [band[0] + i if band else None for i in range(count)]
+    threads = [threading.Thread(target=worker, args=(p,)) for p in ports]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -104,10 +126,11 @@ def main():
         listen(float(sys.argv[2]), [int(p) for p in sys.argv[3].split(",") if p])
     elif mode == "connect":
         parallel = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-        connect(float(sys.argv[2]), json.load(sys.stdin), parallel)
+        band = tuple(int(p) for p in sys.argv[4].split("-")) if len(sys.argv) > 4 else None
+        connect(float(sys.argv[2]), json.load(sys.stdin), parallel, band)
     else:
-        sys.exit("usage: reachability.py listen DEADLINE PORTS | connect TIMEOUT [PARALLEL] "
-                 "< TARGETS_JSON")
+        sys.exit("usage: reachability.py listen DEADLINE PORTS | connect TIMEOUT [PARALLEL "
+                 "[LOW-HIGH]] < TARGETS_JSON")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,18 @@ from the page cache, then measures sequential reads (every reader thread its own
 reads of the small files in a shuffled order. Sizes on the command line are binary (KiB, MiB,
 GiB); rates are in MB/s of 1e6 bytes.
 
+Several nodes read at the same moment when each is first run with ``--prepare`` (write the
+files, print ``prepared``) and then with ``--start-at EPOCH``: the reads begin at that wall
+clock time, and the result carries when the sequential reads started and ended
+(``seq_start``, ``seq_end``, epoch seconds) and how late the start was (``late_s``), from
+which the controller computes the nodes' aggregate throughput.
+
 Exit status: 0 after the result (or the cleanup), 3 when the path does not exist or is not
 writable, 64 on a bad command line.
 
     python storage.py --path /data --file-gb 1 --readers 4
+    python storage.py --path /data --prepare
+    python storage.py --path /data --start-at 1767225600.0
     python storage.py --path /data --cleanup
 """
 
@@ -74,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-mb", type=common.positive_int, default=16, help="MiB per read call"
     )
     parser.add_argument("--cleanup", action="store_true", help="remove the test files and exit")
+    parser.add_argument("--prepare", action="store_true", help="write the test files and exit")
+    parser.add_argument(
+        "--start-at", type=common.positive_float, help="begin reading at this epoch time"
+    )
     return parser
 
 
@@ -161,6 +173,18 @@ def _timed_reads(readers: int, jobs: list[tuple[Any, ...]]) -> tuple[int, float]
         return total, time.perf_counter() - start
 
 
+def _wait_until(epoch: float | None) -> float:
+    """Sleep until ``epoch`` (wall clock); how many seconds late it already was (0 if on
+    time, or when there is no start time)."""
+    if epoch is None:
+        return 0.0
+    left = epoch - time.time()
+    if left > 0:
+        time.sleep(left)
+        return 0.0
+    return -left
+
+
 def _cleanup(root: Path) -> int:
     removed = root.is_dir()
     if removed:
@@ -194,10 +218,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         common.emit("error", path=str(base), message=f"cannot write the test files: {exc}")
         return EXIT_PATH
+    if args.prepare:
+        common.emit("prepared", path=str(base), created_files=created)
+        return EXIT_OK
 
     problem = _drop_cache(large)
     block = args.block_mb * MIB
+    late = _wait_until(args.start_at)
+    seq_start = time.time()
     seq_bytes, seq_s = _timed_reads(args.readers, [(_read_whole, p, block) for p in large])
+    seq_end = time.time()
 
     problem = problem or _drop_cache(small)
     order = list(small)
@@ -205,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
     shares = [(_read_small, order[k :: args.readers]) for k in range(args.readers)]
     small_bytes, small_s = _timed_reads(args.readers, shares)
 
-    fields = {"note": problem} if problem else {}
+    fields: dict[str, Any] = {"note": problem} if problem else {}
+    if args.start_at is not None:
+        fields.update(seq_start=seq_start, seq_end=seq_end, late_s=late)
     common.emit(
         "result",
         path=str(base),

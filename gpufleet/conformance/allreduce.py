@@ -1,10 +1,31 @@
-"""AllReduce across nodes: the probe's sizes and thresholds, and bisection with node pairs
-to name the culprit of a failing or slow multi-node run."""
+"""AllReduce across nodes, hierarchically: every node alone (all at once), then disjoint
+pairs (all at once), then all nodes together; a failing or slow run is searched with
+adaptive group testing (``grouptest``) to the bad nodes and pairs, each confirmed before it
+is blamed, and a bad pair's direction is read with a connect probe both ways."""
 
 from __future__ import annotations
 
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, run_probe
+from gpufleet.conformance.reachability import (
+    Matrix,
+    PortSpec,
+    measure,
+    probe_ports,
+    source_band,
+)
 from gpufleet.conformance.session import Node
+from roles.nccl_env import parse_range
+
+MIN_TRIAL_TIMEOUT_S = 20.0
+TRIAL_TIMEOUT_FACTOR = 3.0
+TOPOLOGY_PREFIXES = ("rack", "leaf")
 
 
 def run_allreduce(nodes: list[Node], args: list[str], timeout_s: float,
@@ -43,28 +64,196 @@ def probe_args(node: Node) -> list[str]:
     return args
 
 
-def bisect(nodes: list[Node], args: list[str], timeout_s: float, port: int
-           ) -> dict[str, str]:
-    """Pair the first node with each other node to name the ones that fail or are slow.
+def timeout_of(node: Node) -> float:
+    return float(node.var("allreduce_timeout_s", 600))
 
-    Returns node -> reason. When every pair fails, the first node is the suspect.
-    """
-    reference, others = nodes[0], nodes[1:]
-    verdicts: dict[str, str] = {}
-    busbw: dict[str, float] = {}
-    for other in others:
-        pair = run_allreduce([reference, other], args, timeout_s, port)
-        problem = pair.error()
-        if problem:
-            verdicts[other.name] = f"pair with {reference.name} failed: {problem}"
-        elif pair.largest:
-            busbw[other.name] = float(pair.largest["busbw"])
-    if others and len(verdicts) == len(others):
-        return {reference.name: f"every pair with {reference.name} failed"}
-    if busbw:
-        best = max(busbw.values())
-        for name, value in busbw.items():
-            if value < 0.5 * best:
-                verdicts[name] = (f"pair with {reference.name} reached {value:.2f} GB/s busbw, "
-                                  f"under half the best pair ({best:.2f})")
-    return verdicts
+
+def port_of(node: Node) -> int:
+    return int(node.var("allreduce_port", node.var("firewall_rendezvous_port", 29500)))
+
+
+def figure(value: float) -> str:
+    """A measured figure with three significant digits (0.00123, 1.23, 312)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{digits}f}"
+
+
+def problem(run: ProbeRun, node: Node, count: int) -> str | None:
+    """Why a run fails the check: its error, or busbw under the threshold for ``count``."""
+    error = run.error()
+    if error:
+        return error
+    largest = run.largest
+    assert largest is not None
+    minimum = threshold(node, count)
+    if minimum is not None and largest["world_size"] > 1 and largest["busbw"] < minimum:
+        return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
+                f"under the {minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
+    return None
+
+
+def run_groups(groups: list[list[Node]], timeout_s: float, workers: int,
+               args: list[str]) -> list[ProbeRun]:
+    """One AllReduce per group, all at the same time (the groups share no node)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(groups)))) as pool:
+        return list(pool.map(lambda g: run_allreduce(g, args, timeout_s, port_of(g[0])), groups))
+
+
+def disjoint_pairs(nodes: list[Node]) -> list[list[Node]]:
+    """Neighbours paired up; an odd last node is paired with the first."""
+    pairs = [nodes[i:i + 2] for i in range(0, len(nodes) - 1, 2)]
+    if len(nodes) % 2 and len(nodes) > 2:
+        pairs.append([nodes[-1], nodes[0]])
+    return pairs
+
+
+def domain(node: Node) -> str:
+    """The node's rack or leaf: ``topology_domain``, else its first group named rack* or
+    leaf* (``topology_group_prefixes``), else none."""
+    value = node.var("topology_domain")
+    if value:
+        return str(value)
+    prefixes = tuple(node.var("topology_group_prefixes") or TOPOLOGY_PREFIXES)
+    return next((g for g in sorted(node.host.groups) if g.startswith(prefixes)), "")
+
+
+@dataclass
+class Verdict:
+    """A bad node or a bad pair, with what failed and where."""
+
+    fault: Fault
+    direction: str | None = None
+    blocked: dict[str, list[int]] = field(default_factory=dict)
+
+    def message(self) -> str:
+        f = self.fault
+        names = " and ".join(f.nodes)
+        if f.kind == "node":
+            text = f"node {names}: fails with every partner ({f.problem})"
+        else:
+            where = f" ({self.direction})" if self.direction else ""
+            text = f"pair {names}{where}: fails together, passes with others ({f.problem})"
+        if not f.confirmed:
+            text += " [not confirmed: " + (f.note or "re-test passed") + "]"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.fault.kind, "nodes": list(self.fault.nodes),
+                "confirmed": self.fault.confirmed, "problem": self.fault.problem,
+                "note": self.fault.note, "direction": self.direction, "blocked": self.blocked,
+                "evidence": [trial_dict(t) for t in self.fault.evidence]}
+
+
+def trial_dict(trial: Trial) -> dict[str, Any]:
+    return {"group": list(trial.group), "ok": trial.ok, "problem": trial.problem,
+            "round": trial.round}
+
+
+def direction(a: Node, b: Node) -> tuple[str, dict[str, list[int]]]:
+    """Which way a pair's traffic is dropped, from connects both ways on the rendezvous port
+    and the range (leaving from a source port outside the range)."""
+    low, high = parse_range(a.var("firewall_port_range", "49152-65535"), a.name,
+                            "firewall_port_range")
+    rendezvous = port_of(a)
+    spec = PortSpec(probe_ports(rendezvous, low, high, 3), low, high, 64, 0,
+                    source_band(low, high, rendezvous))
+    return describe_direction(a.name, b.name, measure(
+        {a.name: a, b.name: b}, [(a.name, b.name), (b.name, a.name)], spec))
+
+
+def describe_direction(a: str, b: str, matrix: Matrix) -> tuple[str, dict[str, list[int]]]:
+    """The direction line of a pair's verdict, and the dropped ports each way."""
+    blocked = {f"{a}->{b}": matrix.blocked(a, b), f"{b}->{a}": matrix.blocked(b, a)}
+    ab, ba = blocked.values()
+
+    def ports(source: str, target: str) -> str:
+        probed = sorted(p for (s, t, p) in matrix.results if (s, t) == (source, target))
+        found = matrix.blocked(source, target)
+        opened = [p for p in probed if p not in found]
+        return (f"{len(found)} of {len(probed)} probed ports dropped, e.g. "
+                f"{', '.join(map(str, found[:4]))}"
+                + (f"; open: {', '.join(map(str, opened[:4]))}" if opened else ""))
+
+    if ab and not ba:
+        return f"{b} drops {a}'s connections, {a} -> {b}: {ports(a, b)}", blocked
+    if ba and not ab:
+        return f"{a} drops {b}'s connections, {b} -> {a}: {ports(b, a)}", blocked
+    if ab and ba:
+        return (f"dropped both ways: {a} -> {b}: {ports(a, b)}; {b} -> {a}: "
+                f"{ports(b, a)}"), blocked
+    return "every probed port open both ways: the pair fails inside the collective", blocked
+
+
+@dataclass
+class Hierarchy:
+    """Each level's runs, the search and the verdicts."""
+
+    pairs: list[ProbeRun] = field(default_factory=list)
+    together: ProbeRun | None = None
+    search: Search | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    trial_timeout_s: float = 0.0
+    budget_s: float = 0.0
+    search_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        search = self.search
+        return {"pairs": [r.to_dict() for r in self.pairs],
+                "all": self.together.to_dict() if self.together else None,
+                "bisection": None if search is None else {
+                    "rounds": search.rounds, "max_rounds": search.max_rounds,
+                    "exhausted": search.exhausted, "trial_timeout_s": self.trial_timeout_s,
+                    "budget_s": round(self.budget_s, 1), "seconds": round(self.search_s, 1),
+                    "trials": [trial_dict(t) for t in search.trials]},
+                "verdicts": [v.to_dict() for v in self.verdicts]}
+
+
+def trial_timeout(first: Node, passing: list[ProbeRun]) -> float:
+    """How long one bisection run may take: ``allreduce_bisect_timeout_s``, else a few times
+    the slowest passing run so far (a failing run hangs until it is stopped)."""
+    configured = first.var("allreduce_bisect_timeout_s")
+    if configured is not None:
+        return float(configured)
+    slowest = max((r.duration for r in passing), default=timeout_of(first) / TRIAL_TIMEOUT_FACTOR)
+    return min(timeout_of(first), max(MIN_TRIAL_TIMEOUT_S, TRIAL_TIMEOUT_FACTOR * slowest))
+
+
+def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hierarchy:
+    """Pairs, then all, then (on a failure) the search, for nodes that each passed alone
+    (``alone``: those runs, which set how long a pair or a search run may take)."""
+    first = nodes[0]
+    args = probe_args(first)
+    by_name = {n.name: n for n in nodes}
+    out = Hierarchy(trial_timeout_s=trial_timeout(first, alone))
+    out.budget_s = max_rounds(len(nodes)) * out.trial_timeout_s
+    known: list[Trial] = []
+    if len(nodes) > 2:
+        pair_groups = disjoint_pairs(nodes)
+        out.pairs = run_groups(pair_groups, out.trial_timeout_s, workers, args)
+        known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2) is None,
+                        problem(r, g[0], 2)) for g, r in zip(pair_groups, out.pairs, strict=True)]
+    out.together = run_allreduce(nodes, args, timeout_of(first), port_of(first))
+    failed = problem(out.together, first, len(nodes))
+    known.append(Trial(tuple(by_name), failed is None, failed))
+    if failed is None and all(t.ok for t in known):
+        return out
+
+    def test(groups: list[Group]) -> list[Trial]:
+        runs = run_groups([[by_name[n] for n in g] for g in groups], out.trial_timeout_s,
+                          workers, args)
+        return [Trial(g, problem(r, by_name[g[0]], len(g)) is None,
+                      problem(r, by_name[g[0]], len(g))) for g, r in zip(groups, runs, strict=True)]
+
+    start = time.monotonic()
+    out.search = find_faults(list(by_name), test, domains={n.name: domain(n) for n in nodes},
+                             known=known)
+    for fault in out.search.faults:
+        verdict = Verdict(fault)
+        if fault.kind == "pair":
+            verdict.direction, verdict.blocked = direction(by_name[fault.nodes[0]],
+                                                           by_name[fault.nodes[1]])
+        out.verdicts.append(verdict)
+    out.search_s = time.monotonic() - start
+    return out

@@ -1,12 +1,18 @@
 """Launch a probe with torchrun on one or many nodes over SSH (rendezvous on the first
 node's port), collect the JSON lines every rank printed, kill everything on timeout, and
-name the phase that hung. One process per GPU; gloo processes on nodes without GPUs."""
+name the phase that hung. One process per GPU; gloo processes on nodes without GPUs.
+
+Every probe process is killed and its files removed on every way out of a launch: a
+normal end, a timeout, an error or an interrupt. The clean-up has a budget of its own, so
+it still reaches a node whose run budget is spent; launches still running when the run
+ends (``cleanup_active``) are cleaned up the same way."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import shlex
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.conformance.session import Node
+from gpufleet.connection import Budget, connect
 from gpufleet.drift import training_python
 from gpufleet.errors import GpufleetError
 
@@ -29,6 +36,9 @@ HUNG_IN = {None: "rendezvous (torchrun agents; no worker started)",
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 RC_MARK = "@@gpufleet-probe-rc="
+CLEANUP_BUDGET_S = 30.0
+_ACTIVE: dict[str, list[Node]] = {}
+_ACTIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -169,41 +179,69 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
               port: int = 29500, nproc: int | None = None) -> ProbeRun:
     """Run ``conformance/probes/<probe_name>.py`` under torchrun on ``nodes`` together
     (``nproc`` processes per node, default one per GPU); every process is gone when this
-    returns."""
+    returns or raises."""
     run = ProbeRun([n.name for n in nodes])
     rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
     probe = f"{rundir}/{probe_name}.py"
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        def one(indexed: tuple[int, Node]) -> tuple[str, NodeOutput]:
-            rank, node = indexed
-            try:
-                _ship(node, rundir, probe_name)
-                command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
-                                   timeout_s=timeout_s, port=port, nproc=nproc)
-                result = node.run(command, timeout=timeout_s + 60)
-            except GpufleetError as exc:
-                return node.name, NodeOutput(None, [], str(exc))
-            return node.name, _parse(result.stdout, result.stderr)
+    with _ACTIVE_LOCK:
+        _ACTIVE[rundir] = list(nodes)
 
-        run.outputs = dict(pool.map(one, enumerate(nodes)))
+    def one(indexed: tuple[int, Node]) -> tuple[str, NodeOutput]:
+        rank, node = indexed
+        try:
+            _ship(node, rundir, probe_name)
+            command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
+                               timeout_s=timeout_s, port=port, nproc=nproc)
+            result = node.run(command, timeout=timeout_s + 60)
+        except GpufleetError as exc:
+            return node.name, NodeOutput(None, [], str(exc))
+        return node.name, _parse(result.stdout, result.stderr)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            run.outputs = dict(pool.map(one, enumerate(nodes)))
         run.duration = time.monotonic() - start
         run.timed_out = any(o.rc in (124, 137) for o in run.outputs.values())
-
-        def cleanup(node: Node) -> tuple[str, str]:
-            # The pattern and the glob match the probe's path, but this command line does
-            # not contain that path literally, so pkill cannot match its own shell.
-            pattern = shlex.quote("[/]" + probe.lstrip("/"))
-            glob = shlex.quote(rundir[:-1]) + f"[{rundir[-1]}]"
-            try:
-                left = node.run(f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; "
-                                f"rm -rf {glob}; true", timeout=30).stdout.strip()
-            except GpufleetError as exc:
-                left = f"cleanup failed: {exc}"
-            return node.name, left
-
-        run.leftovers = {n: left for n, left in pool.map(cleanup, nodes) if left}
+    finally:
+        run.leftovers = clean_up(rundir, nodes)
     return run
+
+
+def clean_up(rundir: str, nodes: list[Node]) -> dict[str, str]:
+    """Kill every process of the launch in ``rundir`` on ``nodes`` and remove the directory;
+    node -> what was still running afterwards (or why the clean-up failed)."""
+    # The pattern and the glob match the probe's path, but this command line does not
+    # contain that path literally, so pkill cannot match its own shell.
+    pattern = shlex.quote("[/]" + rundir.lstrip("/") + "/")
+    glob = shlex.quote(rundir[:-1]) + f"[{rundir[-1]}]"
+    command = f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; rm -rf {glob}; true"
+
+    def one(node: Node) -> tuple[str, str]:
+        if not node.budget.spent:
+            with contextlib.suppress(GpufleetError):
+                return node.name, node.run(command, timeout=CLEANUP_BUDGET_S).stdout.strip()
+        conn = connect(node.host, node.connect_options, Budget(CLEANUP_BUDGET_S))
+        try:
+            return node.name, conn.run(command, timeout=CLEANUP_BUDGET_S - 5).stdout.strip()
+        except GpufleetError as exc:
+            return node.name, f"cleanup failed: {exc}"
+        finally:
+            conn.close()
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(64, len(nodes)))) as pool:
+            return {name: left for name, left in pool.map(one, nodes) if left}
+    finally:
+        with _ACTIVE_LOCK:
+            _ACTIVE.pop(rundir, None)
+
+
+def cleanup_active() -> dict[str, dict[str, str]]:
+    """Clean up every launch that has not ended (the run is being stopped)."""
+    with _ACTIVE_LOCK:
+        active = dict(_ACTIVE)
+    return {rundir: clean_up(rundir, nodes) for rundir, nodes in active.items()}
 
 
 def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float

@@ -1,8 +1,9 @@
 """The pytest plugin behind ``invoke conformance``: inventory-driven nodes, a per-host
 PASS / FAIL / SKIP summary with reasons, and a JSON report.
 
-Checks that take a ``node`` argument run once per selected host; checks without it
-run once for the fleet (reachability matrix, multi-node AllReduce).
+Checks that take a ``node`` argument run once per selected host, on every host at once
+(``gpufleet.conformance.parallel``); checks without it run once for the fleet
+(reachability matrix, multi-node AllReduce).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from gpufleet.conformance.launch import cleanup_active
+from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connection import ConnectOptions
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
@@ -26,6 +29,8 @@ FLEET = "fleet"
 CONFORMANCE_TIMEOUT_S = 3600.0
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 RESULTS_KEY = pytest.StashKey[list["Result"]]()
+PARALLEL_KEY = pytest.StashKey[FleetParallel]()
+RUN_KEY = pytest.StashKey[NodeRun]()
 
 
 @dataclass
@@ -50,8 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpufleet", "gpufleet conformance")
     group.addoption("--gpufleet-inventory", help="inventory name or path")
     group.addoption("--gpufleet-limit", default=None, help="Ansible host pattern")
-    group.addoption("--gpufleet-pairs", default="all",
-                    help="reachability pairs: all, ring or sample:K")
+    group.addoption("--gpufleet-pairs", default="auto",
+                    help="reachability pairs: auto, all, ring or sample:K")
     group.addoption("--gpufleet-with-nccl-tests", action="store_true",
                     help="also run nccl-tests' all_reduce_perf where installed")
     group.addoption("--gpufleet-json", default=None, help="write the JSON report here")
@@ -100,6 +105,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("node", names, ids=names, indirect=True)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    parallel = FleetParallel(lambda name: _session(config).nodes[name],
+                             config.getoption("gpufleet_forks"))
+    parallel.collect(session.items)
+    config.stash[PARALLEL_KEY] = parallel
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A per-node check's item reports its node's share of the group's concurrent run."""
+    parallel = pyfuncitem.config.stash.get(PARALLEL_KEY, None)
+    run = parallel.run(pyfuncitem) if parallel is not None else None
+    if run is None:
+        return None
+    pyfuncitem.stash[RUN_KEY] = run
+    replay(pyfuncitem, run)
+    return True
+
+
 @pytest.fixture(scope="session")
 def conformance(request: pytest.FixtureRequest) -> ConformanceSession:
     """The run's nodes, options and report."""
@@ -131,6 +156,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Generator[None, Any, None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
+    if report.when == "call" and RUN_KEY in item.stash:
+        report.duration = item.stash[RUN_KEY].duration
     if report.when == "call" or (report.when == "setup" and not report.passed):
         callspec = getattr(item, "callspec", None)
         host = callspec.params.get("node", FLEET) if callspec else FLEET
@@ -199,4 +226,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             results=[r.to_dict() for r in results],
             data=state.report if state else {}))
     if state:
+        cleanup_active()
         state.close()

@@ -1,6 +1,18 @@
 """Cross-node reachability: short-lived listeners on targets, connects from sources, a
-matrix of open / refused / filtered / no route. Pairs run in parallel, and large fleets
-can use a covering ring or a sample instead of every pair."""
+matrix of open / refused / filtered / no route.
+
+Which pairs are probed is a strategy: ``all`` (every ordered pair; ``auto`` picks it up to
+256 nodes), ``ring`` (each node to its next and previous node) or ``sample:K`` (the ring
+plus K random targets per source; ``auto`` picks ``sample:8`` above 256 nodes). Every pair
+covers the rendezvous port and the range's ends and evenly spaced ports; beyond those,
+each target listens on a denser random sample of the range (one port in each of
+``random`` equal strata, different on every target and every run) that its sources share
+out between them, so the whole sample is probed once per target whatever the strategy.
+
+Connects leave from a source port outside the range (just below it), so the answer to a
+connect never travels to a port of the range: a node whose firewall drops traffic to the
+range is seen as unreachable from its sources, and never makes its sources look closed.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +20,7 @@ import functools
 import json
 import random
 import shlex
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,12 +33,25 @@ from gpufleet.errors import GpufleetError
 PROBE = PROBES / "reachability.py"
 CONNECT_TIMEOUT_S = 2.0
 PARALLEL_CONNECTS = 256
+AUTO_ALL_MAX = 256
+AUTO_SAMPLE = "sample:8"
+SOURCE_BAND = 4096
 T = TypeVar("T")
+
+
+def resolve_mode(mode: str, count: int) -> str:
+    """``auto`` as the strategy it stands for with ``count`` nodes; other modes unchanged."""
+    if mode == "auto":
+        return "all" if count <= AUTO_ALL_MAX else AUTO_SAMPLE
+    return mode
 
 
 def pairs(names: list[str], mode: str, seed: int = 0) -> list[tuple[str, str]]:
     """(source, target) pairs: ``all``, ``ring`` (each node to the next and the previous),
-    or ``sample:K`` (the ring plus K random targets per source)."""
+    ``sample:K`` (the ring plus K random targets per source) or ``auto``."""
+    mode = resolve_mode(mode, len(names))
+    if mode not in ("all", "ring") and not (mode.startswith("sample:") and mode[7:].isdigit()):
+        raise GpufleetError(f"--pairs must be auto, all, ring or sample:K, got {mode!r}")
     if len(names) < 2:
         return []
     if mode == "all":
@@ -34,21 +60,52 @@ def pairs(names: list[str], mode: str, seed: int = 0) -> list[tuple[str, str]]:
     ring |= {(names[(i + 1) % len(names)], names[i]) for i in range(len(names))}
     if mode == "ring":
         return sorted(ring)
-    if mode.startswith("sample:") and mode[7:].isdigit():
-        k = int(mode[7:])
-        rng = random.Random(seed)  # noqa: S311 - a reproducible sample, not a secret
-        chosen = set(ring)
-        for source in names:
-            others = [t for t in names if t != source]
-            chosen |= {(source, t) for t in rng.sample(others, min(k, len(others)))}
-        return sorted(chosen)
-    raise GpufleetError(f"--pairs must be all, ring or sample:K, got {mode!r}")
+    k = int(mode[7:])
+    rng = random.Random(seed)  # noqa: S311 - a reproducible sample, not a secret
+    chosen = set(ring)
+    for source in names:
+        others = [t for t in names if t != source]
+        chosen |= {(source, t) for t in rng.sample(others, min(k, len(others)))}
+    return sorted(chosen)
 
 
 def probe_ports(rendezvous: int, low: int, high: int, samples: int) -> list[int]:
     """The rendezvous port, both ends of the range and evenly spaced ports between."""
     between = [low + (high - low) * k // (samples + 1) for k in range(1, samples + 1)]
     return sorted({rendezvous, low, high, *between})
+
+
+def random_ports(low: int, high: int, count: int, key: str, seed: int) -> list[int]:
+    """One random port in each of ``count`` equal strata of ``low``-``high``: any closed
+    stretch at least twice a stratum wide holds a probed port. ``key`` and ``seed`` make
+    the sample differ from target to target and run to run."""
+    span = high - low + 1
+    count = max(0, min(count, span))
+    rng = random.Random(zlib.crc32(f"{seed}:{key}".encode()))  # noqa: S311 - not a secret
+    bounds = [low + span * i // count for i in range(count + 1)] if count else []
+    return [rng.randrange(bounds[i], bounds[i + 1]) for i in range(count)]
+
+
+def share(sample: list[int], sources: list[str], source: str) -> list[int]:
+    """The part of a target's random sample that ``source`` probes: the sample dealt out
+    round-robin over the target's sources, so together they probe all of it."""
+    index = sources.index(source)
+    return [port for j, port in enumerate(sample) if j % len(sources) == index]
+
+
+def source_band(low: int, high: int, rendezvous: int) -> tuple[int, int] | None:
+    """Source ports for connects, outside the range and apart from the rendezvous port: just
+    below the range, else just above it; None when the range leaves no room."""
+    if low - 1 >= 1024 + 1:
+        band = (max(1024, low - SOURCE_BAND), low - 1)
+    elif high + 1 <= 65535:
+        band = (high + 1, min(65535, high + SOURCE_BAND))
+    else:
+        return None
+    if band[0] <= rendezvous <= band[1]:
+        band = (rendezvous + 1, band[1]) if band[1] - rendezvous > rendezvous - band[0] \
+            else (band[0], rendezvous - 1)
+    return band if band[0] <= band[1] else None
 
 
 @dataclass
@@ -58,10 +115,17 @@ class Matrix:
     ports: list[int]
     results: dict[tuple[str, str, int], str] = field(default_factory=dict)
     listeners: dict[str, str] = field(default_factory=dict)
+    mode: str = "all"
+    sampled: dict[str, list[int]] = field(default_factory=dict)
 
     def failures_to(self, target: str) -> dict[int, list[str]]:
         """Port -> "source (state)" for every non-open connection to ``target``."""
         return self._failures.get(target, {})
+
+    def blocked(self, source: str, target: str) -> list[int]:
+        """The ports ``target`` did not accept from ``source``."""
+        return sorted(p for (s, t, p), state in self.results.items()
+                      if s == source and t == target and state != "open")
 
     @functools.cached_property
     def _failures(self) -> dict[str, dict[int, list[str]]]:
@@ -77,7 +141,20 @@ class Matrix:
         table: dict[str, dict[str, dict[str, str]]] = {}
         for (source, target, port), state in sorted(self.results.items()):
             table.setdefault(source, {}).setdefault(target, {})[str(port)] = state
-        return {"ports": self.ports, "matrix": table, "listeners": self.listeners}
+        return {"mode": self.mode, "ports": self.ports, "random_ports": self.sampled,
+                "matrix": table, "listeners": self.listeners}
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """What every pair probes: fixed ports, and the range each target samples from."""
+
+    fixed: list[int]
+    low: int
+    high: int
+    random: int = 0
+    seed: int = 0
+    source_ports: tuple[int, int] | None = None
 
 
 @functools.cache
@@ -89,8 +166,9 @@ def _python(node: Node) -> str:
     return str(node.var("conformance_python", "python3"))
 
 
-def start_listener(node: Node, ports: list[int], lifetime_s: float) -> tuple[str, str]:
-    """Start the listener on ``node``; return (pid, note)."""
+def start_listener(node: Node, ports: list[int], lifetime_s: float
+                   ) -> tuple[str, list[int], list[int]]:
+    """Start the listener on ``node``; return (pid, bound ports, ports already in use)."""
     command = shlex.join([_python(node), "-c", _script(), "listen", str(lifetime_s),
                           ",".join(map(str, ports))])
     result = node.run(command, timeout=30)
@@ -98,40 +176,61 @@ def start_listener(node: Node, ports: list[int], lifetime_s: float) -> tuple[str
         raise GpufleetError(f"listener on {node.name} failed: "
                             f"{(result.stderr or result.stdout).strip()[-200:]}")
     info = json.loads(result.stdout.strip().splitlines()[-1])
-    note = f"ports already in use: {info['busy']}" if info["busy"] else "ok"
-    return str(info["pid"]), note
+    return str(info["pid"]), list(info["bound"]), list(info["busy"])
 
 
-def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matrix:
-    """Listeners on every target, connects from every source, all in parallel."""
+def run_matrix(session: ConformanceSession, ports: list[int] | PortSpec, mode: str,
+               seed: int = 0) -> Matrix:
+    """Listeners on every target, connects from every source of the strategy, in parallel."""
     nodes = {n: node for n, node in session.nodes.items() if node.facts is not None}
-    wanted = pairs(list(nodes), mode)
+    resolved = resolve_mode(mode, len(nodes))
+    spec = ports if isinstance(ports, PortSpec) else PortSpec(sorted(ports), 0, -1)
+    return measure(nodes, pairs(list(nodes), resolved, seed), spec, resolved,
+                   workers=min(64, session.forks))
+
+
+def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpec,
+            mode: str = "all", workers: int = 64) -> Matrix:
+    """Probe ``wanted`` (source, target) pairs of ``nodes`` on the ports of ``spec``."""
     targets = sorted({t for _, t in wanted})
+    sources_of: dict[str, list[str]] = {}
     targets_of: dict[str, list[str]] = {}
     for source, target in wanted:
         targets_of.setdefault(source, []).append(target)
-    sources = sorted(targets_of)
-    matrix = Matrix(ports)
-    busiest = max((len(t) for t in targets_of.values()), default=0) * len(ports)
+        sources_of.setdefault(target, []).append(source)
+    matrix = Matrix(spec.fixed, mode=mode)
+    for target in targets:
+        matrix.sampled[target] = sorted(set(
+            random_ports(spec.low, spec.high, spec.random, target, spec.seed)) - set(spec.fixed))
+    busiest = max((sum(len(spec.fixed) + len(matrix.sampled[t]) // len(sources_of[t]) + 1
+                       for t in ts) for ts in targets_of.values()), default=0)
     connecting = connect_time(busiest)
     lifetime = 60.0 + connecting
     pids: dict[str, str] = {}
-    workers = max(1, min(64, len(nodes)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        listeners = list(pool.map(
-            lambda t: _try(lambda: start_listener(nodes[t], ports, lifetime)), targets))
-        started = dict(zip(targets, listeners, strict=True))
-        for target, (value, error) in started.items():
-            if error:
-                matrix.listeners[target] = error
-            elif value is not None:
-                pids[target], matrix.listeners[target] = value
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as pool:
+        listening = list(pool.map(lambda t: _try(lambda: start_listener(
+            nodes[t], spec.fixed + matrix.sampled[t], lifetime)), targets))
+        for target, (value, error) in zip(targets, listening, strict=True):
+            if error or value is None:
+                matrix.listeners[target] = str(error)
+                continue
+            pids[target], _, busy = value
+            fixed_busy = sorted(set(busy) & set(spec.fixed))
+            matrix.sampled[target] = [p for p in matrix.sampled[target] if p not in busy]
+            matrix.listeners[target] = (f"ports already in use: {fixed_busy}" if fixed_busy
+                                        else "ok")
+
+        def plan_of(source: str) -> list[tuple[str, int]]:
+            return [(t, p) for t in targets_of[source]
+                    for p in spec.fixed + share(matrix.sampled[t], sources_of[t], source)]
 
         def connect_from(source: str) -> dict[str, str]:
-            plan = [[t, nodes[t].host.address, p] for t in targets_of[source] for p in ports]
-            command = shlex.join([_python(nodes[source]), "-c", _script(), "connect",
-                                  str(CONNECT_TIMEOUT_S), str(PARALLEL_CONNECTS)])
-            result = nodes[source].run(command, timeout=30 + connecting,
+            plan = [[t, nodes[t].host.address, p] for t, p in plan_of(source)]
+            args = [_python(nodes[source]), "-c", _script(), "connect", str(CONNECT_TIMEOUT_S),
+                    str(PARALLEL_CONNECTS)]
+            if spec.source_ports:
+                args.append(f"{spec.source_ports[0]}-{spec.source_ports[1]}")
+            result = nodes[source].run(shlex.join(args), timeout=30 + connecting,
                                        stdin=json.dumps(plan).encode())
             if not result.ok:
                 raise GpufleetError(f"connect probe on {source} failed: "
@@ -139,13 +238,13 @@ def run_matrix(session: ConformanceSession, ports: list[int], mode: str) -> Matr
             states: dict[str, str] = json.loads(result.stdout.strip().splitlines()[-1])
             return states
 
+        sources = sorted(targets_of)
         connected = list(pool.map(lambda s: _try(lambda: connect_from(s)), sources))
         for source, (states, error) in zip(sources, connected, strict=True):
-            for t in targets_of[source]:
-                for port in ports:
-                    state = f"unknown: {error}" if error or states is None \
-                        else states.get(f"{t} {port}", "unknown")
-                    matrix.results[(source, t, port)] = state
+            for target, port in plan_of(source):
+                state = f"unknown: {error}" if error or states is None \
+                    else states.get(f"{target} {port}", "unknown")
+                matrix.results[(source, target, port)] = state
         list(pool.map(lambda t: nodes[t].run(f"kill {shlex.quote(pids[t])} 2>/dev/null; true",
                                              timeout=30), pids))
     return matrix

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import testinfra.backend.base
 import testinfra.host
@@ -15,11 +16,12 @@ from gpufleet.connection import Budget, CommandResult, Connection, ConnectOption
 from gpufleet.drift import consistency_request
 from gpufleet.engine import active_roles, fact_request
 from gpufleet.facts import FactRequest, Facts, gather_facts
-from gpufleet.fleet import FleetOptions, TaskResult, host_timeout, run_fleet
+from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, TaskResult, host_timeout, run_fleet
 from gpufleet.inventory import Host, Inventory
 from gpufleet.role import RoleVars
 
 CHECK_TIMEOUT_S = 120.0
+T = TypeVar("T")
 
 
 class GpufleetBackend(testinfra.backend.base.BaseBackend):  # type: ignore[misc]
@@ -106,6 +108,7 @@ class ConformanceSession:
     options: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
     _report_lock: threading.Lock = field(default_factory=threading.Lock)
+    _once: dict[str, tuple[threading.Lock, list[Any]]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, inventory: Inventory, hosts: list[Host], fleet: FleetOptions,
@@ -123,6 +126,28 @@ class ConformanceSession:
                 node.budget.start(host_timeout(host, fleet))
             nodes[host.name] = node
         return cls(inventory, nodes, options)
+
+    @property
+    def forks(self) -> int:
+        """How many nodes a check works on at once (``--forks``)."""
+        fleet = self.options.get("fleet")
+        return fleet.forks if isinstance(fleet, FleetOptions) else DEFAULT_FORKS
+
+    def ready(self) -> list[Node]:
+        """The selected nodes whose facts were gathered, in inventory order."""
+        return [n for n in self.nodes.values() if n.facts is not None]
+
+    def once(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()`` run once per run for every check (and every node's thread) that
+        asks for ``key``; the others wait for it and share its value. A raised exception
+        is not kept: the next caller computes again."""
+        with self._report_lock:
+            lock, box = self._once.setdefault(key, (threading.Lock(), []))
+        with lock:
+            if not box:
+                box.append(compute())
+            value: T = box[0]
+            return value
 
     def add_report(self, suite: str, key: str, value: Any) -> None:
         """Attach data (a matrix, a bandwidth table) to the JSON report."""

@@ -1,6 +1,8 @@
 """The local lab cluster: nodes in network namespaces with their own sshd and overlay root.
 
-Each node is a network namespace on a bridge the lab creates, plus a persistent
+Each node is a network namespace on a bridge the lab creates (a /16: node01-node239 keep
+their addresses in the lab's first /24, ``<subnet>.11``-``.249``, and further nodes fill
+the next /24s, 240 to each), plus a persistent
 mount and UTS namespace (bound under ``<root>/ns``) in which /etc, /var, /opt,
 /usr and /root are copy-on-write overlays of the controller's directories, /tmp,
 /run and /dev/shm are private, and its own sshd listens on the node's address.
@@ -9,6 +11,7 @@ mount and UTS namespace (bound under ``<root>/ns``) in which /etc, /var, /opt,
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import re
 import shlex
@@ -30,7 +33,13 @@ from gpufleet.lab.repo import KEYRING, build_repo, repo_dir
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 
 OVERLAID = ("etc", "var", "opt", "usr", "root")
-MAX_NODES = 200
+MAX_NODES = 1000
+FIRST_BLOCK = 239  # nodes in the first /24: .11 to .249 (.250 and .251 are side namespaces)
+PER_BLOCK = 240  # nodes in each further /24: .10 to .249
+PREFIX = 16
+# The kernel's neighbour table is shared by every namespace: a lab of N nodes that all talk
+# to each other needs about N*N entries (the default hard limit is 1024).
+NEIGH_PER_NODE_PAIR = 2
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "mount", "umount", "sshd", "ssh-keygen",
                   "dpkg-deb", "dpkg-scanpackages", "nft")
 INSTALL_HINT = ("install them with: apt-get install iproute2 util-linux openssh-server dpkg-dev "
@@ -51,6 +60,22 @@ class LabConfig:
     @property
     def bridge(self) -> str:
         return f"{self.name}-br"
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        """The bridge's network: the /16 that holds the lab's first /24."""
+        return ipaddress.ip_network(f"{self.subnet}.0/{PREFIX}", strict=False)  # type: ignore[return-value]
+
+    def address(self, index: int) -> str:
+        """Node ``index``'s address: ``<subnet>.(10+index)`` up to node239, then 240 nodes to
+        each following /24."""
+        if index <= FIRST_BLOCK:
+            return f"{self.subnet}.{10 + index}"
+        a, b, c = (int(x) for x in self.subnet.split("."))
+        block, offset = divmod(index - FIRST_BLOCK - 1, PER_BLOCK)
+        if c + 1 + block > 255:
+            raise LabError(f"node{index:02d} does not fit in {self.network}")
+        return f"{a}.{b}.{c + 1 + block}.{10 + offset}"
 
     @property
     def controller_address(self) -> str:
@@ -108,7 +133,7 @@ class Node:
 
     @property
     def address(self) -> str:
-        return f"{self.lab.subnet}.{10 + self.index}"
+        return self.lab.address(self.index)
 
     @property
     def netns(self) -> str:
@@ -342,6 +367,7 @@ class Lab:
         if not 1 <= count <= MAX_NODES:
             raise LabError(f"--nodes must be between 1 and {MAX_NODES}, got {count}")
         self._prepare_controller()
+        self._size_neighbour_table(count)
         for node in self.nodes():
             if node.index > count:
                 self._destroy_node(node)
@@ -421,7 +447,8 @@ class Lab:
         if not _link_exists(cfg.bridge):
             self._check_subnet_free()
             localcmd.run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
-            localcmd.run(["ip", "addr", "add", f"{cfg.controller_address}/24", "dev", cfg.bridge])
+            localcmd.run(["ip", "addr", "add", f"{cfg.controller_address}/{PREFIX}", "dev",
+                          cfg.bridge])
         localcmd.run(["ip", "link", "set", cfg.bridge, "up"])
 
     def _ensure_anchor(self) -> None:
@@ -435,11 +462,30 @@ class Lab:
         pidfile.write_text(f"{proc.pid}\n")
 
     def _check_subnet_free(self) -> None:
-        routes = localcmd.run(["ip", "-4", "route", "show"]).stdout
-        prefix = f"{self.config.subnet}.0/24"
-        if prefix in routes:
-            raise LabError(f"subnet {prefix} is already routed on this machine; "
-                           "choose another lab subnet")
+        network = self.config.network
+        for line in localcmd.run(["ip", "-4", "route", "show"]).stdout.splitlines():
+            first = line.split()[0] if line.split() else ""
+            try:
+                routed = ipaddress.ip_network(first, strict=False)
+            except ValueError:
+                continue
+            if routed.prefixlen > 0 and routed.overlaps(network):
+                raise LabError(f"the lab's network {network} overlaps {routed}, already routed "
+                               "on this machine; choose another lab subnet")
+
+    @staticmethod
+    def _size_neighbour_table(count: int) -> None:
+        """Raise the kernel's neighbour table limits (never lower them) to what ``count``
+        nodes talking to each other need."""
+        needed = NEIGH_PER_NODE_PAIR * count * count
+        for name, share in (("gc_thresh1", 8), ("gc_thresh2", 2), ("gc_thresh3", 1)):
+            path = Path("/proc/sys/net/ipv4/neigh/default") / name
+            try:
+                current = int(path.read_text())
+            except (OSError, ValueError):
+                return
+            if current < needed // share:
+                path.write_text(f"{needed // share}\n")
 
     def _ensure_node(self, node: Node) -> None:
         """Start a node that is not running. A node whose network namespace and link
@@ -466,7 +512,7 @@ class Lab:
                       "netns", node.netns])
         localcmd.run(["ip", "link", "set", node.veth, "master", cfg.bridge, "up"])
         ns = ["ip", "-n", node.netns]
-        localcmd.run([*ns, "addr", "add", f"{node.address}/24", "dev", "eth0"])
+        localcmd.run([*ns, "addr", "add", f"{node.address}/{PREFIX}", "dev", "eth0"])
         localcmd.run([*ns, "link", "set", "eth0", "up"])
         localcmd.run([*ns, "link", "set", "lo", "up"])
 
@@ -565,8 +611,10 @@ class Lab:
         localcmd.require_tools(("ip", "umount"), INSTALL_HINT)
         cfg = self.config
         LabSlurm(cfg).stop()
-        for node in self.nodes():
-            self._destroy_node(node)
+        nodes = self.nodes()
+        self._stop_everything(nodes)
+        for node in nodes:
+            self._destroy_node(node, forget=False)
         for name in self._stray_netns():
             self._delete_netns(name)
         if _link_exists(cfg.bridge):
@@ -591,6 +639,15 @@ class Lab:
             return []
         return sorted(p.name for p in run_netns.iterdir() if p.name.startswith(prefix))
 
+    def _stop_everything(self, nodes: list[Node]) -> None:
+        """End every process of every node in one pass over /proc (a large lab's tear-down
+        would otherwise scan /proc twice per node)."""
+        inodes = {i for n in nodes for i in (_ns_inode(n.mnt_ns) if _mounted(n.mnt_ns) else None,
+                                             _ns_inode(Path("/run/netns", n.netns)))
+                  if i is not None}
+        if inodes:
+            _kill_all(_pids_in_namespaces(inodes), inodes)
+
     def _stop_node(self, node: Node) -> None:
         inodes = {i for i in (_ns_inode(node.mnt_ns) if _mounted(node.mnt_ns) else None,
                               _ns_inode(Path("/run/netns", node.netns))) if i is not None}
@@ -601,14 +658,19 @@ class Lab:
                 localcmd.run(["umount", str(ns_file)])
         node.sshd_pidfile.unlink(missing_ok=True)
 
-    def _destroy_node(self, node: Node, keep_files: bool = False) -> None:
+    def _destroy_node(self, node: Node, keep_files: bool = False, forget: bool = True) -> None:
+        """Stop a node and delete its namespaces and link; with ``forget``, the controller
+        and the other nodes drop its MAC address (a node made again at the address must be
+        reachable at once)."""
+        existed = _netns_exists(node.netns) or _link_exists(node.veth)
         self._stop_node(node)
         self._delete_netns(node.netns)
-        localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
-        for other in self.nodes():
-            if other.index != node.index and _netns_exists(other.netns):
-                localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to", node.address],
-                             check=False)
+        if forget and existed:
+            localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
+            for other in self.nodes():
+                if other.index != node.index and _netns_exists(other.netns):
+                    localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to",
+                                  node.address], check=False)
         if _link_exists(node.veth):
             localcmd.run(["ip", "link", "del", node.veth], check=False)
         if not keep_files:
@@ -645,7 +707,7 @@ class Lab:
             localcmd.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
                           "netns", name])
             localcmd.run(["ip", "link", "set", veth, "master", cfg.bridge, "up"])
-            localcmd.run(["ip", "-n", name, "addr", "add", f"{address}/24", "dev", "eth0"])
+            localcmd.run(["ip", "-n", name, "addr", "add", f"{address}/{PREFIX}", "dev", "eth0"])
             localcmd.run(["ip", "-n", name, "link", "set", "eth0", "up"])
             localcmd.run(["ip", "-n", name, "link", "set", "lo", "up"])
         return name

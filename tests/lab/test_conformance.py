@@ -142,7 +142,12 @@ def test_invoke_conformance_fails_when_a_check_fails(provisioned: Path, tmp_path
     doc = json.loads((tmp_path / "r.json").read_text())
     failed = [r for r in doc["results"] if r["outcome"] == "fail"]
     assert [(r["check"], r["host"]) for r in failed] == [
-        ("test_ephemeral_ports_inside_the_open_range", "node01")]
+        ("test_ephemeral_ports_inside_the_open_range", "node01"),
+        ("test_firewall_opens_every_ephemeral_port", "node01")]
     assert failed[0]["message"].startswith(
         "net.ipv4.ip_local_port_range is 32768-60999, outside the open range 49152-65535")
+    assert failed[1]["message"] == (
+        "net.ipv4.ip_local_port_range is 32768-60999 but the firewall "
+        "(/etc/gpufleet/firewall.nft) opens only 22, 29500, 49152-65535: ephemeral ports "
+        "32768-49151 are closed")
     assert app.conformance_cmd(str(provisioned), suites="nosuch") == 2

@@ -50,8 +50,8 @@ def test_every_required_suite_passing_certifies(tmp_path: Path) -> None:
 
 def test_a_collection_error_never_certifies(tmp_path: Path) -> None:
     fake = FakeConformance((2, None))
-    with pytest.raises(GpufleetError, match=r"^the stack,firewall,gpu,rdma,allreduce suites did not run "
-                                            r"\(conformance exit 2\)$"):
+    with pytest.raises(GpufleetError, match=r"^the stack,firewall,gpu,rdma,allreduce suites did "
+                                            r"not run \(conformance exit 2\)$"):
         certify(certifier(tmp_path, fake), "gpu17", None, ["stack"])
 
 

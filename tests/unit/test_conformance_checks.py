@@ -136,6 +136,6 @@ def test_reachability_pairs_and_ports() -> None:
     sample = pairs(names, "sample:1")
     assert set(pairs(names, "ring")) <= set(sample) and sample == pairs(names, "sample:1")
     assert pairs(["a"], "all") == []
-    with pytest.raises(GpufleetError, match="--pairs must be all, ring or sample:K"):
+    with pytest.raises(GpufleetError, match="--pairs must be auto, all, ring or sample:K"):
         pairs(names, "some")
     assert probe_ports(29500, 49152, 65535, 3) == [29500, 49152, 53247, 57343, 61439, 65535]

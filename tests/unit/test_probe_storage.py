@@ -151,3 +151,27 @@ def test_a_failed_write_leaves_no_file(
     assert code == EXIT_PATH
     assert "No space left on device" in lines[0]["message"]
     assert list((tmp_path / TEST_DIR).iterdir()) == [tmp_path / TEST_DIR / "small"]
+
+
+def test_prepare_writes_the_files_and_a_timed_start_reports_its_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    code, lines = probe(capsys, "--path", str(tmp_path), *SMALL, "--prepare")
+    assert code == 0
+    assert lines == [{"event": "prepared", "path": str(tmp_path.resolve()), "created_files": 52}]
+    assert len(files(tmp_path / TEST_DIR)) == 52
+
+    start_at = time.time() + 1.0
+    code, lines = probe(capsys, "--path", str(tmp_path), *SMALL, "--start-at", str(start_at))
+    assert code == 0
+    [result] = lines
+    assert result["created_files"] == 0
+    assert result["late_s"] == 0.0
+    assert start_at <= result["seq_start"] < result["seq_end"] < start_at + 30
+    assert result["seq_read_mbps"] > 0
+
+    past = time.time() - 5
+    _, [late] = probe(capsys, "--path", str(tmp_path), *SMALL, "--start-at", str(past))
+    assert late["late_s"] >= 5

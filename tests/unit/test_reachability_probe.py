@@ -41,3 +41,35 @@ def test_the_connect_budget_grows_with_the_plan() -> None:
     assert connect_time(256) == 4.0
     assert connect_time(257) == 6.0
     assert connect_time(640 * 639 * 6) > 600
+
+
+def test_connects_leave_from_the_source_band_and_the_port_is_free_again_at_once() -> None:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    seen: list[int] = []
+
+    def accept() -> None:
+        for _ in range(2):
+            conn, peer = listener.accept()
+            seen.append(peer[1])
+            conn.close()
+
+    import threading
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    band = "40100-40100"
+    try:
+        for run in range(2):  # the same 4-tuple twice in a row: no TIME_WAIT in between
+            proc = subprocess.run([sys.executable, str(PROBE), "connect", "2", "8", band],
+                                  input=json.dumps([["t", "127.0.0.1", port]]).encode(),
+                                  capture_output=True, timeout=60, check=False)
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout.decode().splitlines()[-1]) == {f"t {port}": "open"}, run
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+    assert seen == [40100, 40100]
