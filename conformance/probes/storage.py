@@ -7,8 +7,9 @@ Test files live in ``PATH/.gpufleet-storage/``: one large file per reader and ma
 ones, written once with fixed content (through a temporary name, renamed only when complete
 and synced) and reused by later runs. Before each test the probe asks the kernel to drop them
 from the page cache, then measures sequential reads (every reader thread its own file) and
-reads of the small files in a shuffled order. Sizes on the command line are binary (KiB, MiB,
-GiB); rates are in MB/s of 1e6 bytes.
+reads of the small files in a shuffled order; with ``--trials K`` each test runs K times
+(every time from a dropped cache) and the result carries every trial and their medians.
+Sizes on the command line are binary (KiB, MiB, GiB); rates are in MB/s of 1e6 bytes.
 
 Several nodes read at the same moment when each is first run with ``--prepare`` (write the
 files, print ``prepared``) and then with ``--start-at EPOCH``: the reads begin at that wall
@@ -32,6 +33,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--block-mb", type=common.positive_int, default=16, help="MiB per read call"
+    )
+    parser.add_argument(
+        "--trials", type=common.positive_int, default=1, help="timed reads of each kind"
     )
     parser.add_argument("--cleanup", action="store_true", help="remove the test files and exit")
     parser.add_argument("--prepare", action="store_true", help="write the test files and exit")
@@ -222,18 +227,27 @@ def run(args: argparse.Namespace) -> int:
         common.emit("prepared", path=str(base), created_files=created)
         return EXIT_OK
 
-    problem = _drop_cache(large)
     block = args.block_mb * MIB
     late = _wait_until(args.start_at)
     seq_start = time.time()
-    seq_bytes, seq_s = _timed_reads(args.readers, [(_read_whole, p, block) for p in large])
+    seq: list[float] = []
+    seq_bytes, problem = 0, ""
+    for _ in range(args.trials):
+        problem = problem or _drop_cache(large)
+        count, seconds = _timed_reads(args.readers, [(_read_whole, p, block) for p in large])
+        seq_bytes += count
+        seq.append(count / seconds / 1e6)
     seq_end = time.time()
 
-    problem = problem or _drop_cache(small)
-    order = list(small)
-    random.Random(SEED).shuffle(order)
-    shares = [(_read_small, order[k :: args.readers]) for k in range(args.readers)]
-    small_bytes, small_s = _timed_reads(args.readers, shares)
+    files, mbps = [], []
+    for trial in range(args.trials):
+        problem = problem or _drop_cache(small)
+        order = list(small)
+        random.Random(SEED + trial).shuffle(order)
+        shares = [(_read_small, order[k :: args.readers]) for k in range(args.readers)]
+        small_bytes, small_s = _timed_reads(args.readers, shares)
+        files.append(len(small) / small_s)
+        mbps.append(small_bytes / small_s / 1e6)
 
     fields: dict[str, Any] = {"note": problem} if problem else {}
     if args.start_at is not None:
@@ -241,14 +255,17 @@ def run(args: argparse.Namespace) -> int:
     common.emit(
         "result",
         path=str(base),
-        seq_read_mbps=seq_bytes / seq_s / 1e6,
+        seq_read_mbps=statistics.median(seq),
+        seq_trials=seq,
         readers=args.readers,
         bytes_read=seq_bytes,
-        small_files_per_s=len(small) / small_s,
-        small_read_mbps=small_bytes / small_s / 1e6,
+        small_files_per_s=statistics.median(files),
+        small_trials=files,
+        small_read_mbps=statistics.median(mbps),
         small_files=len(small),
         created_files=created,
         cache_dropped=not problem,
+        trials=args.trials,
         **fields,
     )
     return EXIT_OK

@@ -48,12 +48,13 @@ class StorageRun:
         return {"nodes": self.results, "errors": self.errors, "aggregate": self.aggregate()}
 
 
-def probe_args(node: Node) -> list[str]:
-    """The probe's sizes from the node's variables."""
+def probe_args(node: Node, trials: int = 1) -> list[str]:
+    """The probe's sizes from the node's variables, and its trials."""
     return ["--path", str(node.var("storage_dataset_path")),
             "--file-gb", str(node.var("storage_file_gb", 1)),
             "--readers", str(node.var("storage_readers", 4)),
-            "--small-files", str(node.var("storage_small_files", 2000))]
+            "--small-files", str(node.var("storage_small_files", 2000)),
+            "--trials", str(trials)]
 
 
 def _failure(output: NodeOutput) -> str:
@@ -66,8 +67,9 @@ def _event(output: NodeOutput, name: str) -> dict[str, Any] | None:
     return next((e for e in output.events if e.get("event") == name), None)
 
 
-def run_storage(nodes: list[Node], forks: int) -> StorageRun:
-    """Prepare the files on every node, then read from all of them at once."""
+def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
+    """Prepare the files on every node, then read from all of them at once (``trials``
+    timed reads of each kind, back to back)."""
     run = StorageRun()
     if not nodes:
         return run
@@ -94,8 +96,8 @@ def run_storage(nodes: list[Node], forks: int) -> StorageRun:
     def read(node: Node) -> tuple[str, dict[str, Any] | None, str | None]:
         timeout = float(node.var("storage_timeout_s", 900)) + max(0.0, start_at - time.time())
         try:
-            output = run_script(node, "storage",
-                                [*probe_args(node), "--start-at", f"{start_at:.3f}"], timeout)
+            output = run_script(node, "storage", [*probe_args(node, trials), "--start-at",
+                                                  f"{start_at:.3f}"], timeout)
         except GpufleetError as exc:
             return node.name, None, str(exc)
         result = _event(output, "result")
