@@ -11,6 +11,10 @@ allreduce_timeout_s (600), allreduce_bisect_timeout_s (3x the slowest single-nod
 least 20 s), allreduce_cpu_procs (1), allreduce_port (29500),
 allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330}}),
 topology_domain or groups named rack*/leaf* (topology_group_prefixes).
+
+Alone, every size is timed ``perf_trials`` times and gated on the median (the largest size
+against the threshold; every size against the node's baseline with --compare-baseline), and
+a median just under its gate is re-measured with more trials.
 """
 
 from __future__ import annotations
@@ -23,15 +27,19 @@ import pytest
 from gpufleet import parsers
 from gpufleet.conformance.allreduce import (
     figure,
+    gpu_model,
     hierarchical,
     port_of,
     probe_args,
     problem,
     run_allreduce,
+    threshold,
     timeout_of,
 )
+from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.errors import ParseError
 
 
@@ -49,11 +57,23 @@ def _alone(conformance: ConformanceSession) -> dict[str, ProbeRun]:
     def measure() -> dict[str, ProbeRun]:
         nodes = conformance.ready()
         with ThreadPoolExecutor(max_workers=max(1, min(conformance.forks, len(nodes)))) as pool:
-            runs = pool.map(lambda n: run_allreduce([n], probe_args(n), timeout_of(n),
-                                                    port_of(n)), nodes)
+            runs = pool.map(lambda n: _run_alone(n, settings(n.host).trials), nodes)
             return {n.name: r for n, r in zip(nodes, runs, strict=True)}
 
     return conformance.once("allreduce-alone", measure)
+
+
+def _run_alone(node: Node, trials: int) -> ProbeRun:
+    return run_allreduce([node], [*probe_args(node), "--trials", str(trials)], timeout_of(node),
+                         port_of(node))
+
+
+def _busbw_trials(run: ProbeRun) -> dict[str, list[float]]:
+    """busbw of every trial by figure name (``allreduce.busbw.<bytes>``), for runs of more
+    than one process (one process moves no bytes between ranks)."""
+    return {f"allreduce.busbw.{r['size']}": [float(x) for x in r.get("busbw_trials")
+                                              or [r["busbw"]]]
+            for r in run.results if int(r["world_size"]) > 1}
 
 
 def test_each_node_alone(node: Node, conformance: ConformanceSession,
@@ -62,8 +82,25 @@ def test_each_node_alone(node: Node, conformance: ConformanceSession,
     conformance.add_report("allreduce", f"single {node.name}", run.to_dict())
     _record(run, record_property)
     assert not run.leftovers, f"processes left behind: {run.leftovers}"
-    found = problem(run, node, 1)
-    assert found is None, found
+    error = run.error()
+    assert error is None, error
+    largest = run.largest
+    assert largest is not None
+    first = _busbw_trials(run)
+    floor = threshold(node, 1)
+    figures = [Figure(name, "GB/s", floor if name.endswith(f".{largest['size']}") else None)
+               for name in first]
+
+    def measure(trials: int) -> dict[str, list[float]]:
+        again = _run_alone(node, trials)
+        assert again.error() is None, f"the re-measurement failed: {again.error()}"
+        return _busbw_trials(again)
+
+    verdicts = judge_node(node, conformance.options.get("baseline"), figures, measure,
+                          first=first, cost_s=run.duration)
+    record_property("verdicts", properties(verdicts))
+    problems = failures(verdicts)
+    assert not problems, (f"{gpu_model(node)} x1 node: " + "; ".join(problems))
 
 
 def test_all_nodes_together(conformance: ConformanceSession,

@@ -1,17 +1,25 @@
 """p2p: GPU-to-GPU copy bandwidth for every GPU pair, and host-to-device / device-to-host,
-through PyTorch, against thresholds per GPU model; the slow pair is named.
+through PyTorch, against thresholds per GPU model (and, with --compare-baseline, the node's
+own baseline); every copy is timed ``perf_trials`` times after a warm-up, gated on the
+median, and a median just under its gate is re-measured with more trials; the slow pair is
+named.
 
-Variables: p2p_min_gbps ({model: GB/s}), h2d_min_gbps ({model: GB/s}), p2p_size_mb (1024).
+Variables: p2p_min_gbps ({model: GB/s}), h2d_min_gbps ({model: GB/s}, also for d2h),
+p2p_size_mb (1024), p2p_timeout_s (600), perf_trials and the other verdict variables.
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from conformance.probes.p2p import slow_pairs
+from conformance.probes.p2p import trials_by_figure
 from gpufleet.conformance.allreduce import gpu_model
-from gpufleet.conformance.launch import run_script
+from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.verdict import Figure, failures, properties, settings
 
 
 def _threshold(node: Node, key: str) -> float | None:
@@ -19,24 +27,34 @@ def _threshold(node: Node, key: str) -> float | None:
     return None if value is None else float(value)
 
 
+def _run(node: Node, trials: int) -> NodeOutput:
+    output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb", 1024)),
+                                      "--trials", str(trials)],
+                        float(node.var("p2p_timeout_s", 600)))
+    if output.rc != 0:
+        pytest.fail(f"unknown: the p2p probe failed (exit {output.rc}): {output.stderr_tail}")
+    return output
+
+
 def test_p2p_bandwidth(node: Node, conformance: ConformanceSession,
                        record_property: pytest.RecordProperty) -> None:
     if not node.facts.get("gpus"):  # type: ignore[union-attr]
         pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
-    output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb", 1024))], 600)
-    if output.rc != 0:
-        pytest.fail(f"unknown: the p2p probe failed (exit {output.rc}): {output.stderr_tail}")
+    start = time.monotonic()
+    output = _run(node, settings(node.host).trials)
+    cost = time.monotonic() - start
     pairs = [e for e in output.events if e.get("event") == "pair"]
     h2d = [e for e in output.events if e.get("event") in ("h2d", "d2h")]
     conformance.add_report("p2p", node.name, {"pairs": pairs, "host": h2d})
     record_property("pairs", {f"{p['src']}->{p['dst']}": round(p["gbps"], 1) for p in pairs})
     record_property("host", {f"{e['event']}{e['gpu']}": round(e["gbps"], 1) for e in h2d})
-    problems = []
-    minimum = _threshold(node, "p2p_min_gbps")
-    if minimum is not None:
-        problems += slow_pairs(pairs, minimum)
-    host_minimum = _threshold(node, "h2d_min_gbps")
-    if host_minimum is not None:
-        problems += [f"GPU{e['gpu']} {e['event']} {e['gbps']:.1f} GB/s < {host_minimum:g} GB/s"
-                     for e in h2d if e["gbps"] < host_minimum]
+    first = trials_by_figure(pairs + h2d)
+    pair_floor, host_floor = _threshold(node, "p2p_min_gbps"), _threshold(node, "h2d_min_gbps")
+    figures = [Figure(name, "GB/s", pair_floor if name.startswith("p2p.") else host_floor)
+               for name in first]
+    verdicts = judge_node(
+        node, conformance.options.get("baseline"), figures,
+        lambda trials: trials_by_figure(_run(node, trials).events), first=first, cost_s=cost)
+    record_property("verdicts", properties(verdicts))
+    problems = failures(verdicts)
     assert not problems, "; ".join(problems)

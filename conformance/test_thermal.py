@@ -5,21 +5,26 @@ cooling cannot keep up). The curves are saved as CSV and PNG beside the report.
 
 Variables: thermal_seconds (300), thermal_size (8192), thermal_max_temp_c (85, or
 gpu_max_temp_c), thermal_mirror_threshold (-0.8), thermal_min_clock_drop (0.05),
-thermal_warmup_s (15: clocks fall from idle boost to their power-capped level first).
+thermal_warmup_s (15: clocks fall from idle boost to their power-capped level first),
+thermal_min_tflops (none): each GPU's matmul TFLOPS in ``perf_trials`` equal windows after
+the warm-up, gated on their median (and, with --compare-baseline, on the node's baseline).
 """
 
 from __future__ import annotations
 
 import csv
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance.probes.thermal import thermal_verdict
-from gpufleet.conformance.launch import run_script
+from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.verdict import Figure, failures, properties, settings
 
 PLOTTING = threading.Lock()  # pyplot is not thread-safe, and every node's soak ends at once
 COLUMNS = ("t", "gpu", "temp_c", "power_w", "sm_mhz", "reasons", "hw_thermal",
@@ -57,13 +62,31 @@ def save_curves(samples: list[dict[str, Any]], directory: Path, name: str) -> li
     return [csv_path, png_path]
 
 
+def _soak(node: Node, trials: int) -> NodeOutput:
+    seconds = float(node.var("thermal_seconds", 300))
+    return run_script(node, "thermal", [
+        "--seconds", str(seconds), "--size", str(node.var("thermal_size", 8192)),
+        "--trials", str(trials), "--warmup-s", str(_warmup(node))], seconds + 300)
+
+
+def _warmup(node: Node) -> float:
+    return float(node.var("thermal_warmup_s", 15))
+
+
+def _tflops(output: NodeOutput) -> dict[str, list[float]]:
+    """Each GPU's TFLOPS in every window of the soak, by figure name."""
+    summary = next((e for e in output.events if e.get("event") == "summary"), {})
+    return {f"thermal.tflops.GPU{gpu}": [float(x) for x in windows]
+            for gpu, windows in enumerate(summary.get("tflops_trials") or []) if windows}
+
+
 def test_thermal_soak(node: Node, conformance: ConformanceSession,
                       record_property: pytest.RecordProperty) -> None:
     if not node.facts.get("gpus"):  # type: ignore[union-attr]
         pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
-    seconds = float(node.var("thermal_seconds", 300))
-    output = run_script(node, "thermal", ["--seconds", str(seconds), "--size",
-                                          str(node.var("thermal_size", 8192))], seconds + 300)
+    start = time.monotonic()
+    output = _soak(node, settings(node.host).trials)
+    cost = time.monotonic() - start
     skip = next((e for e in output.events if e.get("event") == "skip"), None)
     if skip:
         pytest.skip(skip["reason"])
@@ -83,6 +106,12 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     problems = thermal_verdict(
         samples, float(node.var("thermal_max_temp_c", node.var("gpu_max_temp_c", 85))),
         float(node.var("thermal_mirror_threshold", -0.8)),
-        float(node.var("thermal_min_clock_drop", 0.05)),
-        float(node.var("thermal_warmup_s", 15)))
+        float(node.var("thermal_min_clock_drop", 0.05)), _warmup(node))
+    first = _tflops(output)
+    floor = node.var("thermal_min_tflops")
+    figures = [Figure(name, "TFLOPS", None if floor is None else float(floor)) for name in first]
+    verdicts = judge_node(node, conformance.options.get("baseline"), figures,
+                          lambda trials: _tflops(_soak(node, trials)), first=first, cost_s=cost)
+    record_property("verdicts", properties(verdicts))
+    problems += failures(verdicts)
     assert not problems, "; ".join(problems)

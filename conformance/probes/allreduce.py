@@ -5,7 +5,8 @@ PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe run
 controller can import ``parse_sizes`` and ``bus_bandwidth`` without it.
 
 Every rank prints ``phase`` lines (start, rendezvous_done, first_collective_done, done) so a
-hung run can be pinned to a phase; rank 0 prints a ``result`` line per message size and a
+hung run can be pinned to a phase; rank 0 prints a ``result`` line per message size (with
+``--trials K``, busbw of every timing in ``busbw_trials`` and their median) and a
 ``summary``. A rank that runs out of memory prints an ``error`` line.
 
 Exit status: 0 when every element summed right, 2 when any was wrong, 3 on a memory error,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import sys
 import time
 from typing import TYPE_CHECKING, NamedTuple
@@ -92,9 +94,10 @@ def _cycle_sum(world_size: int, cycle: int) -> int:
 class Measurement(NamedTuple):
     """One message size, agreed by all ranks."""
 
-    seconds: float  # the slowest rank's time per all-reduce
+    seconds: float  # the slowest rank's time per all-reduce (median of the trials)
     wrong: int  # elements off the expected sum, over all ranks
-    iters: int  # timed all-reduces
+    iters: int  # timed all-reduces per trial
+    trials: list[float]  # the slowest rank's time per all-reduce in each trial
 
 
 def _sizes(text: str) -> list[int]:
@@ -131,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=common.positive_float,
         default=120.0,
         help="timeout of init_process_group and of each collective",
+    )
+    parser.add_argument(
+        "--trials",
+        type=common.positive_int,
+        default=1,
+        help="timings of --iters all-reduces per size (busbw is their median)",
     )
     parser.add_argument(
         "--max-seconds-per-size",
@@ -170,6 +179,7 @@ def measure(
     iters: int,
     warmup: int,
     max_seconds: float | None,
+    trials: int = 1,
 ) -> Measurement:
     """Check one all-reduce of ``view`` filled with ``fill``, then time ``iters`` more."""
     import torch.distributed as dist
@@ -184,10 +194,12 @@ def measure(
         iters, warmup = min(iters, fit), min(warmup, fit)
     for _ in range(warmup):
         dist.all_reduce(view)
-    common.barrier(view.device)
-    seconds = common.slowest(_timed(view, iters), view.device)
+    times = []
+    for _ in range(trials):
+        common.barrier(view.device)
+        times.append(common.slowest(_timed(view, iters), view.device))
     dist.all_reduce(wrong)
-    return Measurement(seconds, int(wrong.item()), iters)
+    return Measurement(statistics.median(times), int(wrong.item()), iters, times)
 
 
 def _allocate(count: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, str]:
@@ -279,6 +291,7 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
                 iters=iters,
                 warmup=warmup,
                 max_seconds=args.max_seconds_per_size,
+                trials=args.trials,
             )
         except Exception as exc:
             if not common.is_memory_error(exc):
@@ -300,6 +313,7 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
                 world_size=place.world_size,
                 backend=backend,
                 iters=got.iters,
+                busbw_trials=[bus_bandwidth(size, t, place.world_size)[1] for t in got.trials],
             )
 
     _report_summary(place, backend, device, len(counts))

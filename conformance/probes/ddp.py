@@ -5,7 +5,8 @@ PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe run
 controller can import ``scaling_efficiency`` and ``loss_trend`` without it.
 
 Every rank trains on its share of a synthetic regression set (``y = X @ W + noise`` from a
-fixed seed) through a ``DistributedSampler``: warm-up steps, then timed steps, after which
+fixed seed) through a ``DistributedSampler``: warm-up steps, then ``--trials`` runs of
+timed steps (``trials``: samples/s of each; the result is their median), after which
 the ranks compare parameter checksums and losses; then steps under ``no_sync()``, without
 the gradient all-reduce, whose time gives the share of a step spent communicating. The
 default model (width 1024, depth 4) costs about 1.3 GFLOP a step at batch 64; ``--width
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -85,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=common.positive_int,
         default=5,
         help="untimed steps before them, the first step among them",
+    )
+    parser.add_argument(
+        "--trials",
+        type=common.positive_int,
+        default=1,
+        help="times the --steps are timed, back to back (the result is their median)",
     )
     parser.add_argument(
         "--comm-steps",
@@ -272,7 +280,11 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
     place.phase("first_step_done")
     for _ in range(args.warmup_steps - 1):
         losses.append(trainer.step())
-    sync_s = common.slowest(trainer.timed(args.steps, losses), device) / args.steps
+    step_s = [
+        common.slowest(trainer.timed(args.steps, losses), device) / args.steps
+        for _ in range(args.trials)
+    ]
+    sync_s = statistics.median(step_s)
     spread = _checksum_spread(trainer.model)
     loss_first, loss_last = loss_trend(_mean_losses(losses, place.world_size))
     nosync_s = None
@@ -290,6 +302,7 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
             backend=backend,
             steps=args.steps,
             samples_per_s=place.world_size * args.batch_size / sync_s,
+            trials=[place.world_size * args.batch_size / t for t in step_s],
             step_time_s=sync_s,
             nosync_step_time_s=nosync_s,
             comm_share=None if nosync_s is None else max(0.0, 1 - nosync_s / sync_s),

@@ -2,11 +2,12 @@
 
 It is copied to a node with ``probe_common.py`` and runs there on the standard library and
 PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
-controller can import ``slow_pairs`` without it.
+controller can import ``trials_by_figure`` without it.
 
 For every ordered pair of GPUs it times ``dst.copy_(src, non_blocking=True)`` with CUDA
 events after a warm-up, and likewise host-to-device and device-to-host copies from pinned
-memory; GB/s are 1e9 bytes per second. It prints a ``pair`` line per pair, an ``h2d`` and a
+memory; GB/s are 1e9 bytes per second. With ``--trials K`` every copy is timed K times
+(``trials``) and ``gbps`` is their median. It prints a ``pair`` line per pair, an ``h2d`` and a
 ``d2h`` line per GPU and a ``summary``. Without a CUDA GPU it prints one ``skip`` line.
 
 Exit status: 0 when every copy was timed (or skipped), 3 when a buffer did not fit in
@@ -18,6 +19,7 @@ memory, 64 on a bad command line.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +40,22 @@ MIB = 1024**2
 WARMUP = 2  # untimed copies before each timing
 
 
-def slow_pairs(pairs: Sequence[dict[str, Any]], min_gbps: float) -> list[str]:
-    """One sentence per ``pair`` line below ``min_gbps``; other events are passed over."""
-    return [
-        f"GPU{pair['src']}->GPU{pair['dst']} {pair['gbps']:.1f} GB/s < {min_gbps:g} GB/s"
-        for pair in pairs
-        if pair.get("event", "pair") == "pair" and pair["gbps"] < min_gbps
-    ]
+def figure_name(line: dict[str, Any]) -> str:
+    """The name a ``pair``, ``h2d`` or ``d2h`` line's figure is gated and recorded under:
+    ``p2p.GPU0->GPU1``, ``h2d.GPU0``, ``d2h.GPU0``."""
+    if line.get("event", "pair") == "pair":
+        return f"p2p.GPU{line['src']}->GPU{line['dst']}"
+    return f"{line['event']}.GPU{line['gpu']}"
+
+
+def trials_by_figure(lines: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Every copy's timings (``trials``, or its one ``gbps``) by figure name; other events
+    are passed over."""
+    return {
+        figure_name(line): [float(x) for x in line.get("trials") or [line["gbps"]]]
+        for line in lines
+        if line.get("event", "pair") in ("pair", "h2d", "d2h")
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--size-mb", type=common.positive_int, default=1024, help="MiB per copy (default 1024)"
     )
     parser.add_argument("--iters", type=common.positive_int, default=10, help="timed copies")
+    parser.add_argument(
+        "--trials", type=common.positive_int, default=1, help="timings of every copy (median)"
+    )
     return parser
 
 
@@ -77,6 +91,13 @@ def _gbps(dst: torch.Tensor, src: torch.Tensor, timer: int, iters: int) -> float
         end.synchronize()
         seconds = start.elapsed_time(end) / 1e3
     return src.numel() * src.element_size() * iters / seconds / 1e9
+
+
+def _trials(dst: torch.Tensor, src: torch.Tensor, timer: int, args: argparse.Namespace
+            ) -> dict[str, Any]:
+    """``gbps`` (the median) and ``trials`` (every timing) of ``args.trials`` timings."""
+    trials = [_gbps(dst, src, timer, args.iters) for _ in range(args.trials)]
+    return {"gbps": statistics.median(trials), "trials": trials}
 
 
 def _buffers(size: int, gpus: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
@@ -113,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
                     "pair",
                     src=i,
                     dst=j,
-                    gbps=_gbps(targets[j], sources[i], i, args.iters),
+                    **_trials(targets[j], sources[i], i, args),
                     peer_access=torch.cuda.can_device_access_peer(i, j),
                 )
     for i in range(gpus):
-        common.emit("h2d", gpu=i, gbps=_gbps(targets[i], host, i, args.iters))
-        common.emit("d2h", gpu=i, gbps=_gbps(host, sources[i], i, args.iters))
+        common.emit("h2d", gpu=i, **_trials(targets[i], host, i, args))
+        common.emit("d2h", gpu=i, **_trials(host, sources[i], i, args))
     common.emit("summary", gpus=gpus, devices=[torch.cuda.get_device_name(i) for i in range(gpus)])
     return EXIT_OK
 

@@ -4,7 +4,8 @@ It is copied to a node with ``probe_common.py`` and runs there on the standard l
 PyTorch >= 2.1 on Python >= 3.9 alone. torch is imported only when the probe runs, so the
 controller can import ``parse_sample_line``, ``mirror_score`` and ``thermal_verdict``.
 
-One ``sample`` line per GPU and interval, then a ``summary`` with each GPU's matmul TFLOPS.
+One ``sample`` line per GPU and interval, then a ``summary`` with each GPU's matmul TFLOPS
+over the whole load and in ``--trials`` equal windows after ``--warmup-s`` (``tflops_trials``).
 GPU numbers are nvidia-smi's indices; torch is set to the same PCI bus order. Without a CUDA
 GPU it prints one ``skip`` line.
 
@@ -191,7 +192,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interval-s", type=common.positive_float, default=1.0, help="seconds between samples"
     )
+    parser.add_argument(
+        "--trials", type=common.positive_int, default=1, help="windows TFLOPS are reported for"
+    )
+    parser.add_argument(
+        "--warmup-s", type=float, default=0.0, help="load before the windows"
+    )
     return parser
+
+
+def window_tflops(
+    marks: Sequence[tuple[float, int]], size: int, warmup_s: float, trials: int
+) -> list[float]:
+    """TFLOPS in each of ``trials`` equal windows from ``warmup_s`` to the last mark, from
+    ``(seconds since the start, matmuls completed)`` marks (interpolated between them)."""
+    warmup_s = max(0.0, warmup_s)
+    if len(marks) < 2 or marks[-1][0] <= warmup_s:
+        return []
+
+    def done_at(t: float) -> float:
+        if t <= marks[0][0]:
+            return float(marks[0][1]) * t / marks[0][0] if marks[0][0] > 0 else 0.0
+        for k in range(1, len(marks)):
+            (t0, n0), (t1, n1) = marks[k - 1], marks[k]
+            if t <= t1:
+                return n0 + (n1 - n0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return float(marks[-1][1])
+
+    width = (marks[-1][0] - warmup_s) / trials
+    edges = [warmup_s + i * width for i in range(trials + 1)]
+    return [
+        2 * size**3 * (done_at(edges[i + 1]) - done_at(edges[i])) / width / 1e12
+        for i in range(trials)
+    ]
 
 
 def _query(fields: Sequence[str]) -> list[str]:
@@ -255,8 +288,11 @@ class _Sampler(threading.Thread):
         self.join(timeout=30)
 
 
-def _load(index: int, size: int, seconds: float, tflops: list[float | None]) -> None:
-    """Back-to-back bf16 matmuls on GPU ``index`` for ``seconds``; TFLOPS into ``tflops``."""
+def _load(
+    index: int, size: int, seconds: float, tflops: list[float | None], marks: list[Any]
+) -> None:
+    """Back-to-back bf16 matmuls on GPU ``index`` for ``seconds``; TFLOPS into ``tflops``,
+    ``(seconds, matmuls completed)`` at every completed batch into ``marks``."""
     import torch
 
     device = torch.device("cuda", index)
@@ -277,17 +313,23 @@ def _load(index: int, size: int, seconds: float, tflops: list[float | None]) -> 
             done += _BATCH
             if len(queued) > 2:
                 queued.pop(0).synchronize()
+                marks.append((time.perf_counter() - start, done - _BATCH * len(queued)))
         torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
+    marks.append((elapsed, done))
     tflops[index] = 2 * size**3 * done / elapsed / 1e12
 
 
 def _guarded_load(
-    index: int, size: int, seconds: float, tflops: list[float | None], errors: list[str]
+    index: int,
+    size: int,
+    seconds: float,
+    results: tuple[list[float | None], list[Any]],
+    errors: list[str],
 ) -> None:
     """``_load``, reporting a failure of the GPU as an ``error`` line."""
     try:
-        _load(index, size, seconds, tflops)
+        _load(index, size, seconds, results[0], results[1][index])
     except Exception as exc:
         common.emit("error", gpu=index, message=str(exc))
         errors.append(str(exc))
@@ -306,12 +348,15 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_SAMPLER
     gpus = torch.cuda.device_count()
     tflops: list[float | None] = [None] * gpus
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(gpus)]
     errors: list[str] = []
     sampler = _Sampler(command, args.interval_s, time.time())
     sampler.start()
     start = time.perf_counter()
     workers = [
-        threading.Thread(target=_guarded_load, args=(i, args.size, args.seconds, tflops, errors))
+        threading.Thread(
+            target=_guarded_load, args=(i, args.size, args.seconds, (tflops, marks), errors)
+        )
         for i in range(gpus)
     ]
     for worker in workers:
@@ -323,7 +368,10 @@ def run(args: argparse.Namespace) -> int:
     if sampler.count == 0:
         common.emit("error", message="nvidia-smi printed no samples")
         return EXIT_SAMPLER
-    common.emit("summary", seconds=seconds, gpus=gpus, tflops_per_gpu=tflops)
+    windows = [window_tflops(m, args.size, args.warmup_s, args.trials) for m in marks]
+    common.emit(
+        "summary", seconds=seconds, gpus=gpus, tflops_per_gpu=tflops, tflops_trials=windows
+    )
     return EXIT_LOAD if errors else EXIT_OK
 
 

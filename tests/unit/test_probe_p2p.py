@@ -1,29 +1,29 @@
-"""The P2P probe: ``slow_pairs``, its command line and the skip without a GPU."""
+"""The P2P probe: ``trials_by_figure``, its command line and the skip without a GPU."""
 
 from __future__ import annotations
 
 import json
 
-from conformance.probes.p2p import slow_pairs
+from conformance.probes.p2p import trials_by_figure
 from tests.probe_runs import needs_torch, run_without_gpu
 
 
-def test_slow_pairs_names_each_pair_below_the_threshold() -> None:
+def test_trials_by_figure_names_every_copy() -> None:
     lines = [
-        {"event": "pair", "src": 0, "dst": 1, "gbps": 12.34, "peer_access": False},
+        {"event": "pair", "src": 0, "dst": 1, "gbps": 12.0, "trials": [11.0, 12.0, 13.0],
+         "peer_access": False},
         {"event": "pair", "src": 1, "dst": 0, "gbps": 380.0, "peer_access": True},
-        {"event": "pair", "src": 1, "dst": 2, "gbps": 299.96, "peer_access": True},
-        {"event": "h2d", "gpu": 0, "gbps": 50.0},
-        {"event": "summary", "gpus": 3, "devices": ["H200"] * 3},
+        {"event": "h2d", "gpu": 0, "gbps": 50.0, "trials": [49.0, 50.0, 51.0]},
+        {"event": "d2h", "gpu": 0, "gbps": 52.0, "trials": [52.0, 52.0, 53.0]},
+        {"event": "summary", "gpus": 2, "devices": ["H200"] * 2},
     ]
-    assert slow_pairs(lines, 300) == [
-        "GPU0->GPU1 12.3 GB/s < 300 GB/s",
-        "GPU1->GPU2 300.0 GB/s < 300 GB/s",
-    ]
-    assert slow_pairs(lines, 12.5) == ["GPU0->GPU1 12.3 GB/s < 12.5 GB/s"]
-    assert slow_pairs(lines, 10) == []
-    assert slow_pairs([], 300) == []
-    assert slow_pairs([{"src": 2, "dst": 3, "gbps": 1.0}], 2) == ["GPU2->GPU3 1.0 GB/s < 2 GB/s"]
+    assert trials_by_figure(lines) == {
+        "p2p.GPU0->GPU1": [11.0, 12.0, 13.0],
+        "p2p.GPU1->GPU0": [380.0],  # a line from a probe without --trials: its one figure
+        "h2d.GPU0": [49.0, 50.0, 51.0],
+        "d2h.GPU0": [52.0, 52.0, 53.0],
+    }
+    assert trials_by_figure([]) == {}
 
 
 @needs_torch
