@@ -143,15 +143,20 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
                  pairs="reachability pairs: auto (all up to 256 nodes), all, ring, sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
-                              "(gpufleet_scheduler), resume the ones that now pass"))
+                              "(gpufleet_scheduler), resume the ones that now pass",
+                 record_baseline="record each passing node's performance figures on the node "
+                                 "(/etc/gpufleet/baseline.json)",
+                 compare_baseline="gate performance figures at max(floor, baseline_fraction "
+                                  "x the node's baseline) and report the trend"))
 def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None,
                 pairs="auto", with_nccl_tests=False, forks=None, timeout=None,
-                drain_failed=False):
+                drain_failed=False, record_baseline=False, compare_baseline=False):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
                               fleet=_fleet(c, forks, None, None, False, timeout),
-                              drain_failed=drain_failed))
+                              drain_failed=drain_failed, record_baseline=record_baseline,
+                              compare_baseline=compare_baseline))
 
 
 @task(help={"inventory": FLEET_HELP["inventory"], "host": "the new node (inventory name)",

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes, scheduler
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
+from gpufleet.conformance import verdict
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
 from gpufleet.errors import GpufleetError
@@ -391,13 +392,15 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
                     junit_path: str | None = None, json_path: str | None = None,
                     pairs: str = "auto", with_nccl_tests: bool = False,
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
-                    drain_failed: bool = False) -> int:
+                    drain_failed: bool = False, record_baseline: bool = False,
+                    compare_baseline: bool = False) -> int:
     """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
     import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     fleet.options(target, "conformance")
     validate(target.hosts, role_registry.ALL)
+    verdict.check_hosts(target.hosts)
     if drain_failed:
         scheduler.check(target.hosts)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
@@ -411,6 +414,8 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
         args += ["--gpufleet-limit", limit]
     if with_nccl_tests:
         args.append("--gpufleet-with-nccl-tests")
+    args += ["--gpufleet-record-baseline"] * record_baseline
+    args += ["--gpufleet-compare-baseline"] * compare_baseline
     if drain_failed and not json_path:
         json_path = str(Path(tempfile.mkdtemp(prefix="gpufleet-conformance-")) / "c.json")
     if json_path:

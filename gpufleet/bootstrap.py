@@ -50,6 +50,7 @@ NODE_SCHEMA = "gpufleet.node/1"
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
 LOCAL_SUITES = "stack,firewall,gpu,rdma,allreduce"
 PAIR_SUITES = "reachability,allreduce"
+BASELINE_SUITES = "ddp,p2p,storage,thermal"  # run at certification for the node's baseline
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0
 
@@ -359,13 +360,14 @@ class Certifier:
     workdir: Path
     recertify: bool = False
 
-    def run(self, limit: str, suites: str, keyword: str, required: list[str]
-            ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def run(self, limit: str, suites: str, keyword: str, required: list[str], *,
+            record_baseline: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
         """One conformance run that must complete (pytest exit 0), fail nothing, and pass
-        each required suite at least once."""
+        each required suite at least once; ``record_baseline`` records the node's figures."""
         report = self.workdir / f"{suites.replace(',', '-')}.json"
         code = self.run_conformance(self.inventory_name, limit=limit, suites=suites,
-                                    json_path=str(report), extra_args=["-k", keyword])
+                                    json_path=str(report), extra_args=["-k", keyword],
+                                    **({"record_baseline": True} if record_baseline else {}))
         if not report.exists():
             raise GpufleetError(f"the {suites} suites did not run (conformance exit {code})")
         _, results = _suite_results(report)
@@ -387,9 +389,15 @@ class Certifier:
 
 def certify(certifier: Certifier, host: str, peer: str | None, required: list[str]
             ) -> tuple[str, dict[str, Any]]:
-    """Node-local suites on the node, then reachability and a two-node AllReduce with peer."""
-    results, local = certifier.run(host, LOCAL_SUITES, "not nccl_tests", required)
+    """Node-local suites on the node, then the performance suites (both record the node's
+    baseline), then reachability and a two-node AllReduce with peer."""
+    results, local = certifier.run(host, LOCAL_SUITES, "not nccl_tests", required,
+                                   record_baseline=True)
     summary = {"local": local}
+    perf, summary["baseline"] = certifier.run(host, BASELINE_SUITES,
+                                              "not across_nodes and not aggregate", [],
+                                              record_baseline=True)
+    results += perf
     if peer:
         pair, summary["pair"] = certifier.run(f"{peer}:{host}", PAIR_SUITES,
                                               "reachable_from or all_nodes_together",

@@ -157,7 +157,7 @@ class BaselineStore:
         with self._lock:
             return sorted(self._measured)
 
-    def write(self, node: BaselineNode, conn_put: Callable[[str, bytes], None]) -> str:
+    def write(self, node: BaselineNode, conn_put: Callable[..., None]) -> str:
         """Record the node's measured medians (merged into its file); what was written."""
         with self._lock:
             measured = dict(self._measured.get(node.name, {}))
@@ -167,7 +167,7 @@ class BaselineStore:
             old = self._known.get(node.name) or self._load(node)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         figures = merge(old.figures or {}, measured, stamp)
-        conn_put(self.path, render(node.name, figures))
+        conn_put(self.path, render(node.name, figures), mode=0o644)
         return f"recorded {len(measured)} figures in {self.path}"
 
 

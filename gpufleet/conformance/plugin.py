@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from gpufleet.conformance.baseline import BASELINE_FILE, BaselineStore
 from gpufleet.conformance.launch import cleanup_active
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connection import ConnectOptions
+from gpufleet.errors import GpufleetError
 from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
 from gpufleet.inventory_source import load_source
 from gpufleet.report.jsonfile import envelope, write_json
@@ -31,6 +33,7 @@ SESSION_KEY = pytest.StashKey[ConformanceSession]()
 RESULTS_KEY = pytest.StashKey[list["Result"]]()
 PARALLEL_KEY = pytest.StashKey[FleetParallel]()
 RUN_KEY = pytest.StashKey[NodeRun]()
+BASELINES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 
 
 @dataclass
@@ -66,6 +69,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpufleet-connect-timeout", type=float, default=10.0)
     group.addoption("--gpufleet-timeout", type=float, default=None,
                     help="seconds each node may take for the whole run")
+    group.addoption("--gpufleet-record-baseline", action="store_true",
+                    help=f"record each passing node's figures in {BASELINE_FILE} on the node")
+    group.addoption("--gpufleet-compare-baseline", action="store_true",
+                    help="gate figures at max(floor, baseline_fraction x the node's baseline)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,8 +102,37 @@ def _session(config: pytest.Config) -> ConformanceSession:
             "artifacts": Path(artifacts),
             "pairs": config.getoption("gpufleet_pairs"),
             "with_nccl_tests": config.getoption("gpufleet_with_nccl_tests"),
-            "fleet": fleet})
+            "fleet": fleet, "baseline": _baseline_store(config)})
     return config.stash[SESSION_KEY]
+
+
+def _baseline_store(config: pytest.Config) -> BaselineStore | None:
+    record = bool(config.getoption("gpufleet_record_baseline"))
+    compare = bool(config.getoption("gpufleet_compare_baseline"))
+    return BaselineStore(record=record, compare=compare) if record or compare else None
+
+
+def baselines(state: ConformanceSession, results: list[Result]) -> dict[str, dict[str, Any]]:
+    """Per node: the trend of its figures against its baseline (comparing), and whether its
+    figures were recorded (recording: only on a node that failed no check)."""
+    store = state.options.get("baseline")
+    if not isinstance(store, BaselineStore):
+        return {}
+    out = {}
+    for name in store.measured_nodes():
+        node = state.nodes[name]
+        entry = store.trend(node) if store.compare else {}
+        if store.record:
+            failed = sum(r.outcome == "fail" for r in results if r.host == name)
+            if failed:
+                entry["recorded"] = f"not recorded: {failed} check(s) failed"
+            else:
+                try:
+                    entry["recorded"] = store.write(node, node.conn.put)
+                except GpufleetError as exc:
+                    entry["recorded"] = f"not recorded: {exc}"
+        out[name] = entry
+    return out
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -210,6 +246,22 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                 skips.setdefault(r.message, []).append(f"{r.suite}/{r.check}")
         for reason, checks in skips.items():
             tr.write_line(f"{'':<{width}}    SKIP {plain(', '.join(checks))}: {plain(reason)}")
+        for line in trend_lines(config.stash.get(BASELINES_KEY, {}).get(host)):
+            tr.write_line(f"{'':<{width}}    {plain(line)}")
+
+
+def trend_lines(entry: dict[str, Any] | None) -> list[str]:
+    """A node's baseline trend and recording, as terminal lines."""
+    if not entry:
+        return []
+    lines = [f"BASELINE {entry['fallback']}"] if entry.get("fallback") else []
+    for name, f in entry.get("figures", {}).items():
+        if f.get("baseline"):
+            lines.append(f"TREND {name}: {f['now']:.4g} {f['unit']} now vs baseline "
+                         f"{f['baseline']:.4g} ({f['ratio']:.2f}x)")
+    if entry.get("recorded"):
+        lines.append(f"BASELINE {entry['recorded']}")
+    return lines
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -217,6 +269,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = config.getoption("gpufleet_json", None)
     state = config.stash.get(SESSION_KEY, None)
     results = config.stash.get(RESULTS_KEY, [])
+    config.stash[BASELINES_KEY] = baselines(state, results) if state else {}
     if path:
         write_json(path, envelope(
             "gpufleet.conformance/1",
@@ -224,6 +277,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             hosts=host_summary(results),
             results=[r.to_dict() for r in results],
+            baselines=config.stash[BASELINES_KEY],
             data=state.report if state else {}))
     if state:
         cleanup_active()

@@ -41,11 +41,18 @@ def certifier(tmp_path: Path, fake: FakeConformance) -> Certifier:
 def test_every_required_suite_passing_certifies(tmp_path: Path) -> None:
     fake = FakeConformance(
         (0, [result("stack", "pass"), result("allreduce", "pass"), result("gpu", "skip")]),
+        (0, [result("storage", "pass"), result("thermal", "skip")]),
         (0, [result("reachability", "pass"), result("allreduce", "pass")]))
     detail, data = certify(certifier(tmp_path, fake), "gpu17", "gpu03", ["stack", "allreduce"])
-    assert detail == "4 checks passed with peer gpu03"
+    assert detail == "5 checks passed with peer gpu03"
     assert data["conformance"]["local"] == {"pass": 2, "fail": 0, "skip": 1}
-    assert [c["limit"] for c in fake.calls] == ["gpu17", "gpu03:gpu17"]
+    assert data["conformance"]["baseline"] == {"pass": 1, "fail": 0, "skip": 1}
+    assert [c["limit"] for c in fake.calls] == ["gpu17", "gpu17", "gpu03:gpu17"]
+    # the node-local and the performance suites record the node's baseline; the pair does not
+    assert [c["suites"] for c in fake.calls] == ["stack,firewall,gpu,rdma,allreduce",
+                                                 "ddp,p2p,storage,thermal",
+                                                 "reachability,allreduce"]
+    assert [c.get("record_baseline", False) for c in fake.calls] == [True, True, False]
 
 
 def test_a_collection_error_never_certifies(tmp_path: Path) -> None:
