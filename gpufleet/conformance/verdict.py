@@ -149,7 +149,8 @@ class Verdict:
         """``NAME median X UNIT of k trials (spread Y%), gate Z (source)`` and the
         re-measurement, if any."""
         f = self.figure
-        text = (f"{f.name} median {_number(self.median)} {f.unit} of {len(self.values)} "
+        unit = f" {f.unit}" if f.unit else ""
+        text = (f"{f.name} median {_number(self.median)}{unit} of {len(self.values)} "
                 f"trials (spread {spread(self.values):.0%})")
         gate = self.gate
         if gate.value is not None:
