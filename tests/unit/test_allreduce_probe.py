@@ -123,6 +123,18 @@ def test_torchrun_on_gloo(ranks: int, dtype: str, itemsize: int) -> None:
 
 
 @needs_torch
+def test_trials_time_every_size_again_and_report_the_median() -> None:
+    import statistics
+
+    code, lines = torchrun(2, "--trials", "3")
+    assert code == 0, lines
+    for result in events(lines, "result"):
+        assert len(result["busbw_trials"]) == 3
+        assert result["busbw"] == pytest.approx(statistics.median(result["busbw_trials"]))
+        assert result["iters"] == 2  # per trial
+
+
+@needs_torch
 def test_single_process_without_torchrun() -> None:
     code, lines = run_probe(
         [

@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "backend",
     "steps",
     "samples_per_s",
+    "trials",
     "step_time_s",
     "nosync_step_time_s",
     "comm_share",
@@ -88,11 +89,13 @@ def test_param_checksums_see_any_change() -> None:
 
 @needs_torch
 def test_torchrun_on_gloo_learns_and_agrees() -> None:
-    code, lines = run_probe([*LAUNCH, *TINY, "--lr", "0.01"])
+    code, lines = run_probe([*LAUNCH, *TINY, "--lr", "0.01", "--trials", "3"])
     assert code == 0, lines
     check_phases(lines, 2, PHASES)
     [result] = events(lines, "result")
     assert set(result) == RESULT_KEYS
+    assert len(result["trials"]) == 3  # the timed steps ran three times; the median is reported
+    assert result["samples_per_s"] == pytest.approx(sorted(result["trials"])[1])
     assert (result["world_size"], result["nodes"], result["backend"]) == (2, 1, "gloo")
     assert (result["steps"], result["device"]) == (12, "cpu")
     assert result["params_identical"] is True

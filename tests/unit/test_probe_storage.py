@@ -175,3 +175,17 @@ def test_prepare_writes_the_files_and_a_timed_start_reports_its_window(
     past = time.time() - 5
     _, [late] = probe(capsys, "--path", str(tmp_path), *SMALL, "--start-at", str(past))
     assert late["late_s"] >= 5
+
+
+def test_trials_read_every_kind_again_and_report_their_medians(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import statistics
+
+    code, [result] = probe(capsys, "--path", str(tmp_path), *SMALL, "--trials", "3")
+    assert code == 0
+    assert result["trials"] == 3
+    assert len(result["seq_trials"]) == 3 and len(result["small_trials"]) == 3
+    assert result["seq_read_mbps"] == statistics.median(result["seq_trials"])
+    assert result["small_files_per_s"] == statistics.median(result["small_trials"])
+    assert result["bytes_read"] == 3 * 2 * 8 * 1024**2  # two readers' files, three times

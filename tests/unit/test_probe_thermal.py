@@ -306,3 +306,17 @@ def test_without_a_gpu_it_skips() -> None:
     assert json.loads(skip) == {"event": "skip", "reason": "no CUDA GPU"}
     assert last == "False 0"
 
+
+
+def test_window_tflops_splits_the_load_after_the_warm_up() -> None:
+    from conformance.probes.thermal import window_tflops
+
+    steady = [(t * 0.5, t * 10) for t in range(41)]  # 20 matmuls a second for 20 s
+    flops = 2 * 1000**3 * 20 / 1e12
+    assert window_tflops(steady, 1000, 5.0, 3) == pytest.approx([flops] * 3)
+    halved = [(float(t), 10 * t if t <= 10 else 100 + 5 * (t - 10)) for t in range(21)]
+    assert window_tflops(halved, 1000, 0.0, 4) == pytest.approx(
+        [2 * 1000**3 * n / 1e12 for n in (10, 10, 5, 5)])
+    assert window_tflops([], 1000, 0.0, 3) == []
+    assert window_tflops([(1.0, 5)], 1000, 0.0, 3) == []  # one mark: no rate
+    assert window_tflops(steady, 1000, 30.0, 3) == []  # the load ended in the warm-up
