@@ -84,7 +84,8 @@ def test_storage_throughput(node: Node, conformance: ConformanceSession,
     record_property("verdicts", properties(verdicts))
     together = f" (with {len(run.results)} nodes reading at once)" if len(run.results) > 1 else ""
     problems += [f"{message}{together}" for message in failures(verdicts)]
-    if need is not None and not verdicts["storage.seq_read_mbps"].passed:
+    seq = verdicts.get("storage.seq_read_mbps")
+    if need is not None and seq is not None and seq.median < need[0]:
         problems.append(f"training needs {need[0]:.0f} MB/s per node ({need[1]})")
     assert not problems, "; ".join(problems)
 
