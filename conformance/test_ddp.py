@@ -110,10 +110,13 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
     record_property(f"throughput_{procs}", round(many["samples_per_s"], 1))
     record_property("efficiency", round(efficiency, 3))
     record_property("comm_share", many["comm_share"])
-    assert not problems, (
-        "; ".join(problems) + f" on {procs} processes ({many['samples_per_s']:.0f} vs {procs} x "
-        f"{one['samples_per_s']:.0f} samples/s); communication takes "
-        f"{many['comm_share']:.0%} of a step")
+    scaling = verdicts["ddp.efficiency"]
+    if not scaling.passed:
+        problems.insert(0, f"scaling efficiency {efficiency:.2f} on {procs} processes "
+                        f"({many['samples_per_s']:.0f} vs {procs} x {one['samples_per_s']:.0f} "
+                        f"samples/s) is under {scaling.gate.value:g}; communication takes "
+                        f"{many['comm_share']:.0%} of a step")
+    assert not problems, "; ".join(problems)
 
 
 def _across(nodes: list[Node], trials: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -150,5 +153,5 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
     record_property("verdicts", properties(verdicts))
     problems = failures(verdicts)
     assert not problems, (
-        f"across {len(nodes)} nodes: " + "; ".join(problems)
-        + f"; communication takes {together['comm_share']:.0%} of a step")
+        f"scaling efficiency across {len(nodes)} nodes {efficiency:.2f} is under {minimum:g}: "
+        + "; ".join(problems) + f"; communication takes {together['comm_share']:.0%} of a step")
