@@ -257,7 +257,8 @@ def trend_lines(entry: dict[str, Any] | None) -> list[str]:
     lines = [f"BASELINE {entry['fallback']}"] if entry.get("fallback") else []
     for name, f in entry.get("figures", {}).items():
         if f.get("baseline"):
-            lines.append(f"TREND {name}: {f['now']:.4g} {f['unit']} now vs baseline "
+            unit = f" {f['unit']}" if f["unit"] else ""
+            lines.append(f"TREND {name}: {f['now']:.4g}{unit} now vs baseline "
                          f"{f['baseline']:.4g} ({f['ratio']:.2f}x)")
     if entry.get("recorded"):
         lines.append(f"BASELINE {entry['recorded']}")
