@@ -116,3 +116,27 @@ def test_a_recorded_baseline_fails_the_throttled_node(
     assert f"{SEQ} median" in row["message"] and "of baseline" in row["message"]
     trend = doc["baselines"]["node01"]["figures"][SEQ]
     assert trend["baseline"] == baseline and trend["ratio"] < 0.25 and not trend["passed"]
+
+
+def test_allreduce_and_ddp_figures_are_recorded_per_size_on_a_provisioned_node(
+        lab: Lab, provisioned: Path, tmp_path: Path) -> None:
+    node_sh(lab, "node01", "rm -f /etc/gpufleet/baseline.json")
+    report = tmp_path / "figures.json"
+    code = app.conformance_cmd(str(provisioned), limit="node01", suites="allreduce,ddp",
+                               json_path=str(report), record_baseline=True,
+                               extra_args=["-k", "alone or within"])
+    doc = json.loads(report.read_text())
+    rows = {r["check"]: r for r in doc["results"]}
+    assert code == 0, doc["results"]
+    alone = rows["test_each_node_alone"]["properties"]["verdicts"]
+    # allreduce_sizes 64K,1M,8M on two gloo processes, each size timed perf_trials (5) times
+    assert sorted(alone) == [f"allreduce.busbw.{n}" for n in (1048576, 65536, 8388608)]
+    assert all(len(v["trials"]) == 5 and v["median"] > 0 for v in alone.values())
+    assert alone["allreduce.busbw.8388608"]["gate"] == 0.01  # the lab's cpu threshold
+    within = rows["test_ddp_within_the_node"]["properties"]["verdicts"]
+    assert sorted(within) == ["ddp.efficiency", "ddp.throughput_1"]
+    assert len(within["ddp.efficiency"]["trials"]) == 5
+    recorded = json.loads(node_sh(lab, "node01", "cat /etc/gpufleet/baseline.json"))["figures"]
+    assert sorted(recorded) == sorted([*alone, *within])
+    assert recorded["ddp.efficiency"]["value"] == within["ddp.efficiency"]["median"]
+    node_sh(lab, "node01", "rm -f /etc/gpufleet/baseline.json")
