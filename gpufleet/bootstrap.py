@@ -19,6 +19,7 @@ from typing import Any
 
 import roles as role_registry
 from gpufleet import __version__, exitcodes, scheduler
+from gpufleet.conformance import verdict
 from gpufleet.connection import (
     Budget,
     Connection,
@@ -498,6 +499,7 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
     validate([host], role_registry.ALL)
+    verdict.check_hosts([host])
     bootstrap_vars(host)
     if options.timeout is not None and not options.timeout > 0:
         raise GpufleetError(f"--timeout must be a positive number of seconds, "
