@@ -10,6 +10,9 @@ Variables: allreduce_sizes (probe defaults: gloo 1M..256M, nccl 1M..8G), allredu
 allreduce_timeout_s (600), allreduce_bisect_timeout_s (3x the slowest single-node run, at
 least 20 s), allreduce_cpu_procs (1), allreduce_port (29500),
 allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330}}),
+allreduce_transport_intra (p2p; p2p|nvls|shm|any) and allreduce_transport_inter (ib;
+ib|socket|any): the least transport NCCL's channels must use inside a node and across
+nodes (read from its INFO log; not checked on gloo or with one rank),
 topology_domain or groups named rack*/leaf* (topology_group_prefixes).
 """
 
@@ -29,6 +32,7 @@ from gpufleet.conformance.allreduce import (
     problem,
     run_allreduce,
     timeout_of,
+    transport_summary,
 )
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node
@@ -42,6 +46,7 @@ def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:
         record_property("busbw_gbps", float(figure(float(largest["busbw"]))))
         record_property("world_size", largest["world_size"])
     record_property("duration_s", round(run.duration, 2))
+    record_property("nccl_transports", transport_summary(run))
 
 
 def _alone(conformance: ConformanceSession) -> dict[str, ProbeRun]:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes, scheduler
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
+from gpufleet.conformance.allreduce_vars import check_variables as check_allreduce_variables
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
 from gpufleet.errors import GpufleetError
@@ -398,6 +399,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
     fleet = fleet or FleetArgs()
     fleet.options(target, "conformance")
     validate(target.hosts, role_registry.ALL)
+    check_allreduce_variables(target.hosts)
     if drain_failed:
         scheduler.check(target.hosts)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",

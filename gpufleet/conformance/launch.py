@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.conformance.nccl_log import condense
 from gpufleet.conformance.session import Node
 from gpufleet.connection import Budget, connect
 from gpufleet.drift import training_python
@@ -48,6 +49,7 @@ class NodeOutput:
     rc: int | None
     events: list[dict[str, Any]]
     stderr_tail: str
+    nccl_log: list[str] = field(default_factory=list)  # condensed (nccl_log.condense)
 
     def last_phase(self) -> str | None:
         """The earliest phase any of the node's ranks got stuck after (slowest rank)."""
@@ -115,7 +117,9 @@ class ProbeRun:
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "ok": self.error() is None, "error": self.error(),
                 "duration_s": round(self.duration, 3), "results": self.results,
-                "summary": self.summary, "leftover_processes": self.leftovers}
+                "summary": self.summary, "leftover_processes": self.leftovers,
+                "nccl_log": {name: o.nccl_log for name, o in self.outputs.items()
+                             if o.nccl_log}}
 
 
 def socket_ifname(node: Node) -> str | None:
@@ -172,7 +176,9 @@ def _parse(stdout: str, stderr: str) -> NodeOutput:
             except json.JSONDecodeError:
                 continue
     tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
-    return NodeOutput(rc, events, tail)
+    nccl = [line.strip() for line in (stdout + "\n" + stderr).splitlines()
+            if " NCCL INFO " in line or " NCCL WARN " in line]
+    return NodeOutput(rc, events, tail, condense(nccl))
 
 
 def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: float, *,
