@@ -148,6 +148,19 @@ def test_one_gpu_has_no_channel_to_check(tmp_path: Path) -> None:
     assert transport_summary(run) == "not checked: one NCCL rank, no channel between GPUs"
 
 
+def test_a_real_single_gpu_run_reports_no_channel_to_check(tmp_path: Path) -> None:
+    [node] = nodes(tmp_path)
+    stdout = (LOGS / "allreduce-probe-h200x1-stdout.txt").read_text()
+    run = ProbeRun(["gpu-local"], {"gpu-local": _parse(stdout, "")})
+    assert run.error() is None
+    assert run.summary is not None and run.summary["devices"] == ["NVIDIA H200"]
+    assert problem(run, node, 1) is None
+    assert transport_summary(run) == "not checked: one NCCL rank, no channel between GPUs"
+    kept = run.outputs["gpu-local"].nccl_log
+    assert any("Using network Socket" in line for line in kept)
+    assert not any(" via " in line for line in kept)
+
+
 def test_nccl_without_any_channel_in_its_log_is_unknown_not_a_pass(tmp_path: Path) -> None:
     [node] = nodes(tmp_path)
     assert str(problem(node_run("node01", ""), node, 1)).startswith(
