@@ -1,7 +1,9 @@
 """AllReduce across nodes, hierarchically: every node alone (all at once), then disjoint
 pairs (all at once), then all nodes together; a failing or slow run is searched with
 adaptive group testing (``grouptest``) to the bad nodes and pairs, each confirmed before it
-is blamed, and a bad pair's direction is read with a connect probe both ways."""
+is blamed, and a bad pair's direction is read with a connect probe both ways. On NCCL, a
+run whose channels use a transport below the inventory's expectation fails (NCCL's INFO
+log, ``nccl_log``)."""
 
 from __future__ import annotations
 
@@ -121,10 +123,12 @@ def run_links(run: ProbeRun) -> tuple[list[Link], dict[int, str]]:
 
 def transport_unchecked(run: ProbeRun) -> str | None:
     """Why the run's transports are not checked (gloo, a single rank), else None."""
-    largest = run.largest or {}
-    if largest.get("backend") != "nccl":
-        return f"not checked: the {largest.get('backend', 'unknown')} backend uses no NCCL " \
-               "transport"
+    largest = run.largest
+    if largest is None:
+        return "not checked: the run reported no result"
+    backend = largest.get("backend") or "unknown"
+    if backend != "nccl":
+        return f"not checked: the {backend} backend uses no NCCL transport"
     if int(largest.get("world_size", 0)) < 2:
         return "not checked: one NCCL rank, no channel between GPUs"
     return None
