@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from gpufleet.engine import BadVariables
 from gpufleet.facts import Facts
 from gpufleet.inventory import load_inventory
 from tests.conftest import ROOT
-from tests.probe_runs import PROBES, TORCHRUN, events, needs_torch, run_probe
+from tests.probe_runs import PROBES, TORCHRUN, needs_torch, probe_env
 
 LOGS = ROOT / "tests" / "fixtures" / "nccl"
 
@@ -244,10 +245,19 @@ def test_the_probe_refuses_other_variables() -> None:
 
 
 @needs_torch
-def test_a_gloo_run_with_the_log_settings_succeeds_without_nccl_output() -> None:
-    code, lines = run_probe([str(TORCHRUN), "--standalone", "--nnodes", "1",
-                             "--nproc-per-node", "2", str(PROBES / "allreduce.py"),
-                             "--backend", "gloo", "--sizes", "1K", "--iters", "1",
-                             "--warmup", "0", *nccl_log_args({})])
-    assert code == 0  # and every stdout line was JSON (run_probe parses each): no NCCL log
-    assert [r["backend"] for r in events(lines, "result")] == ["gloo"]
+def test_a_real_gloo_run_takes_the_settings_and_reports_its_transport_unchecked(
+        tmp_path: Path) -> None:
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc-per-node",
+                           "2", str(PROBES / "allreduce.py"), "--backend", "gloo", "--sizes",
+                           "1K", "--iters", "1", "--warmup", "0", *nccl_log_args({})],
+                          check=False, cwd=ROOT, env=probe_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    output = _parse(f"{done.stdout}\n@@gpufleet-probe-rc=0\n", done.stderr)
+    run = ProbeRun(["node01"], {"node01": output})
+    assert run.error() is None
+    assert [r["backend"] for r in run.results] == ["gloo"]
+    assert output.nccl_log == []
+    [node] = nodes(tmp_path)
+    assert problem(run, node, 1) is None
+    assert transport_summary(run) == "not checked: the gloo backend uses no NCCL transport"
