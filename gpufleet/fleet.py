@@ -28,7 +28,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from gpufleet.connection import Budget, Connection, ConnectOptions, Unreachable, connect
+from gpufleet.connection import (
+    Budget,
+    Connection,
+    ConnectOptions,
+    Connector,
+    Unreachable,
+)
+from gpufleet.connection import connect as open_connection
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory import Host
 
@@ -76,6 +83,7 @@ class FleetOptions:
     max_fail_percent: float | None = None
     connect: ConnectOptions = field(default_factory=ConnectOptions)
     processes: int | None = None  # worker processes per batch; None: worker_processes()
+    connector: Connector = open_connection  # SSH or local; the srun launcher brings its own
 
 
 class ProgressSink(Protocol):
@@ -291,8 +299,8 @@ def _run_processes(batch: list[Host], task: HostTask[T], options: FleetOptions,
 def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
                options: FleetOptions, progress: ProgressSink | None) -> dict[str, Outcome[T]]:
     budgets = {h.name: Budget() for h in batch}
-    conns: dict[str, Connection] = {h.name: connect(h, options.connect, budgets[h.name])
-                                    for h in batch}
+    conns: dict[str, Connection] = {
+        h.name: options.connector(h, options.connect, budgets[h.name]) for h in batch}
     limits: dict[str, float] = {}
     started: dict[str, float] = {}
     lock = threading.Lock()
