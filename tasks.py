@@ -136,7 +136,7 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
 
 
 @task(help=_help("inventory", "limit", "forks", "json", "timeout",
-                 suite="comma-separated suites or sets: conformance (default: stack, "
+                 suite="comma-separated suites or sets: conformance (default: stack, firewall, "
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
