@@ -64,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs per size (median)")
     p.add_argument("--provision-forks", type=int, default=16)
     p.add_argument("--skip-reachability", action="store_true")
+    p.add_argument("--skip-fleet", action="store_true", help="no facts and drift runs")
+    p.add_argument("--conformance-forks", type=int, default=None,
+                   help="--forks of the conformance runs (default: the project's)")
+    p.add_argument("--analyse", type=Path, default=None,
+                   help="only redo the analysis of the samples in this results file")
     p.add_argument("--keep-lab", action="store_true")
     p.add_argument("--results", type=Path,
                    default=ROOT / "bench" / "results" / "fleet-scale.json")
@@ -242,9 +247,11 @@ class Bench:
                  for n in self.args.light_nodes]
         for experiment, n, extra in runs:
             for run in range(1, self.args.runs + 1):
+                forks = self.args.conformance_forks
+                fleet = f"fleet=app.FleetArgs(forks={forks}), " if forks else ""
                 script = ("import sys\nfrom gpufleet import app\n"
                           f"sys.exit(app.conformance_cmd({str(self.inventory)!r}, "
-                          f"limit={limit_pattern(n)!r}, suites={NODE_LOCAL!r}, "
+                          f"limit={limit_pattern(n)!r}, suites={NODE_LOCAL!r}, {fleet}"
                           f"json_path={str(report)!r}, extra_args={extra!r}))")
                 result = self.timed(experiment, n, run, [sys.executable, "-c", script])
                 doc = json.loads(report.read_text())
@@ -325,6 +332,13 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
+    if args.analyse:
+        done = json.loads(args.analyse.read_text())
+        bench.samples = done.pop("samples")
+        bench.results = done
+        bench.analyse()
+        bench.write()
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     largest = max(*args.nodes, *args.conformance_nodes)
     try:
@@ -335,10 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         bench.up(largest)
         bench.provision(largest)
         tools.gpufleet_drift(bench.inventory, largest, WORK / "reports")  # converged
-        bench.fleet()
+        if not args.skip_fleet:
+            bench.fleet()
         bench.conformance()
-        bench.analyse()
     finally:
+        bench.analyse()
         bench.write()
         if not args.keep_lab:
             bench.lab.down()
