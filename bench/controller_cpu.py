@@ -6,6 +6,13 @@ role against it, as drift does after its one round trip. Run from the project ro
     .venv/bin/python bench/controller_cpu.py --hosts 1000,2000 --processes 1,2 --runs 3
 
 Prints one JSON line per run and a summary; --results FILE writes them as JSON.
+
+The capture is taken from a provisioned lab node (as root, the lab up):
+
+    .venv/bin/python bench/controller_cpu.py --capture INVENTORY_DIR --host node01
+
+which writes the node's facts output, the lab's repository keyring and the lab variables
+the plans depend on (lab-cuda-archive-keyring.gpg, lab-node-vars.yml) under bench/captures/.
 """
 
 from __future__ import annotations
@@ -23,26 +30,60 @@ from pathlib import Path
 import yaml
 
 import roles
-from gpufleet.connection import Connection
+from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.drift import consistency_request
 from gpufleet.engine import active_roles, fact_request, plan_host
-from gpufleet.facts import catalog, parse_sections
+from gpufleet.facts import catalog, parse_sections, script, snippet_timeout
 from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
 from gpufleet.inventory import Host, Inventory, load_inventory
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPTURE = ROOT / "bench" / "captures" / "lab-node-facts.txt"
+CAPTURES = ROOT / "bench" / "captures"
+CAPTURE = CAPTURES / "lab-node-facts.txt"
+CAPTURED_VARS = CAPTURES / "lab-node-vars.yml"
+CAPTURED_KEYRING = CAPTURES / "lab-cuda-archive-keyring.gpg"
 NONCE = "0123456789abcdef"
+PLAN_VARS = ("gpufleet_controllers", "nvidia_repo_url")
+
+
+def drift_facts(host: Host) -> list[catalog.Fact]:
+    """The facts drift gathers from ``host`` in its one round trip."""
+    request = fact_request(active_roles(host, roles.ALL)) | consistency_request(host)
+    return catalog.BASE_FACTS + request.facts()
+
+
+def capture(directory: Path, name: str) -> None:
+    """One provisioned lab node's drift facts output (fixed nonce) and the lab variables
+    its plans depend on, written under bench/captures/."""
+    inv = load_inventory(directory)
+    if name not in inv.hosts:
+        raise SystemExit(f"{directory}: no host {name}")
+    host = inv.hosts[name]
+    composite = script.compose((script.Snippet(f.name, f.shell, f.guard)
+                                for f in drift_facts(host)), NONCE, snippet_timeout(host))
+
+    def task(host: Host, conn: Connection) -> TaskResult[str]:
+        return TaskResult(conn.run(composite, timeout=300).stdout)
+
+    outcome = run_fleet([host], task, FleetOptions(
+        connect=ConnectOptions(known_hosts_base=directory)))[name]
+    if outcome.status != "ok" or not isinstance(outcome.value, str):
+        raise SystemExit(f"{name}: {outcome.status}: {outcome.error}")
+    CAPTURE.write_text(outcome.value)
+    CAPTURED_KEYRING.write_bytes(Path(host.vars["nvidia_repo_keyring"]).read_bytes())
+    CAPTURED_VARS.write_text(yaml.safe_dump({k: host.vars[k] for k in PLAN_VARS}))
+    print(f"wrote {CAPTURE}, {CAPTURED_KEYRING.name} and {CAPTURED_VARS.name}")
 
 
 def inventory(directory: Path, count: int) -> Inventory:
     """``count`` hosts with the lab's variables (local connections: nothing is contacted)."""
     group_vars = yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "all.yml")
                                 .read_text())
+    captured = yaml.safe_load(CAPTURED_VARS.read_text())
     hosts = {f"node{i:04d}": {"ansible_host": f"10.{140 + i // 60000}.{i // 250 % 240}."
-                                              f"{10 + i % 240}"} for i in range(1, count + 1)}
-    doc = {"all": {"vars": {**group_vars, "ansible_connection": "local",
-                            "gpufleet_controllers": ["10.140.0.1"]},
+                                              f"{1 + i % 250}"} for i in range(1, count + 1)}
+    doc = {"all": {"vars": {**group_vars, **captured, "ansible_connection": "local",
+                            "nvidia_repo_keyring": str(CAPTURED_KEYRING)},
                    "children": {"lab": {"hosts": hosts}}}}
     path = directory / "hosts.yml"
     path.write_text(yaml.safe_dump(doc))
@@ -57,9 +98,7 @@ def cpu_s() -> float:
 
 def measure(inv: Inventory, processes: int) -> dict[str, float]:
     text = CAPTURE.read_text()
-    first = next(iter(inv.hosts.values()))
-    request = fact_request(active_roles(first, roles.ALL)) | consistency_request(first)
-    facts_list = catalog.BASE_FACTS + request.facts()
+    facts_list = drift_facts(next(iter(inv.hosts.values())))
 
     def task(host: Host, conn: Connection) -> TaskResult[int]:
         facts = parse_sections(host.name, text, facts_list, NONCE)
@@ -73,7 +112,9 @@ def measure(inv: Inventory, processes: int) -> dict[str, float]:
     bad = [o for o in outcomes.values() if o.status != "ok"]
     if bad:
         raise SystemExit(f"{len(bad)} hosts did not plan: {bad[0].error}")
+    changes = sorted({o.value for o in outcomes.values() if o.value is not None})
     return {"hosts": len(hosts), "processes": processes, "wall_s": round(wall, 3),
+            "changes_per_host": changes[0] if len(changes) == 1 else changes,
             "cpu_s": round(cpu, 3), "cpu_per_host_ms": round(cpu / len(hosts) * 1000, 2),
             "loadavg_1m": round(os.getloadavg()[0], 2)}
 
@@ -84,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", default="1,2")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--results", type=Path)
+    p.add_argument("--capture", type=Path, metavar="INVENTORY_DIR",
+                   help="capture a provisioned lab node's facts output instead")
+    p.add_argument("--host", default="node01", help="the node --capture reads")
     args = p.parse_args(argv)
+    if args.capture:
+        capture(args.capture, args.host)
+        return 0
     samples = []
     with tempfile.TemporaryDirectory() as tmp:
         for count in (int(x) for x in args.hosts.split(",")):

@@ -291,7 +291,8 @@ class Bench:
 
     def chain(self, experiment: str, tables: dict[str, dict[int, dict[str, float]]],
               ) -> tuple[float, str] | None:
-        """One node's wall time alone: the chain of round trips a host costs, its source."""
+        """One node's wall time alone (startup and one host's chain of round trips), and
+        where it was measured."""
         one = tables.get(experiment, {}).get(1)
         if one:
             return one["wall_s"], f"{experiment} on 1 node, this run"
@@ -304,28 +305,29 @@ class Bench:
 
     def project(self, table: dict[int, dict[str, float]], chain: tuple[float, str],
                 ) -> dict[str, Any]:
-        """Controller CPU spread over ASSUMED_CORES worker processes, plus one host's chain:
-        on a real fleet every node does its own work at the same time, so what grows with
-        the fleet is the controller's CPU; enough threads per process keep each core busy
-        while hosts wait (threads >= chain / CPU per host)."""
+        """One node's run (startup and that host's round trips) plus every further host's
+        controller CPU spread over ASSUMED_CORES worker processes: on a real fleet each node
+        does its own work at the same time, so what grows with the fleet is the controller's
+        CPU. It holds while each process has threads enough to keep its core busy while its
+        hosts wait on the network (threads >= the host's chain / CPU per host)."""
         fixed, per_host = fit([(n, v["controller_cpu_s"]) for n, v in table.items()])
         _, wall_per_host = fit([(n, v["wall_s"]) for n, v in table.items()])
         chain_s, source = chain
-        threads = math.ceil(chain_s / per_host) if per_host > 0 else 1
+        host_chain = max(chain_s - fixed, per_host)
+        threads = math.ceil(host_chain / per_host) if per_host > 0 else 1
         rows = {}
         for n in PROJECT_TO:
-            cpu_bound = fixed + n * per_host / ASSUMED_CORES
-            rows[str(n)] = {"cpu_bound_s": round(cpu_bound, 1),
-                            "projected_s": round(cpu_bound + chain_s, 1),
-                            "one_process_s": round(fixed + n * per_host + chain_s, 1),
-                            "latency_floor_forks_128_s": round(math.ceil(n / 128) * chain_s,
-                                                               1)}
+            rows[str(n)] = {
+                "projected_s": round(chain_s + (n - 1) * per_host / ASSUMED_CORES, 1),
+                "one_process_s": round(chain_s + (n - 1) * per_host, 1),
+                "latency_floor_forks_128_s": round(math.ceil(n / 128) * host_chain, 1)}
         return {"controller_cpu_fixed_s": round(fixed, 3),
                 "controller_cpu_per_host_ms": round(per_host * 1000, 2),
                 "wall_per_host_ms_on_this_lab": round(wall_per_host * 1000, 2),
-                "chain_s": round(chain_s, 2), "chain_source": source,
-                "cores_assumed": ASSUMED_CORES, "threads_per_process_needed": threads,
-                "forks_needed": threads * ASSUMED_CORES, "rows": rows}
+                "one_node_s": round(chain_s, 2), "one_node_source": source,
+                "host_chain_s": round(host_chain, 2), "cores_assumed": ASSUMED_CORES,
+                "threads_per_process_needed": threads, "forks_needed": threads * ASSUMED_CORES,
+                "rows": rows}
 
     def analyse(self) -> None:
         tables = {e: self.medians(e) for e in sorted({s["experiment"] for s in self.samples})}
@@ -360,8 +362,9 @@ class Bench:
         self.args.results.parent.mkdir(parents=True, exist_ok=True)
         doc = {**self.results, "samples": self.samples}
         self.args.results.write_text(json.dumps(doc, indent=1) + "\n")
-        lines = ["# Fleet scale", "", f"Lab {SCALE_LAB.name} ({SCALE_LAB.network}), "
-                 f"{os.cpu_count()} cores, {self.args.runs} runs per size (medians).", ""]
+        lab, cores = self.results["lab"], self.results["machine"]["cores"]
+        lines = ["# Fleet scale", "", f"Lab {lab['name']} ({lab['network']}), {cores} cores, "
+                 f"{self.results['runs']} runs per size (medians).", ""]
         for experiment, table in self.results.get("medians", {}).items():
             lines += [f"## {experiment}", "", "| nodes | wall | controller CPU | node CPU |",
                       "|---|---|---|---|"]
