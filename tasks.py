@@ -136,22 +136,27 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
 
 
 @task(help=_help("inventory", "limit", "forks", "json", "timeout",
-                 suite="comma-separated suites or sets: conformance (default: stack, "
+                 suite="comma-separated suites or sets: conformance (default: stack, firewall, "
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
                  pairs="reachability pairs: auto (all up to 256 nodes), all, ring, sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
-                              "(gpufleet_scheduler), resume the ones that now pass"))
+                              "(gpufleet_scheduler), resume the ones that now pass",
+                 launcher="reach nodes by ssh (default) or as steps of one Slurm allocation "
+                          "(slurm)",
+                 partition="with --launcher slurm: the partition to allocate from (default: "
+                           "the slurm: inventory's, else Slurm's default)"))
 def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None,
                 pairs="auto", with_nccl_tests=False, forks=None, timeout=None,
-                drain_failed=False):
+                drain_failed=False, launcher="ssh", partition=None):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
                               fleet=_fleet(c, forks, None, None, False, timeout),
-                              drain_failed=drain_failed))
+                              drain_failed=drain_failed, launcher=launcher,
+                              partition=partition))
 
 
 @task(help={"inventory": FLEET_HELP["inventory"], "host": "the new node (inventory name)",

@@ -392,8 +392,10 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
                     junit_path: str | None = None, json_path: str | None = None,
                     pairs: str = "auto", with_nccl_tests: bool = False,
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
-                    drain_failed: bool = False) -> int:
-    """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
+                    drain_failed: bool = False, launcher: str = "ssh",
+                    partition: str | None = None) -> int:
+    """Run the conformance suites as pytest; the exit code is non-zero on any failure.
+    ``launcher`` ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
     import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
@@ -413,6 +415,11 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
         args += ["--gpufleet-limit", limit]
     if with_nccl_tests:
         args.append("--gpufleet-with-nccl-tests")
+    if launcher not in ("ssh", "slurm"):
+        raise GpufleetError(f"--launcher must be ssh or slurm, got {launcher!r}")
+    args += ["--gpufleet-launcher", launcher]
+    if partition:
+        args += ["--gpufleet-partition", partition]
     if drain_failed and not json_path:
         json_path = str(Path(tempfile.mkdtemp(prefix="gpufleet-conformance-")) / "c.json")
     if json_path:
@@ -432,8 +439,11 @@ def _drain_by_results(target: Target, report: Path, con: Any) -> None:
     """Drain every node with a failed check (the first one names the reason); resume the
     nodes without a failure that conformance drained for a check that now passed on them
     (or, for a check run once for the fleet, passed for the fleet)."""
-    results = json.loads(report.read_text()).get("results", [])
-    hosts = {h.name: h for h in target.hosts}
+    document = json.loads(report.read_text())
+    results = document.get("results", [])
+    # Nodes the Slurm launcher could not allocate were not measured: their state stays.
+    left_out = document.get("data", {}).get("launcher", {}).get("slurm", {}).get("left_out", {})
+    hosts = {h.name: h for h in target.hosts if h.name not in left_out}
     failed: dict[str, tuple[Host, str, str]] = {}
     passed: dict[str, list[str]] = {name: [] for name in hosts}
     for r in results:

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpufleet.conformance.nccl_log import condense
 from gpufleet.conformance.session import Node
-from gpufleet.connection import Budget, connect
+from gpufleet.connection import Budget
 from gpufleet.drift import training_python
 from gpufleet.errors import GpufleetError
 
@@ -227,7 +227,7 @@ def clean_up(rundir: str, nodes: list[Node]) -> dict[str, str]:
         if not node.budget.spent:
             with contextlib.suppress(GpufleetError):
                 return node.name, node.run(command, timeout=CLEANUP_BUDGET_S).stdout.strip()
-        conn = connect(node.host, node.connect_options, Budget(CLEANUP_BUDGET_S))
+        conn = node.connector(node.host, node.connect_options, Budget(CLEANUP_BUDGET_S))
         try:
             return node.name, conn.run(command, timeout=CLEANUP_BUDGET_S - 5).stdout.strip()
         except GpufleetError as exc:
