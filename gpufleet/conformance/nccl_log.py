@@ -56,26 +56,6 @@ def links(text: str, hosts: Mapping[int, str] | None = None) -> list[Link]:
     return list(seen.values())
 
 
-def transport_problems(found: list[Link], intra: str | None, inter: str | None) -> list[str]:
-    """Links that do not use the expected transport inside a host (``intra``: P2P ...) or
-    across hosts (``inter``: NET/IB ...); None expects nothing. No link at all is a problem
-    (the log did not show what NCCL chose)."""
-    if not found:
-        return ["NCCL's log shows no channel (run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,"
-                "NET)"]
-    problems = []
-    for where, wanted, same in (("inside a node", intra, True), ("across nodes", inter, False)):
-        if wanted is None:
-            continue
-        wrong = sorted({f"{link.src}->{link.dst} via {link.detail}" for link in found
-                        if link.same_host is same and link.transport != wanted})
-        if wrong:
-            shown = ", ".join(wrong[:4]) + (f" (+{len(wrong) - 4} more)" if len(wrong) > 4
-                                            else "")
-            problems.append(f"{where} NCCL uses {shown}, not {wanted}")
-    return problems
-
-
 # What each expectation accepts: the expected transport or a better one. NVLS shares its
 # channels with P2P (rings and trees still connect by P2P), so both pass ``nvls``.
 INTRA = {"p2p": ("P2P", "NVLS"), "nvls": ("NVLS", "P2P"), "shm": ("SHM", "P2P", "NVLS"),

@@ -1,5 +1,5 @@
 """NCCL transport verification in the AllReduce check, on real NCCL INFO logs of a 2x H200
-node (tests/fixtures/nccl/): P2P over NVLink passes, SHM (P2P disabled) and NET/Socket
+node (tests/fixtures/real-node/): P2P over NVLink passes, SHM (P2P disabled) and NET/Socket
 (P2P and SHM disabled) fail naming the transport and a channel line; the variables are
 checked before any host is contacted; the NCCL log settings reach the probe on the NCCL
 backend only."""
@@ -33,10 +33,11 @@ from tests.conftest import ROOT
 from tests.probe_runs import PROBES, TORCHRUN, needs_torch, probe_env
 
 LOGS = ROOT / "tests" / "fixtures" / "nccl"
+REAL_NODE = ROOT / "tests" / "fixtures" / "real-node"
 
 
 def log(name: str) -> str:
-    return (LOGS / f"nccl-debug-info-h200x2-{name}.txt").read_text()
+    return (REAL_NODE / f"nccl-debug-info-h200x2-{name}.txt").read_text()
 
 
 def nodes(tmp_path: Path, variables: str = "", count: int = 1) -> list[Node]:
