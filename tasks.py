@@ -136,7 +136,7 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
 
 
 @task(help=_help("inventory", "limit", "forks", "json", "timeout",
-                 suite="comma-separated suites or sets: conformance (default: stack, "
+                 suite="comma-separated suites or sets: conformance (default: stack, firewall, "
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file",
@@ -144,18 +144,24 @@ def drift_schedule(c, inventory="lab", at="02:30", json=None, junit=None, promet
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
                               "(gpufleet_scheduler), resume the ones that now pass",
+                 launcher="reach nodes by ssh (default) or as steps of one Slurm allocation "
+                          "(slurm)",
+                 partition="with --launcher slurm: the partition to allocate from (default: "
+                           "the slurm: inventory's, else Slurm's default)",
                  record_baseline="record each passing node's performance figures on the node "
                                  "(/etc/gpufleet/baseline.json)",
                  compare_baseline="gate performance figures at max(floor, baseline_fraction "
                                   "x the node's baseline) and report the trend"))
 def conformance(c, inventory="lab", limit=None, suite=None, junit=None, json=None,
                 pairs="auto", with_nccl_tests=False, forks=None, timeout=None,
-                drain_failed=False, record_baseline=False, compare_baseline=False):
+                drain_failed=False, launcher="ssh", partition=None, record_baseline=False,
+                compare_baseline=False):
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     _exit(app.conformance_cmd(inventory, limit=limit, suites=suite, junit_path=junit,
                               json_path=json, pairs=pairs, with_nccl_tests=with_nccl_tests,
                               fleet=_fleet(c, forks, None, None, False, timeout),
-                              drain_failed=drain_failed, record_baseline=record_baseline,
+                              drain_failed=drain_failed, launcher=launcher,
+                              partition=partition, record_baseline=record_baseline,
                               compare_baseline=compare_baseline))
 
 

@@ -2,11 +2,12 @@
 reachability matrix on 300 nodes with sample:K and with all, and a projection to 1,000 and
 10,000 nodes from the measured per-host costs. Run as root from the project root:
 
-    sudo .venv/bin/python bench/fleet_scale.py --nodes 50,100,200 --reach-nodes 300
+    sudo .venv/bin/python bench/fleet_scale.py --nodes 1,50,100,200 --reach-nodes 300
 
-Everything runs on the bench's own lab (gfscale, 10.140.0.0/16, /srv/gpufleet-lab-scale),
-torn down at the end (--keep-lab keeps it). Results: bench/results/fleet-scale.json and
-bench/results/fleet-scale.md.
+Everything runs on the bench's own lab (gfscale, 10.140.0.0/16, /srv/gpufleet-lab-scale;
+with GPUFLEET_TEST_NET=N set: gfscaleN, 10.(N+5).0.0/16, /srv/gpufleet-lab-scaleN, beside
+that checkout's test labs at offsets 0-4), torn down at the end (--keep-lab keeps it).
+Results: bench/results/fleet-scale.json and bench/results/fleet-scale.md.
 """
 
 from __future__ import annotations
@@ -40,8 +41,17 @@ from common import (
 from gpufleet import app
 from gpufleet.lab.cluster import Lab, LabConfig
 
-SCALE_LAB = LabConfig(name="gfscale", root=Path("/srv/gpufleet-lab-scale"), subnet="10.140.0",
-                      inventory_dir=Path("/srv/gpufleet-lab-scale/inventory/lab"))
+
+def scale_lab() -> LabConfig:
+    """The bench's lab: its own, or beside the test labs of GPUFLEET_TEST_NET."""
+    net = os.environ.get("GPUFLEET_TEST_NET")
+    suffix, subnet = (net, f"10.{int(net) + 5}.0") if net else ("", "10.140.0")
+    root = Path(f"/srv/gpufleet-lab-scale{suffix}")
+    return LabConfig(name=f"gfscale{suffix}", root=root, subnet=subnet,
+                     inventory_dir=root / "inventory" / "lab")
+
+
+SCALE_LAB = scale_lab()
 WORK = SCALE_LAB.root / "work"
 NODE_LOCAL = "stack,storage,host_sizing"
 PROJECT_TO = (1000, 10_000)
@@ -54,7 +64,8 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--nodes", type=_ints, default=[50, 100, 200], help="drift/facts sizes")
+    p.add_argument("--nodes", type=_ints, default=[1, 50, 100, 200],
+                   help="drift/facts sizes (1 gives the projection its latency chain)")
     p.add_argument("--conformance-nodes", type=_ints, default=[1, 8, 16, 50, 100, 200],
                    help="sizes of the node-local conformance runs")
     p.add_argument("--light-nodes", type=_ints, default=[1, 8, 16],
@@ -64,6 +75,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs per size (median)")
     p.add_argument("--provision-forks", type=int, default=16)
     p.add_argument("--skip-reachability", action="store_true")
+    p.add_argument("--skip-fleet", action="store_true", help="no facts and drift runs")
+    p.add_argument("--conformance-forks", type=int, default=None,
+                   help="--forks of the conformance runs (default: the project's)")
+    p.add_argument("--analyse", type=Path, default=None,
+                   help="only redo the analysis of the samples in this results file")
+    p.add_argument("--chain-from", type=Path, default=None,
+                   help="with --analyse: take the one-node drift (the latency chain) from "
+                        "this results file when the analysed one has none")
     p.add_argument("--keep-lab", action="store_true")
     p.add_argument("--results", type=Path,
                    default=ROOT / "bench" / "results" / "fleet-scale.json")
@@ -242,9 +261,11 @@ class Bench:
                  for n in self.args.light_nodes]
         for experiment, n, extra in runs:
             for run in range(1, self.args.runs + 1):
+                forks = self.args.conformance_forks
+                fleet = f"fleet=app.FleetArgs(forks={forks}), " if forks else ""
                 script = ("import sys\nfrom gpufleet import app\n"
                           f"sys.exit(app.conformance_cmd({str(self.inventory)!r}, "
-                          f"limit={limit_pattern(n)!r}, suites={NODE_LOCAL!r}, "
+                          f"limit={limit_pattern(n)!r}, suites={NODE_LOCAL!r}, {fleet}"
                           f"json_path={str(report)!r}, extra_args={extra!r}))")
                 result = self.timed(experiment, n, run, [sys.executable, "-c", script])
                 doc = json.loads(report.read_text())
@@ -268,6 +289,46 @@ class Bench:
                     [r["sum_of_node_durations_s"] for r in rows])
         return out
 
+    def chain(self, experiment: str, tables: dict[str, dict[int, dict[str, float]]],
+              ) -> tuple[float, str] | None:
+        """One node's wall time alone (startup and one host's chain of round trips), and
+        where it was measured."""
+        one = tables.get(experiment, {}).get(1)
+        if one:
+            return one["wall_s"], f"{experiment} on 1 node, this run"
+        if self.args.chain_from:
+            other = json.loads(self.args.chain_from.read_text())["medians"]
+            if "1" in other.get(experiment, {}):
+                return (other[experiment]["1"]["wall_s"],
+                        f"{experiment} on 1 node, {self.args.chain_from.name}")
+        return None
+
+    def project(self, table: dict[int, dict[str, float]], chain: tuple[float, str],
+                ) -> dict[str, Any]:
+        """One node's run (startup and that host's round trips) plus every further host's
+        controller CPU spread over ASSUMED_CORES worker processes: on a real fleet each node
+        does its own work at the same time, so what grows with the fleet is the controller's
+        CPU. It holds while each process has threads enough to keep its core busy while its
+        hosts wait on the network (threads >= the host's chain / CPU per host)."""
+        fixed, per_host = fit([(n, v["controller_cpu_s"]) for n, v in table.items()])
+        _, wall_per_host = fit([(n, v["wall_s"]) for n, v in table.items()])
+        chain_s, source = chain
+        host_chain = max(chain_s - fixed, per_host)
+        threads = math.ceil(host_chain / per_host) if per_host > 0 else 1
+        rows = {}
+        for n in PROJECT_TO:
+            rows[str(n)] = {
+                "projected_s": round(chain_s + (n - 1) * per_host / ASSUMED_CORES, 1),
+                "one_process_s": round(chain_s + (n - 1) * per_host, 1),
+                "latency_floor_forks_128_s": round(math.ceil(n / 128) * host_chain, 1)}
+        return {"controller_cpu_fixed_s": round(fixed, 3),
+                "controller_cpu_per_host_ms": round(per_host * 1000, 2),
+                "wall_per_host_ms_on_this_lab": round(wall_per_host * 1000, 2),
+                "one_node_s": round(chain_s, 2), "one_node_source": source,
+                "host_chain_s": round(host_chain, 2), "cores_assumed": ASSUMED_CORES,
+                "threads_per_process_needed": threads, "forks_needed": threads * ASSUMED_CORES,
+                "rows": rows}
+
     def analyse(self) -> None:
         tables = {e: self.medians(e) for e in sorted({s["experiment"] for s in self.samples})}
         self.results["medians"] = {e: {str(n): v for n, v in t.items()} for e, t in
@@ -277,41 +338,47 @@ class Bench:
             table = tables.get(experiment)
             if not table or len(table) < 2:
                 continue
-            fixed, per_host = fit([(n, v["controller_cpu_s"]) for n, v in table.items()])
-            _, wall_per_host = fit([(n, v["wall_s"]) for n, v in table.items()])
-            smallest = min(table)
-            chain = table[smallest]["wall_s"] / max(1, math.ceil(smallest / 128))
-            rows = {}
-            for n in PROJECT_TO:
-                cpu_bound = fixed + n * per_host / ASSUMED_CORES
-                latency_bound = math.ceil(n / 128) * chain
-                rows[str(n)] = {"cpu_bound_s": round(cpu_bound, 1),
-                                "latency_bound_s": round(latency_bound, 1),
-                                "projected_s": round(max(cpu_bound, latency_bound), 1),
-                                "one_process_s": round(fixed + n * per_host, 1)}
-            projections[experiment] = {
-                "controller_cpu_fixed_s": round(fixed, 3),
-                "controller_cpu_per_host_ms": round(per_host * 1000, 2),
-                "wall_per_host_ms_on_this_lab": round(wall_per_host * 1000, 2),
-                "wave_chain_s": round(chain, 2), "cores_assumed": ASSUMED_CORES, "rows": rows}
+            chain = self.chain(experiment, tables)
+            projections[experiment] = self.project(table, chain) if chain else {
+                "not computed": f"no {experiment} run on 1 node (its latency chain)"}
         self.results["projection"] = projections
+        self.results.pop("ratio_to_one_node", None)
+        cores = self.results["machine"]["cores"]
+        scaling: dict[str, Any] = {}
         for experiment in ("conformance node-local", "conformance light"):
             local = tables.get(experiment, {})
-            if 1 in local:
-                self.results.setdefault("ratio_to_one_node", {})[experiment] = {
-                    str(n): round(v["wall_s"] / local[1]["wall_s"], 2) for n, v in local.items()}
+            if 1 not in local:
+                continue
+            one = local[1]["wall_s"]
+            scaling[experiment] = {}
+            for n, v in local.items():
+                floor = max(one, v["node_cpu_s"] / cores)
+                scaling[experiment][str(n)] = {
+                    "wall_s": v["wall_s"], "to_one_node": round(v["wall_s"] / one, 2),
+                    "lab_floor_s": round(floor, 2), "to_lab_floor": round(v["wall_s"] / floor, 2)}
+        self.results["conformance_scaling"] = scaling
 
     def write(self) -> None:
         self.args.results.parent.mkdir(parents=True, exist_ok=True)
         doc = {**self.results, "samples": self.samples}
         self.args.results.write_text(json.dumps(doc, indent=1) + "\n")
-        lines = ["# Fleet scale", "", f"Lab {SCALE_LAB.name} ({SCALE_LAB.network}), "
-                 f"{os.cpu_count()} cores, {self.args.runs} runs per size (medians).", ""]
+        lab, cores = self.results["lab"], self.results["machine"]["cores"]
+        lines = ["# Fleet scale", "", f"Lab {lab['name']} ({lab['network']}), {cores} cores, "
+                 f"{self.results['runs']} runs per size (medians).", ""]
         for experiment, table in self.results.get("medians", {}).items():
             lines += [f"## {experiment}", "", "| nodes | wall | controller CPU | node CPU |",
                       "|---|---|---|---|"]
             lines += [f"| {n} | {v['wall_s']:.2f} s | {v['controller_cpu_s']:.2f} s | "
                       f"{v['node_cpu_s']:.1f} s |" for n, v in table.items()]
+            lines.append("")
+        for experiment, table in self.results.get("conformance_scaling", {}).items():
+            lines += [f"## {experiment}: wall vs one node and vs the lab's floor", "",
+                      "Floor: max(one node's wall, node CPU / the machine's cores).", "",
+                      "| nodes | wall | vs one node | lab floor | vs floor |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {n} | {v['wall_s']:.2f} s | {v['to_one_node']:.2f}x | "
+                      f"{v['lab_floor_s']:.2f} s | {v['to_lab_floor']:.2f}x |"
+                      for n, v in table.items()]
             lines.append("")
         lines += ["## Projection", "", "```", json.dumps(self.results.get("projection"),
                                                           indent=1), "```", ""]
@@ -325,6 +392,13 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
+    if args.analyse:
+        done = json.loads(args.analyse.read_text())
+        bench.samples = done.pop("samples")
+        bench.results = done
+        bench.analyse()
+        bench.write()
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     largest = max(*args.nodes, *args.conformance_nodes)
     try:
@@ -335,10 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         bench.up(largest)
         bench.provision(largest)
         tools.gpufleet_drift(bench.inventory, largest, WORK / "reports")  # converged
-        bench.fleet()
+        if not args.skip_fleet:
+            bench.fleet()
         bench.conformance()
-        bench.analyse()
     finally:
+        bench.analyse()
         bench.write()
         if not args.keep_lab:
             bench.lab.down()

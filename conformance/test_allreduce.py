@@ -10,6 +10,9 @@ Variables: allreduce_sizes (probe defaults: gloo 1M..256M, nccl 1M..8G), allredu
 allreduce_timeout_s (600), allreduce_bisect_timeout_s (3x the slowest single-node run, at
 least 20 s), allreduce_cpu_procs (1), allreduce_port (29500),
 allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330}}),
+allreduce_transport_intra (p2p; p2p|nvls|shm|any) and allreduce_transport_inter (ib;
+ib|socket|any): the least transport NCCL's channels must use inside a node and across
+nodes (read from its INFO log; not checked on gloo or with one rank),
 topology_domain or groups named rack*/leaf* (topology_group_prefixes).
 
 Alone, every size is timed ``perf_trials`` times and gated on the median (the largest size
@@ -35,6 +38,7 @@ from gpufleet.conformance.allreduce import (
     run_allreduce,
     threshold,
     timeout_of,
+    transport_summary,
 )
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
@@ -50,6 +54,7 @@ def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:
         record_property("busbw_gbps", float(figure(float(largest["busbw"]))))
         record_property("world_size", largest["world_size"])
     record_property("duration_s", round(run.duration, 2))
+    record_property("nccl_transports", transport_summary(run))
 
 
 def _alone(conformance: ConformanceSession) -> dict[str, ProbeRun]:

@@ -18,6 +18,7 @@ import roles as role_registry
 from gpufleet import drift, drift_report, exitcodes, scheduler
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.conformance import verdict
+from gpufleet.conformance.allreduce_vars import check_variables as check_allreduce_variables
 from gpufleet.connection import Connection, ConnectOptions
 from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
 from gpufleet.errors import GpufleetError
@@ -392,15 +393,18 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
                     junit_path: str | None = None, json_path: str | None = None,
                     pairs: str = "auto", with_nccl_tests: bool = False,
                     fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
-                    drain_failed: bool = False, record_baseline: bool = False,
+                    drain_failed: bool = False, launcher: str = "ssh",
+                    partition: str | None = None, record_baseline: bool = False,
                     compare_baseline: bool = False) -> int:
-    """Run the conformance suites as pytest; the exit code is non-zero on any failure."""
+    """Run the conformance suites as pytest; the exit code is non-zero on any failure.
+    ``launcher`` ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
     import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     fleet.options(target, "conformance")
     validate(target.hosts, role_registry.ALL)
     verdict.check_hosts(target.hosts)
+    check_allreduce_variables(target.hosts)
     if drain_failed:
         scheduler.check(target.hosts)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
@@ -416,6 +420,11 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
         args.append("--gpufleet-with-nccl-tests")
     args += ["--gpufleet-record-baseline"] * record_baseline
     args += ["--gpufleet-compare-baseline"] * compare_baseline
+    if launcher not in ("ssh", "slurm"):
+        raise GpufleetError(f"--launcher must be ssh or slurm, got {launcher!r}")
+    args += ["--gpufleet-launcher", launcher]
+    if partition:
+        args += ["--gpufleet-partition", partition]
     if drain_failed and not json_path:
         json_path = str(Path(tempfile.mkdtemp(prefix="gpufleet-conformance-")) / "c.json")
     if json_path:
@@ -435,8 +444,11 @@ def _drain_by_results(target: Target, report: Path, con: Any) -> None:
     """Drain every node with a failed check (the first one names the reason); resume the
     nodes without a failure that conformance drained for a check that now passed on them
     (or, for a check run once for the fleet, passed for the fleet)."""
-    results = json.loads(report.read_text()).get("results", [])
-    hosts = {h.name: h for h in target.hosts}
+    document = json.loads(report.read_text())
+    results = document.get("results", [])
+    # Nodes the Slurm launcher could not allocate were not measured: their state stays.
+    left_out = document.get("data", {}).get("launcher", {}).get("slurm", {}).get("left_out", {})
+    hosts = {h.name: h for h in target.hosts if h.name not in left_out}
     failed: dict[str, tuple[Host, str, str]] = {}
     passed: dict[str, list[str]] = {name: [] for name in hosts}
     for r in results:

@@ -296,7 +296,7 @@ def _feed(stream: _Stream, data: bytes) -> None:
     stream.close_stdin()
 
 
-class _CommandRunner:
+class CommandRunner:
     """Shared run/put behaviour; subclasses provide ``_stream`` and ``reopen``."""
 
     host: Host
@@ -358,14 +358,14 @@ def _short(command: str, limit: int = 80) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
-class _LocalStream:
-    """A command on the controller, in a new session so that its whole group can be killed."""
+class ProcessStream:
+    """A process on the controller (a command, or the srun that carries one), in a new
+    session so that its whole group can be killed."""
 
-    def __init__(self, line: str, register: set[subprocess.Popen[bytes]],
-                 lock: threading.Lock) -> None:
-        self.proc = subprocess.Popen(["sh", "-c", line], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+    def __init__(self, argv: list[str], register: set[subprocess.Popen[bytes]],
+                 lock: threading.Lock, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
         self._register, self._lock = register, lock
         with lock:
             register.add(self.proc)
@@ -439,7 +439,7 @@ def _write_all(pipe: IO[bytes], data: bytes) -> None:
         pipe.flush()
 
 
-class LocalConnection(_CommandRunner):
+class LocalConnection(CommandRunner):
     """Commands on the controller itself (``ansible_connection=local``)."""
 
     def __init__(self, host: Host, budget: Budget | None = None) -> None:
@@ -451,7 +451,7 @@ class LocalConnection(_CommandRunner):
         self.budget.attach(self)
 
     def _stream(self, line: str) -> _Stream:
-        return _LocalStream(line, self._running, self._lock)
+        return ProcessStream(["sh", "-c", line], self._running, self._lock)
 
     def reopen(self) -> LocalConnection:
         """Another connection to the same host, under the same budget."""
@@ -513,7 +513,7 @@ def _ssh_option(args: list[str], name: str) -> str | None:
     return ssh_option(args, name)
 
 
-class SSHConnection(_CommandRunner):
+class SSHConnection(CommandRunner):
     """One SSH connection per host for the whole run, with verified host keys."""
 
     def __init__(self, host: Host, options: ConnectOptions | None = None,
@@ -727,6 +727,10 @@ def _reason(exc: BaseException) -> str:
         if errors:
             text = str(errors[0])
     return text or type(exc).__name__
+
+
+Connector = Callable[[Host, ConnectOptions, Budget], Connection]
+"""How a run reaches a host: ``connect`` (SSH or local), or the srun launcher's."""
 
 
 def connect(host: Host, options: ConnectOptions | None = None, budget: Budget | None = None

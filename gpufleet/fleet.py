@@ -20,15 +20,23 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from gpufleet.connection import Budget, Connection, ConnectOptions, Unreachable, connect
+from gpufleet.connection import (
+    Budget,
+    Connection,
+    ConnectOptions,
+    Connector,
+    Unreachable,
+)
+from gpufleet.connection import connect as open_connection
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory import Host
 
@@ -40,6 +48,7 @@ HOST_TIMEOUT_VAR = "gpufleet_host_timeout"
 PROCESS_MIN_HOSTS = 256
 HOSTS_PER_PROCESS = 128
 PROCESSES_ENV = "GPUFLEET_PROCESSES"
+DEADLINE_SCAN_S = 0.5  # how often a batch looks for hosts past their deadline
 
 
 @dataclass
@@ -76,6 +85,7 @@ class FleetOptions:
     max_fail_percent: float | None = None
     connect: ConnectOptions = field(default_factory=ConnectOptions)
     processes: int | None = None  # worker processes per batch; None: worker_processes()
+    connector: Connector = open_connection  # SSH or local; the srun launcher brings its own
 
 
 class ProgressSink(Protocol):
@@ -291,8 +301,8 @@ def _run_processes(batch: list[Host], task: HostTask[T], options: FleetOptions,
 def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
                options: FleetOptions, progress: ProgressSink | None) -> dict[str, Outcome[T]]:
     budgets = {h.name: Budget() for h in batch}
-    conns: dict[str, Connection] = {h.name: connect(h, options.connect, budgets[h.name])
-                                    for h in batch}
+    conns: dict[str, Connection] = {
+        h.name: options.connector(h, options.connect, budgets[h.name]) for h in batch}
     limits: dict[str, float] = {}
     started: dict[str, float] = {}
     lock = threading.Lock()
@@ -308,21 +318,37 @@ def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
             started[host.name] = time.monotonic()
         return _run_one(host, conns[host.name], task)
 
-    futures: dict[Future[Outcome[T]], Host] = {pool.submit(job, h): h for h in batch}
+    # Finished futures arrive on a queue (no waiter over every pending future per
+    # completion), and deadlines are scanned twice a second, not after every completion:
+    # the controller's cost per host stays flat as the batch grows.
+    done: queue.SimpleQueue[Future[Outcome[T]]] = queue.SimpleQueue()
+    futures: dict[Future[Outcome[T]], Host] = {}
+    for host in batch:
+        future = pool.submit(job, host)
+        futures[future] = host
+        future.add_done_callback(done.put)
     results: dict[str, Outcome[T]] = {}
     pending = set(futures)
+    next_scan = time.monotonic() + DEADLINE_SCAN_S
     while pending:
-        finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-        for fut in finished:
+        try:
+            fut = done.get(timeout=max(0.0, next_scan - time.monotonic()))
+        except queue.Empty:
+            fut = None
+        if fut is not None and fut in pending:
+            pending.discard(fut)
             host = futures[fut]
-            if host.name not in results:
-                results[host.name] = fut.result()
-                _report(progress, results[host.name])
+            results[host.name] = fut.result()
+            _report(progress, results[host.name])
         now = time.monotonic()
+        if now < next_scan:
+            continue
+        next_scan = now + DEADLINE_SCAN_S
+        with lock:
+            running = {name: (started[name], limits[name]) for name in started}
         for fut in list(pending):
             host = futures[fut]
-            with lock:
-                began, limit = started.get(host.name), limits.get(host.name)
+            began, limit = running.get(host.name, (None, None))
             if began is not None and limit is not None and now - began > limit:
                 pending.discard(fut)
                 budget = budgets[host.name]

@@ -14,7 +14,7 @@ import copy
 import hashlib
 import os
 import shlex
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -292,6 +292,17 @@ class Inventory:
     _tree: dict[str, tuple[list[str], list[str]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _memo: dict[Hashable, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """``compute()`` once per inventory for ``key``: a value every host's plan shares
+        (a cluster's address list) costs one computation per run, not one per host. A
+        computation that raises is not remembered."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[no-any-return]
 
     def select(self, pattern: str | None = None) -> list[Host]:
         """Hosts matching an Ansible host pattern, in the order Ansible lists them."""

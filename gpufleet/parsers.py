@@ -1049,9 +1049,13 @@ _SMI_LIST = re.compile(r"^GPU (\d+): (.+?) \(UUID: (\S+)\)\s*$")
 
 
 def nvidia_smi_list(text: str) -> list[dict[str, Any]]:
-    """``nvidia-smi -L``: one ``{"index", "name", "uuid"}`` per GPU (MIG lines skipped)."""
+    """``nvidia-smi -L``: one ``{"index", "name", "uuid"}`` per GPU (MIG lines skipped);
+    "No devices were found" gives an empty list."""
     gpus = []
-    for line in _output_lines(text):
+    lines = _output_lines(text)
+    if [line.strip() for line in lines] == ["No devices were found"]:
+        return []
+    for line in lines:
         if match := _SMI_LIST.match(line.strip()):
             gpus.append({"index": int(match.group(1)), "name": match.group(2),
                          "uuid": match.group(3)})

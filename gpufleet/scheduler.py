@@ -29,6 +29,11 @@ def slurm_of(host: Host) -> Slurm | None:
     if kind != "slurm":
         raise GpufleetError(f"host {host.name}: variable {SCHEDULER_VAR} must be slurm or "
                             f"none, got {kind!r}")
+    return slurm_client(host)
+
+
+def slurm_client(host: Host) -> Slurm:
+    """Slurm's commands for the host's cluster (``gpufleet_slurm_conf`` as SLURM_CONF)."""
     conf = host.vars.get("gpufleet_slurm_conf")
     return Slurm(conf=Path(str(conf)) if conf else None)
 

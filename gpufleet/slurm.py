@@ -248,11 +248,16 @@ class Slurm:
     conf: Path | None = None
     timeout: float = DEFAULT_TIMEOUT
 
-    def run(self, argv: Sequence[str]) -> str:
-        """Run one Slurm command and return its output; SlurmError says why it failed."""
+    def environment(self) -> dict[str, str]:
+        """The environment for Slurm's commands (``SLURM_CONF`` when ``conf`` is given)."""
         env = dict(os.environ)
         if self.conf is not None:
             env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def run(self, argv: Sequence[str]) -> str:
+        """Run one Slurm command and return its output; SlurmError says why it failed."""
+        env = self.environment()
         shown = " ".join(argv[:3])
         try:
             proc = subprocess.run(list(argv), capture_output=True, text=True, env=env,

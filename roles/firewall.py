@@ -247,16 +247,21 @@ class FirewallRole(RoleBase):
         if group not in ctx.inventory.groups:
             raise VarError(f"host {v.host.name}: firewall_cluster_group {group!r} is not a "
                            "group of the inventory")
-        sources: list[str] = []
-        for name in sorted(ctx.inventory.groups[group]):
-            host = ctx.inventory.hosts[name]
-            resolved = _resolve(host.address)
-            if not resolved:
-                raise VarError(f"host {v.host.name}: cannot resolve the address of cluster "
-                               f"host {name} ({host.address}) for the firewall")
-            sources += resolved
-        return sources + [self._cidr(v, c, "firewall_extra_cidrs")
-                          for c in v.items("firewall_extra_cidrs")]
+
+        def members() -> tuple[str, ...]:
+            sources: list[str] = []
+            for name in sorted(ctx.inventory.groups[group]):
+                host = ctx.inventory.hosts[name]
+                resolved = _resolve(host.address)
+                if not resolved:
+                    raise VarError(f"host {v.host.name}: cannot resolve the address of "
+                                   f"cluster host {name} ({host.address}) for the firewall")
+                sources += resolved
+            return tuple(sources)
+
+        return [*ctx.inventory.memo(("firewall_cluster_sources", group), members),
+                *(self._cidr(v, c, "firewall_extra_cidrs")
+                  for c in v.items("firewall_extra_cidrs"))]
 
     def controllers(self, facts: Facts, v: RoleVars) -> list[str]:
         """The addresses gpufleet runs from (``gpufleet_controllers``), from the inventory

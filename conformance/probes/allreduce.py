@@ -9,6 +9,10 @@ hung run can be pinned to a phase; rank 0 prints a ``result`` line per message s
 ``--trials K``, busbw of every timing in ``busbw_trials`` and their median) and a
 ``summary``. A rank that runs out of memory prints an ``error`` line.
 
+With ``--nccl-log NCCL_DEBUG=INFO`` (repeatable: NCCL_DEBUG, NCCL_DEBUG_SUBSYS,
+NCCL_DEBUG_FILE) the settings are put in the environment before NCCL starts, on the NCCL
+backend only, so NCCL's INFO log (its channels and their transports) reaches stdout.
+
 Exit status: 0 when every element summed right, 2 when any was wrong, 3 on a memory error,
 64 on a bad command line.
 
@@ -50,6 +54,7 @@ EXACT_INTEGERS = {"float32": 2**24, "bfloat16": 2**8, "float16": 2**11}
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _SIZE = re.compile(r"(\d+)([KMG]?)", re.IGNORECASE)
 _CHECK_CHUNK = 64 * 1024**2  # elements compared at a time, to bound the mask's memory
+NCCL_LOG_KEYS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -107,6 +112,21 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _nccl_log_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in NCCL_LOG_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"bad --nccl-log {text!r}: want KEY=VALUE, KEY one of {', '.join(NCCL_LOG_KEYS)}"
+        )
+    return key, value
+
+
+def nccl_log_environment(backend: str, settings: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The ``--nccl-log`` settings to put in the environment: on the NCCL backend only
+    (gloo has no NCCL to log)."""
+    return dict(settings) if backend == "nccl" else {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The probe's command line; errors in it exit with 64 (``EXIT_USAGE``)."""
     parser = common.ProbeParser(description="Time and check torch.distributed all_reduce.")
@@ -145,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-seconds-per-size",
         type=common.positive_float,
         help="time single all-reduces first, then cut warmup and iterations to fit these seconds",
+    )
+    parser.add_argument(
+        "--nccl-log",
+        type=_nccl_log_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="NCCL_DEBUG, NCCL_DEBUG_SUBSYS or NCCL_DEBUG_FILE for the run (NCCL backend only)",
     )
     return parser
 
@@ -254,6 +282,7 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
     import torch.distributed as dist
 
     backend, device = common.choose_device(args.backend, place)
+    os.environ.update(nccl_log_environment(backend, args.nccl_log))
     sizes = args.sizes or parse_sizes(DEFAULT_SIZES[backend])
     iters = args.iters if args.iters is not None else DEFAULT_ITERS[backend]
     warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[backend]

@@ -1,18 +1,23 @@
 """AllReduce across nodes, hierarchically: every node alone (all at once), then disjoint
 pairs (all at once), then all nodes together; a failing or slow run is searched with
 adaptive group testing (``grouptest``) to the bad nodes and pairs, each confirmed before it
-is blamed, and a bad pair's direction is read with a connect probe both ways."""
+is blamed, and a bad pair's direction is read with a connect probe both ways. On NCCL, a
+run whose channels use a transport below the inventory's expectation fails (NCCL's INFO
+log, ``nccl_log``)."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.conformance.allreduce_vars import expected_transports
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, run_probe
+from gpufleet.conformance.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -61,7 +66,20 @@ def probe_args(node: Node) -> list[str]:
     iters = node.var("allreduce_iters")
     if iters:
         args += ["--iters", str(iters)]
-    return args
+    return args + nccl_log_args(node.var("nccl_env") or {})
+
+
+def nccl_log_args(nccl_env: Mapping[str, Any]) -> list[str]:
+    """The probe's ``--nccl-log`` settings (applied on the NCCL backend only): NCCL_DEBUG
+    INFO (TRACE when the inventory's ``nccl_env`` asks for it), NCCL_DEBUG_SUBSYS INIT,NET
+    added to the subsystems ``nccl_env`` names, and NCCL_DEBUG_FILE empty so the log reaches
+    the probe's output even where nccl.conf sends it to a file."""
+    level = "TRACE" if str(nccl_env.get("NCCL_DEBUG", "")).upper() == "TRACE" else "INFO"
+    named = str(nccl_env.get("NCCL_DEBUG_SUBSYS") or "")
+    kept = [] if named.startswith("^") else [s.strip().upper() for s in named.split(",")]
+    subsys = ",".join(dict.fromkeys([*(s for s in kept if s), "INIT", "NET"]))
+    return ["--nccl-log", f"NCCL_DEBUG={level}", "--nccl-log", f"NCCL_DEBUG_SUBSYS={subsys}",
+            "--nccl-log", "NCCL_DEBUG_FILE="]
 
 
 def timeout_of(node: Node) -> float:
@@ -91,7 +109,52 @@ def problem(run: ProbeRun, node: Node, count: int) -> str | None:
     if minimum is not None and largest["world_size"] > 1 and largest["busbw"] < minimum:
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
                 f"under the {minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
+    return transport_problem(run, node)
+
+
+def run_links(run: ProbeRun) -> tuple[list[Link], dict[int, str]]:
+    """The run's NCCL channel connections, and rank -> node (from the node whose output
+    printed the rank's ``comm .. rank`` line)."""
+    node_of = {rank: name for name, out in run.outputs.items()
+               for rank in rank_hosts("\n".join(out.nccl_log))}
+    text = "\n".join(line for out in run.outputs.values() for line in out.nccl_log)
+    return links(text, node_of), node_of
+
+
+def transport_unchecked(run: ProbeRun) -> str | None:
+    """Why the run's transports are not checked (gloo, a single rank), else None."""
+    largest = run.largest
+    if largest is None:
+        return "not checked: the run reported no result"
+    backend = largest.get("backend") or "unknown"
+    if backend != "nccl":
+        return f"not checked: the {backend} backend uses no NCCL transport"
+    if int(largest.get("world_size", 0)) < 2:
+        return "not checked: one NCCL rank, no channel between GPUs"
     return None
+
+
+def transport_problem(run: ProbeRun, node: Node) -> str | None:
+    """Channels that used a transport below ``allreduce_transport_intra``/``_inter`` (the
+    first node's), or a log without any channel; None when they match or are not checked."""
+    if transport_unchecked(run) is not None:
+        return None
+    found, node_of = run_links(run)
+    if not found:
+        return ("unknown: NCCL's log shows no channel (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS="
+                "INIT,NET did not reach NCCL)")
+    intra, inter = expected_transports(node.host)
+    return "; ".join(mismatches(found, intra, inter, node_of)) or None
+
+
+def transport_summary(run: ProbeRun) -> str:
+    """The transports the run used, e.g. ``intra P2P/CUMEM``, or why they are unchecked."""
+    unchecked = transport_unchecked(run)
+    if unchecked is not None:
+        return unchecked
+    seen = observed(run_links(run)[0])
+    return "; ".join(f"{where} {', '.join(found)}" for where, found in seen.items()
+                     if found) or "no channel in NCCL's log"
 
 
 def run_groups(groups: list[list[Node]], timeout_s: float, workers: int,

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.conformance.nccl_log import condense
 from gpufleet.conformance.session import Node
-from gpufleet.connection import Budget, connect
+from gpufleet.connection import Budget
 from gpufleet.drift import training_python
 from gpufleet.errors import GpufleetError
 
@@ -48,6 +49,7 @@ class NodeOutput:
     rc: int | None
     events: list[dict[str, Any]]
     stderr_tail: str
+    nccl_log: list[str] = field(default_factory=list)  # condensed (nccl_log.condense)
 
     def last_phase(self) -> str | None:
         """The earliest phase any of the node's ranks got stuck after (slowest rank)."""
@@ -115,7 +117,9 @@ class ProbeRun:
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "ok": self.error() is None, "error": self.error(),
                 "duration_s": round(self.duration, 3), "results": self.results,
-                "summary": self.summary, "leftover_processes": self.leftovers}
+                "summary": self.summary, "leftover_processes": self.leftovers,
+                "nccl_log": {name: o.nccl_log for name, o in self.outputs.items()
+                             if o.nccl_log}}
 
 
 def socket_ifname(node: Node) -> str | None:
@@ -172,7 +176,9 @@ def _parse(stdout: str, stderr: str) -> NodeOutput:
             except json.JSONDecodeError:
                 continue
     tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
-    return NodeOutput(rc, events, tail)
+    nccl = [line.strip() for line in (stdout + "\n" + stderr).splitlines()
+            if " NCCL INFO " in line or " NCCL WARN " in line]
+    return NodeOutput(rc, events, tail, condense(nccl))
 
 
 def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: float, *,
@@ -221,7 +227,7 @@ def clean_up(rundir: str, nodes: list[Node]) -> dict[str, str]:
         if not node.budget.spent:
             with contextlib.suppress(GpufleetError):
                 return node.name, node.run(command, timeout=CLEANUP_BUDGET_S).stdout.strip()
-        conn = connect(node.host, node.connect_options, Budget(CLEANUP_BUDGET_S))
+        conn = node.connector(node.host, node.connect_options, Budget(CLEANUP_BUDGET_S))
         try:
             return node.name, conn.run(command, timeout=CLEANUP_BUDGET_S - 5).stdout.strip()
         except GpufleetError as exc:

@@ -10,10 +10,11 @@ the right sums, only slower: this is what catches it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-_CHANNEL = re.compile(r"Channel \d+(?:/\d+)? : (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[\w+\])? "
-                      r"via (\S+)")
+_CHANNEL = re.compile(r"Channel (?:\d+(?:/\d+)?) : (\d+)\[(\d+)\] -> (\d+)\[(\d+)\]"
+                      r"(?: \[\w+\])? via (\S+)")
 _RANK_HOST = re.compile(r"^(\S+?):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-f]+ rank (\d+) ")
 TRANSPORTS = ("P2P", "SHM", "NET/IB", "NET/Socket")
 
@@ -27,38 +28,99 @@ class Link:
     transport: str  # P2P, SHM, NET/IB, NET/Socket (or the log's own word)
     detail: str     # P2P/CUMEM, NET/IB/0 ...
     same_host: bool
+    src_gpu: int = -1  # the CUDA device of each rank, as the log prints it
+    dst_gpu: int = -1
+    line: str = ""  # the channel line from "Channel" on
 
 
-def links(text: str) -> list[Link]:
+def rank_hosts(text: str) -> dict[int, str]:
+    """Rank -> host, from the log's ``host:pid:tid [dev] NCCL INFO comm 0x.. rank N`` lines."""
+    return {int(m.group(2)): m.group(1) for line in text.splitlines()
+            if (m := _RANK_HOST.match(line.strip()))}
+
+
+def links(text: str, hosts: Mapping[int, str] | None = None) -> list[Link]:
     """Every channel connection in the log (each once), with whether its ranks share a host
-    (as the log's ``host:pid:tid`` prefixes say; unknown ranks count as one host)."""
-    hosts = {int(m.group(2)): m.group(1) for line in text.splitlines()
-             if (m := _RANK_HOST.match(line.strip()))}
+    (as ``hosts`` says, else the log's ``host:pid:tid`` prefixes; unknown ranks count as one
+    host)."""
+    where = rank_hosts(text) if hosts is None else hosts
     seen: dict[tuple[int, int, str], Link] = {}
     for match in _CHANNEL.finditer(text):
-        src, dst, detail = int(match.group(1)), int(match.group(2)), match.group(3)
+        src, dst, detail = int(match.group(1)), int(match.group(3)), match.group(5)
         parts = detail.split("/")
         transport = "/".join(parts[:2]) if parts[0] == "NET" else parts[0]
-        same = hosts.get(src, "?") == hosts.get(dst, "?")
-        seen.setdefault((src, dst, detail), Link(src, dst, transport, detail, same))
+        same = where.get(src, "?") == where.get(dst, "?")
+        seen.setdefault((src, dst, detail), Link(
+            src, dst, transport, detail, same, int(match.group(2)), int(match.group(4)),
+            match.group(0)))
     return list(seen.values())
 
 
-def transport_problems(found: list[Link], intra: str | None, inter: str | None) -> list[str]:
-    """Links that do not use the expected transport inside a host (``intra``: P2P ...) or
-    across hosts (``inter``: NET/IB ...); None expects nothing. No link at all is a problem
-    (the log did not show what NCCL chose)."""
-    if not found:
-        return ["NCCL's log shows no channel (run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,"
-                "NET)"]
+# What each expectation accepts: the expected transport or a better one. NVLS shares its
+# channels with P2P (rings and trees still connect by P2P), so both pass ``nvls``.
+INTRA = {"p2p": ("P2P", "NVLS"), "nvls": ("NVLS", "P2P"), "shm": ("SHM", "P2P", "NVLS"),
+         "any": ()}
+INTER = {"ib": ("NET/IB",), "socket": ("NET/Socket", "NET/IB"), "any": ()}
+EXPECTED = {"p2p": "P2P (NVLink)", "nvls": "NVLS or P2P (NVLink)", "shm": "SHM or P2P",
+            "ib": "NET/IB (InfiniBand/RoCE)", "socket": "NET/Socket or NET/IB"}
+
+
+def mismatches(found: list[Link], intra: str, inter: str,
+               node_of: Mapping[int, str] | None = None) -> list[str]:
+    """One message per unexpected transport inside a node and across nodes, naming the
+    GPUs (and nodes, from ``node_of``: rank -> node), a sample channel line and what was
+    expected; ``intra``/``inter`` are keys of :data:`INTRA`/:data:`INTER`."""
+    nodes = node_of or {}
     problems = []
-    for where, wanted, same in (("inside a node", intra, True), ("across nodes", inter, False)):
-        if wanted is None:
+    for same, wanted, accepted in ((True, intra, INTRA[intra]), (False, inter, INTER[inter])):
+        if not accepted:
             continue
-        wrong = sorted({f"{link.src}->{link.dst} via {link.detail}" for link in found
-                        if link.same_host is same and link.transport != wanted})
-        if wrong:
-            shown = ", ".join(wrong[:4]) + (f" (+{len(wrong) - 4} more)" if len(wrong) > 4
-                                            else "")
-            problems.append(f"{where} NCCL uses {shown}, not {wanted}")
+        wrong: dict[str, list[Link]] = {}
+        for link in found:
+            if link.same_host is same and link.transport not in accepted:
+                wrong.setdefault(link.transport, []).append(link)
+        for transport, bad in wrong.items():
+            first = min(bad, key=lambda lk: (lk.src, lk.dst))
+            ends = (f"GPU {first.src_gpu} and GPU {first.dst_gpu}" if same else
+                    f"{nodes.get(first.src, f'rank {first.src}')} GPU {first.src_gpu} and "
+                    f"{nodes.get(first.dst, f'rank {first.dst}')} GPU {first.dst_gpu}")
+            prefix = f"{nodes[first.src]}: " if same and first.src in nodes else ""
+            more = f" (and {len(bad) - 1} more link(s) via {transport})" if len(bad) > 1 else ""
+            problems.append(f"{prefix}NCCL used {transport} between {ends} "
+                            f"(channel {first.line.removeprefix('Channel ')}), expected "
+                            f"{EXPECTED[wanted]}{more}")
     return problems
+
+
+def observed(found: list[Link]) -> dict[str, list[str]]:
+    """The transports seen inside nodes and across nodes (``P2P/CUMEM``, ``NET/IB/0`` ...)."""
+    return {"intra": sorted({lk.detail for lk in found if lk.same_host}),
+            "inter": sorted({lk.detail for lk in found if not lk.same_host})}
+
+
+_KEPT = ("Using network", "NET/IB : No device found", " NCCL WARN ", "NCCL version")
+
+
+def condense(lines: list[str], tail: int = 20, most: int = 200) -> list[str]:
+    """The NCCL log lines a transport verdict needs, in order: each rank's ``comm .. rank``
+    line, each distinct channel connection once, the network NCCL chose and its warnings;
+    then the last ``tail`` lines; at most ``most`` lines in all."""
+    kept: list[str] = []
+    seen: set[tuple[str, ...]] = set()
+    for line in lines:
+        channel = _CHANNEL.search(line)
+        rank = _RANK_HOST.match(line.strip())
+        if channel:
+            key: tuple[str, ...] = ("channel", channel.group(1), channel.group(3),
+                                    channel.group(5))
+        elif rank:
+            key = ("rank", rank.group(1), rank.group(2))
+        elif any(word in line for word in _KEPT):
+            key = ("line", line.split(" NCCL ", 1)[-1])
+        else:
+            continue
+        if key not in seen:
+            seen.add(key)
+            kept.append(line)
+    end = [line for line in lines[-tail:] if line not in kept] if tail else []
+    return (kept[:most - len(end)] + end)[:most]

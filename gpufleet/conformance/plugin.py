@@ -16,20 +16,26 @@ from typing import Any
 
 import pytest
 
+from gpufleet import slurm_inventory
 from gpufleet.conformance.baseline import BASELINE_FILE, BaselineStore
 from gpufleet.conformance.launch import cleanup_active
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connection import ConnectOptions
 from gpufleet.errors import GpufleetError
-from gpufleet.fleet import DEFAULT_FORKS, FleetOptions
+from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
+from gpufleet.inventory import Host
 from gpufleet.inventory_source import load_source
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.terminal import plain
+from gpufleet.scheduler import slurm_client
+from gpufleet.srun import Allocation
 
 FLEET = "fleet"
 CONFORMANCE_TIMEOUT_S = 3600.0
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
+ALLOCATION_KEY = pytest.StashKey[Allocation]()
+LAUNCHERS = ("ssh", "slurm")
 RESULTS_KEY = pytest.StashKey[list["Result"]]()
 PARALLEL_KEY = pytest.StashKey[FleetParallel]()
 RUN_KEY = pytest.StashKey[NodeRun]()
@@ -73,6 +79,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"record each passing node's figures in {BASELINE_FILE} on the node")
     group.addoption("--gpufleet-compare-baseline", action="store_true",
                     help="gate figures at max(floor, baseline_fraction x the node's baseline)")
+    group.addoption("--gpufleet-launcher", choices=LAUNCHERS, default="ssh",
+                    help="reach nodes by SSH, or as steps of a Slurm allocation")
+    group.addoption("--gpufleet-partition", default=None,
+                    help="with --gpufleet-launcher slurm: the partition to allocate from")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,6 +104,10 @@ def _session(config: pytest.Config) -> ConformanceSession:
                              default_timeout=CONFORMANCE_TIMEOUT_S, connect=ConnectOptions(
                                  connect_timeout=config.getoption("gpufleet_connect_timeout"),
                                  known_hosts_base=inventory.base))
+        if config.getoption("gpufleet_launcher") == "slurm":
+            allocation = _allocate(config, name, hosts, fleet)
+            config.stash[ALLOCATION_KEY] = allocation
+            fleet.connector = allocation.connect
         json_path = config.getoption("gpufleet_json")
         artifacts = config.getoption("gpufleet_artifacts") or (
             str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
@@ -103,7 +117,26 @@ def _session(config: pytest.Config) -> ConformanceSession:
             "pairs": config.getoption("gpufleet_pairs"),
             "with_nccl_tests": config.getoption("gpufleet_with_nccl_tests"),
             "fleet": fleet, "baseline": _baseline_store(config)})
+        if ALLOCATION_KEY in config.stash:
+            allocation = config.stash[ALLOCATION_KEY]
+            config.stash[SESSION_KEY].add_report("launcher", "slurm", {
+                "job_id": allocation.job_id, "left_out": allocation.left_out,
+                "nodes": {h: n.name for h, n in allocation.nodes.items()}})
     return config.stash[SESSION_KEY]
+
+
+def _allocate(config: pytest.Config, name: str, hosts: list[Host], fleet: FleetOptions
+              ) -> Allocation:
+    """The run's Slurm allocation: the partition given, else the ``slurm:`` inventory's."""
+    partition = config.getoption("gpufleet_partition") or (
+        slurm_inventory.parse_source(name)[0] if slurm_inventory.is_slurm_source(name)
+        else None)
+    try:
+        longest = max(host_timeout(h, fleet) for h in hosts)
+        return Allocation.open(hosts, slurm_client(hosts[0]), partition=partition,
+                               time_limit_s=longest)
+    except GpufleetError as exc:
+        raise pytest.UsageError(f"--launcher slurm: {exc}") from None
 
 
 def _baseline_store(config: pytest.Config) -> BaselineStore | None:
@@ -283,3 +316,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state:
         cleanup_active()
         state.close()
+    allocation = config.stash.get(ALLOCATION_KEY, None)
+    if allocation is not None:
+        allocation.release()

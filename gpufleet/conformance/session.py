@@ -12,7 +12,14 @@ import testinfra.backend.base
 import testinfra.host
 
 import roles as role_registry
-from gpufleet.connection import Budget, CommandResult, Connection, ConnectOptions, connect
+from gpufleet.connection import (
+    Budget,
+    CommandResult,
+    Connection,
+    ConnectOptions,
+    Connector,
+    connect,
+)
 from gpufleet.drift import consistency_request
 from gpufleet.engine import active_roles, fact_request
 from gpufleet.facts import FactRequest, Facts, gather_facts
@@ -50,6 +57,7 @@ class Node:
     facts: Facts | None = None
     error: str | None = None
     budget: Budget = field(default_factory=Budget)
+    connector: Connector = connect
     _conn: Connection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -75,7 +83,7 @@ class Node:
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
-                self._conn = connect(self.host, self.connect_options, self.budget)
+                self._conn = self.connector(self.host, self.connect_options, self.budget)
             return self._conn
 
     def run(self, command: str, timeout: float = CHECK_TIMEOUT_S,
@@ -119,7 +127,7 @@ class ConformanceSession:
         nodes = {}
         for host in hosts:
             outcome = outcomes[host.name]
-            node = Node(host, fleet.connect, outcome.value)
+            node = Node(host, fleet.connect, outcome.value, connector=fleet.connector)
             if outcome.value is None:
                 node.error = f"{outcome.status}: {outcome.error}"
             else:

@@ -3,7 +3,8 @@ peer; a wrong fingerprint refused before anything runs on the node (and the node
 from the controller); a failing step drains the node.
 
 The tests share one fresh node and run in order: refused, then ready, then re-certified
-while the peer's own firewall closes the rendezvous port."""
+while the peer's own firewall closes the rendezvous port (the peer's firewall role refuses
+to admit it past a foreign rule that drops the cluster)."""
 
 from __future__ import annotations
 
@@ -105,21 +106,25 @@ def test_a_failing_step_marks_the_node_not_ready_and_drains_it(
             "{ type filter hook input priority -10; }' && "
             "nft add rule inet site in tcp dport 29500 drop")
     try:
-        with override(provisioned, "host_vars", "node01", {"allreduce_timeout_s": 30}):
-            code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01",
-                                      recertify=True)
+        code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01",
+                                  recertify=True)
     finally:
         node_sh(lab, "node01", "nft delete table inet site")
-    assert code == 1
+    assert code == 1, report
+    # The peer's firewall role sees the foreign rule while admitting the node: the run stops
+    # there (certify never runs) and names the rule.
     steps = {s["step"]: s["status"] for s in report["steps"]}  # type: ignore[union-attr]
-    assert steps["provision"] == "ok" and steps["certify"] == "failed" and steps["mark"] == "ok"
-    assert "port 29500 not reachable from" in str(report["reason"])
+    assert steps == {"trust": "ok", "preflight": "ok", "provision": "ok", "admit": "failed",
+                     "mark": "ok"}, report
+    reason = str(report["reason"])
+    assert reason.startswith(f"admit: the peer node01 could not admit {fresh}: "), reason
+    assert "tcp dport 29500 from" in reason and "table inet site chain in" in reason
     state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
     assert state["status"] == "not-ready"
-    assert "port 29500" in state["reason"]
+    assert "tcp dport 29500" in state["reason"]
     drained = hooks.read_text()
-    assert drained.startswith(f"drain {fresh}: certify: ")
-    assert "port 29500" in drained
+    assert drained.startswith(f"drain {fresh}: admit: ")
+    assert "tcp dport 29500" in drained
 
 
 def test_an_unreachable_node_is_drained_from_the_controller_and_exits_3(

@@ -39,7 +39,7 @@ from tests.lab.conftest import lab_config_for, node_sh
 def small_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.skip("lab tests need root: they create network namespaces and mounts")
-    lab = Lab(lab_config_for("hs", 3, tmp_path_factory.mktemp("hostile") / "lab"))
+    lab = Lab(lab_config_for("hs", 5, tmp_path_factory.mktemp("hostile") / "lab"))
     lab.down()
     lab.up(3)
     yield lab

@@ -4,6 +4,7 @@ and the slurm:PARTITION inventory."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from gpufleet.inventory import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 from gpufleet.slurm import Slurm, SlurmNode, drain_reason
-from roles import nccl_env, slurm_healthcheck
+from roles import nccl_env, pytorch, slurm_healthcheck
 from tests.conftest import ROOT
 from tests.lab.conftest import foreign_table, lab_config_for, node_sh
 
@@ -42,8 +43,22 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     lab = Lab(config)
     lab.down()
     lab.up(NODES, slurm=SlurmSettings(health_check_interval=HEALTH_CHECK_INTERVAL))
+    _seed_torch(lab)
     yield lab
     lab.down()
+
+
+def _seed_torch(lab: Lab) -> None:
+    """torch on node01 by the pytorch role, then its venv hard-linked into the other nodes'
+    overlays before anything there looks at /opt (an overlay misses later changes to its
+    upper directory)."""
+    inventory = load_inventory(lab.config.inventory_dir)
+    outcomes = provision(inventory, inventory.select("node01"), [pytorch.ROLE], RunOptions())
+    assert outcomes["node01"].status == "changed", outcomes
+    venv = lab.node("node01").dir / "upper" / "opt" / "gpufleet"
+    for node in lab.nodes()[1:]:
+        (node.dir / "upper" / "opt").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(venv), str(node.dir / "upper" / "opt")], check=True)
 
 
 @pytest.fixture
@@ -234,6 +249,59 @@ def test_drift_drains_the_drifted_node_and_resumes_it_once_clean(
     assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
                          outputs=outputs) == 0
     _idle(slurm, "node03", "drift resumes node03 once it is clean")
+
+
+def _outcomes(report: Path) -> dict[tuple[str, str, str], str]:
+    return {(r["host"], r["suite"], r["check"]): r["outcome"]
+            for r in json.loads(report.read_text())["results"]}
+
+
+def _steps(lab: Lab, node: str, job: str) -> int:
+    log = LabSlurm(lab.config).dir / "log" / f"slurmd-{node}.log"
+    return log.read_text().count(f"launch task StepId={job}.")
+
+
+def test_the_slurm_launcher_gives_the_ssh_launchers_outcomes(slurm_lab: Lab, slurm: Slurm,
+                                                              tmp_path: Path) -> None:
+    inventory = str(slurm_lab.config.inventory_dir)
+    suites = "firewall,stack,host_sizing,reachability,allreduce"
+    by_ssh, by_slurm = tmp_path / "ssh.json", tmp_path / "slurm.json"
+    assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_ssh)) == 1
+    assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_slurm),
+                               launcher="slurm", partition="lab") == 1
+    assert _outcomes(by_slurm) == _outcomes(by_ssh)
+    outcomes = _outcomes(by_slurm)
+    assert outcomes[("fleet", "allreduce", "test_all_nodes_together")] == "pass"
+    assert {outcomes[(f"node0{i}", "allreduce", "test_each_node_alone")]
+            for i in range(1, NODES + 1)} == {"pass"}
+    assert outcomes[("node02", "firewall", "test_live_rules_admit_the_cluster")] == "pass"
+    launcher = json.loads(by_slurm.read_text())["data"]["launcher"]["slurm"]
+    assert launcher["left_out"] == {}
+    assert all(_steps(slurm_lab, f"node0{i}", launcher["job_id"]) > 10
+               for i in range(1, NODES + 1))
+    assert not [line for line in subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True,
+        env=_slurm_env(slurm_lab)).stdout.split() if line == launcher["job_id"]]
+
+
+def test_the_slurm_launcher_leaves_out_a_drained_node_and_names_why(
+        slurm_lab: Lab, slurm: Slurm, tmp_path: Path) -> None:
+    _operator_drain(slurm_lab, "node03", "cabling (OPS-9)")
+    try:
+        report = tmp_path / "slurm.json"
+        assert app.conformance_cmd(str(slurm_lab.config.inventory_dir), suites="firewall",
+                                   json_path=str(report), launcher="slurm",
+                                   drain_failed=True) == 1
+        assert slurm.node("node03").reason == "cabling (OPS-9)"
+        assert not slurm.node("node02").drained
+    finally:
+        _operator_resume(slurm_lab, "node03")
+    results = {r["host"]: r for r in json.loads(report.read_text())["results"]}
+    assert results["node01"]["outcome"] == results["node02"]["outcome"] == "pass"
+    assert results["node03"]["outcome"] == "fail"
+    assert results["node03"]["message"] == (
+        "unreachable or facts failed: unreachable: node03: not allocated: IDLE+DRAIN in "
+        "Slurm: cabling (OPS-9)")
 
 
 def test_slurm_partition_as_inventory(slurm_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,9 +114,10 @@ def test_the_soak_wall_time_is_one_soak_not_the_sum(pytester: pytest.Pytester,
 def test_each_parameter_is_its_own_group_and_function_fixtures_run_item_by_item(
         pytester: pytest.Pytester, tmp_path: Path) -> None:
     _, doc, _ = _run(pytester, tmp_path, "-k", "test_sized or test_with_tmp_path")
-    sized = [r for r in doc["results"] if r["check"] == "test_sized"]
+    sized = [r for r in doc["results"] if r["check"].startswith("test_sized")]
     assert len(sized) == 12 and {r["outcome"] for r in sized} == {"pass"}
-    assert sorted({r["properties"]["size"] for r in sized}) == [1, 2]
+    assert {(r["check"], r["properties"]["size"]) for r in sized} == {
+        ("test_sized[1]", 1), ("test_sized[2]", 2)}
     tmp = _by(doc, "test_with_tmp_path")
     assert len(tmp) == 6 and {r["outcome"] for r in tmp.values()} == {"pass"}
 

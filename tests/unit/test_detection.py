@@ -1,46 +1,17 @@
-"""Detection power, on real captures: NCCL's transports from its INFO log on 2x H200 (P2P
-over NVLink; SHM with P2P off; NET/Socket with both off), the NCCL environment linted
-against the node, GPU counts from every source, and the live ruleset read from a node."""
+"""Detection power, on real captures: the NCCL environment linted against the node, GPU
+counts from every source, and the live ruleset read from a node (NCCL's transports:
+tests/unit/test_nccl_transport.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gpufleet.conformance import gpu, nccl_env
-from gpufleet.conformance.nccl_log import links, transport_problems
 from gpufleet.firewall_analysis.live import analyse_live, parse_live
 from tests.conftest import ROOT
 
 REAL = ROOT / "tests" / "fixtures" / "real-node"
 LIVE = ROOT / "tests" / "fixtures" / "firewall" / "live"
-
-
-def log(name: str) -> str:
-    return (REAL / f"nccl-debug-info-h200x2-{name}.txt").read_text()
-
-
-def test_p2p_over_nvlink_passes_and_every_fallback_is_named() -> None:
-    assert {link.detail for link in links(log("default"))} == {"P2P/CUMEM"}
-    assert transport_problems(links(log("default")), "P2P", "NET/IB") == []
-    assert transport_problems(links(log("p2p-disabled")), "P2P", None) == [
-        "inside a node NCCL uses 0->1 via SHM/direct/direct, 1->0 via SHM/direct/direct, "
-        "not P2P"]
-    assert transport_problems(links(log("socket-fallback")), "P2P", None) == [
-        "inside a node NCCL uses 0->1 via NET/Socket/0, 1->0 via NET/Socket/0, not P2P"]
-    assert all(link.same_host for link in links(log("socket-fallback")))
-
-
-def test_across_nodes_a_socket_fallback_is_named() -> None:
-    text = ("a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0\n"
-            "b:2:2 [0] NCCL INFO comm 0x2 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0\n"
-            "a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n"
-            "b:2:2 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/IB/0/GDRDMA\n")
-    found = links(text)
-    assert [(lk.transport, lk.same_host) for lk in found] == [("NET/Socket", False),
-                                                              ("NET/IB", False)]
-    assert transport_problems(found, "P2P", "NET/IB") == [
-        "across nodes NCCL uses 0->1 via NET/Socket/0, not NET/IB"]
-    assert transport_problems([], "P2P", "NET/IB")[0].startswith("NCCL's log shows no channel")
 
 
 INTERFACES = [{"name": "lo", "state": "UNKNOWN"}, {"name": "eth0", "state": "UP"},

@@ -26,11 +26,12 @@ def write(root: Path, name: str, text: str) -> Path:
 
 
 def fails_fast(load: Callable[[], object]) -> str:
-    """The InventoryError a load raises, asserting it came quickly."""
-    start = time.monotonic()
+    """The InventoryError a load raises, asserting it came quickly: in CPU time, which a
+    busy machine does not inflate as it does wall time."""
+    start = time.process_time()
     with pytest.raises(InventoryError) as caught:
         load()
-    assert time.monotonic() - start < FAST_S
+    assert time.process_time() - start < FAST_S
     return str(caught.value)
 
 
@@ -135,9 +136,9 @@ def test_deeply_nested_groups_are_refused(tmp_path: Path) -> None:
 def test_a_long_chain_of_ini_children_loads_without_recursion(tmp_path: Path) -> None:
     chain = "".join(f"[g{n}:children]\ng{n + 1}\n" for n in range(3000))
     path = write(tmp_path, "hosts.ini", chain + "[g3000]\nleaf\n")
-    start = time.monotonic()
+    start = time.process_time()
     inventory = load_inventory(path)
-    assert time.monotonic() - start < 10
+    assert time.process_time() - start < 10
     assert inventory.hosts["leaf"].groups >= {"g0", "g1500", "g3000"}
     assert inventory.select("g0") == [inventory.hosts["leaf"]]
 

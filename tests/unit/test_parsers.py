@@ -425,6 +425,7 @@ def test_nvidia_smi_query_not_supported_and_no_devices() -> None:
         {"index": 0, "pcie.link.gen.gpucurrent": None, "retired_pages.pending": True}
     ]
     assert parsers.nvidia_smi_query("No devices were found\n") == []
+    assert parsers.nvidia_smi_list("No devices were found\n") == []
     assert parsers.nvidia_smi_query("index, name\n") == []
 
 
