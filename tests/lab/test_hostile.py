@@ -114,7 +114,8 @@ def test_a_hostile_node_cannot_break_facts(small_lab: Lab, tmp_path: Path) -> No
     assert document["hosts"]["node01"]["status"] == "ok"
 
 
-def test_drift_junit_is_valid_xml_with_hostile_values(small_lab: Lab, tmp_path: Path) -> None:
+def test_a_hostile_inventory_key_is_refused_escaped_before_any_host_is_contacted(
+        small_lab: Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inventory = tmp_path / "inventory"
     inventory.mkdir()
     hosts = yaml.safe_load((small_lab.config.inventory_dir / "hosts.yml").read_text())
@@ -122,16 +123,42 @@ def test_drift_junit_is_valid_xml_with_hostile_values(small_lab: Lab, tmp_path: 
         "BAD\x1b[31m\x00;KEY": "1"}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     junit = tmp_path / "drift.xml"
-    out = io.StringIO()
     code = app.drift_cmd(str(inventory), outputs=DriftOutputs(
-        junit_path=str(junit), report_dir=str(tmp_path / "history")), out=out)
-    assert code == 3
-    root = ET.fromstring(junit.read_bytes())
-    errors = [case.find("error") for case in root.iter("testcase")
-              if case.get("classname") == "drift.node01"]
-    assert errors and errors[0] is not None
-    assert "BAD\\x1b[31m\\x00;KEY" in errors[0].get("message", "")
-    assert "\x1b" not in out.getvalue() and "\x00" not in out.getvalue()
+        junit_path=str(junit), report_dir=str(tmp_path / "history")), out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "BAD\\x1b[31m\\x00;KEY" in err and "\x1b" not in err and "\x00" not in err
+    assert not junit.exists()  # nothing half-written
+
+
+def test_drift_junit_is_valid_xml_with_hostile_values(small_lab: Lab, tmp_path: Path) -> None:
+    # Bytes a node controls (a managed file's content) reach the diff in JUnit and on the
+    # terminal: XML stays valid and the terminal gets no control character.
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    hosts = yaml.safe_load((small_lab.config.inventory_dir / "hosts.yml").read_text())
+    hosts["all"]["children"]["lab"]["hosts"]["node01"]["nccl_env"] = {"NCCL_DEBUG": "WARN"}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    node_sh(small_lab, "node01", r"printf 'NCCL_DEBUG=WARN\n\033[31mred\001\n' > /etc/nccl.conf")
+    junit = tmp_path / "drift.xml"
+    out = io.StringIO()
+    try:
+        code = app.drift_cmd(str(inventory), limit="node01",
+                             outputs=DriftOutputs(junit_path=str(junit),
+                                                  report_dir=str(tmp_path / "history")),
+                             out=out)
+    finally:
+        node_sh(small_lab, "node01", "rm -f /etc/nccl.conf")
+    assert code == 1
+    raw = junit.read_bytes()
+    assert b"\x1b" not in raw and b"\x01" not in raw
+    root = ET.fromstring(raw)
+    cases = [c for c in root.iter("testcase") if c.get("classname") == "drift.node01"
+             and "/etc/nccl.conf" in (c.get("name") or "")]
+    assert cases, [c.get("name") for c in root.iter("testcase")]
+    details = "".join(cases[0].itertext())
+    assert "red" in details
+    assert "\x1b" not in out.getvalue() and "\x01" not in out.getvalue()
 
 
 def test_templated_connection_settings_reach_the_node(small_lab: Lab, tmp_path: Path) -> None:
