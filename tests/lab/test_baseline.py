@@ -129,13 +129,13 @@ def test_allreduce_and_ddp_figures_are_recorded_per_size_on_a_provisioned_node(
     rows = {r["check"]: r for r in doc["results"]}
     assert code == 0, doc["results"]
     alone = rows["test_each_node_alone"]["properties"]["verdicts"]
-    # allreduce_sizes 64K,1M,8M on two gloo processes, each size timed perf_trials (5) times
+    # allreduce_sizes 64K,1M,8M on two gloo processes, each size timed perf_trials (3 here)
     assert sorted(alone) == [f"allreduce.busbw.{n}" for n in (1048576, 65536, 8388608)]
-    assert all(len(v["trials"]) == 5 and v["median"] > 0 for v in alone.values())
+    assert all(len(v["trials"]) == 3 and v["median"] > 0 for v in alone.values())
     assert alone["allreduce.busbw.8388608"]["gate"] == 0.01  # the lab's cpu threshold
     within = rows["test_ddp_within_the_node"]["properties"]["verdicts"]
     assert sorted(within) == ["ddp.efficiency", "ddp.throughput_1"]
-    assert len(within["ddp.efficiency"]["trials"]) == 5
+    assert len(within["ddp.efficiency"]["trials"]) == 3
     recorded = json.loads(node_sh(lab, "node01", "cat /etc/gpufleet/baseline.json"))["figures"]
     assert sorted(recorded) == sorted([*alone, *within])
     assert recorded["ddp.efficiency"]["value"] == within["ddp.efficiency"]["median"]

@@ -22,6 +22,8 @@ from tests.conftest import ROOT
 from tests.lab.conftest import lab_config_for, node_sh
 from tests.lab.test_provision import override
 
+pytestmark = pytest.mark.scale
+
 NODES = 6
 FAST = {"allreduce_cpu_procs": 1, "allreduce_timeout_s": 40, "allreduce_bisect_timeout_s": 20}
 
