@@ -439,8 +439,9 @@ def _write_all(pipe: IO[bytes], data: bytes) -> None:
         pipe.flush()
 
 
-class LocalConnection(CommandRunner):
-    """Commands on the controller itself (``ansible_connection=local``)."""
+class ProcessRunner(CommandRunner):
+    """A runner whose commands are processes on the controller (``sh``, ``srun``): it keeps
+    them, so that ``close`` stops whatever still runs and a host timeout frees its worker."""
 
     def __init__(self, host: Host, budget: Budget | None = None) -> None:
         self.host = host
@@ -450,6 +451,23 @@ class LocalConnection(CommandRunner):
         self._lock = threading.Lock()
         self.budget.attach(self)
 
+    def reopen(self) -> Connection:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop whatever still runs."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            self._stop(proc)
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        _kill_group(proc)
+
+
+class LocalConnection(ProcessRunner):
+    """Commands on the controller itself (``ansible_connection=local``)."""
+
     def _stream(self, line: str) -> _Stream:
         return ProcessStream(["sh", "-c", line], self._running, self._lock)
 
@@ -457,13 +475,6 @@ class LocalConnection(CommandRunner):
         """Another connection to the same host, under the same budget."""
         self.budget.admit("reconnect")
         return LocalConnection(self.host, self.budget)
-
-    def close(self) -> None:
-        """Stop whatever still runs, so that a host timeout frees its worker."""
-        with self._lock:
-            running = list(self._running)
-        for proc in running:
-            _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

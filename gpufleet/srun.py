@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from gpufleet.connection import (
     Budget,
-    CommandRunner,
     ConnectOptions,
+    ProcessRunner,
     ProcessStream,
     Unreachable,
 )
@@ -205,18 +205,13 @@ class SrunStream(ProcessStream):
         super().stop()
 
 
-class SrunConnection(CommandRunner):
+class SrunConnection(ProcessRunner):
     """Commands on a host as job steps of the run's allocation."""
 
     def __init__(self, host: Host, allocation: Allocation, budget: Budget | None = None
                  ) -> None:
-        self.host = host
         self.allocation = allocation
-        self.round_trips = 0
-        self.budget = budget or Budget()
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._lock = threading.Lock()
-        self.budget.attach(self)
+        super().__init__(host, budget)
 
     def _stream(self, line: str) -> SrunStream:
         left_out = self.allocation.left_out.get(self.host.name)
@@ -233,10 +228,7 @@ class SrunConnection(CommandRunner):
         self.budget.admit("reconnect")
         return SrunConnection(self.host, self.allocation, self.budget)
 
-    def close(self) -> None:
-        """Stop whatever still runs (each srun ends its step)."""
-        with self._lock:
-            running = list(self._running)
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """srun ends its step on SIGTERM."""
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from gpufleet.slurm import (
     parse_show_partition,
     parse_sinfo,
 )
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, stand_in
 
 SLURM = FIXTURES / "slurm"
 
@@ -125,12 +124,6 @@ def test_drain_reason_is_bounded() -> None:
 
 # ---- commands, against stand-ins that record their argv --------------------------------------
 
-def _stand_in(bin_dir: Path, name: str, body: str) -> None:
-    path = bin_dir / name
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """scontrol that answers ``show node`` from $FAKE_SHOW and logs every argv as JSON."""
@@ -139,7 +132,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log = tmp_path / "argv.log"
     record = ("python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
               f"{log}\n")
-    _stand_in(bin_dir, "scontrol", record + 'case "$*" in *show*) cat "$FAKE_SHOW";; esac\n'
+    stand_in(bin_dir, "scontrol", record + 'case "$*" in *show*) cat "$FAKE_SHOW";; esac\n'
               'echo "SLURM_CONF=$SLURM_CONF" > "$FAKE_ENV"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_ENV", str(tmp_path / "env"))
@@ -208,7 +201,7 @@ def test_missing_scontrol_is_a_clear_error(tmp_path: Path,
 def test_unanswering_slurmctld_is_a_clear_error(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     captured = SLURM / "scontrol_no_controller.txt"
-    _stand_in(tmp_path, "scontrol", f"cat {captured} >&2\nexit 1\n")
+    stand_in(tmp_path, "scontrol", f"cat {captured} >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with pytest.raises(SlurmError, match=r"^slurmctld does not answer `scontrol --all "
                                          r"--oneliner`: slurm_load_node error: Unable to "
@@ -217,7 +210,7 @@ def test_unanswering_slurmctld_is_a_clear_error(tmp_path: Path,
 
 
 def test_every_call_has_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _stand_in(tmp_path, "scontrol", "exec sleep 30\n")
+    stand_in(tmp_path, "scontrol", "exec sleep 30\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with pytest.raises(SlurmError, match=r"did not finish within 1s: slurmctld does not "
                                          r"answer"):
@@ -226,7 +219,7 @@ def test_every_call_has_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_unknown_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     captured = SLURM / "scontrol_show_node_missing.txt"
-    _stand_in(tmp_path, "scontrol", f"cat {captured}\nexit 1\n")
+    stand_in(tmp_path, "scontrol", f"cat {captured}\nexit 1\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with pytest.raises(SlurmError, match=r"^no Slurm node named 'nope'$"):
         Slurm().resume("nope")

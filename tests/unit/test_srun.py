@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,9 @@ from gpufleet.connection import Unreachable
 from gpufleet.inventory import Host
 from gpufleet.slurm import Slurm, SlurmError, parse_show_node
 from gpufleet.srun import Allocation, SrunConnection, unusable
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, stand_in
 
 SLURM = FIXTURES / "slurm"
-
-
-def _stand_in(bin_dir: Path, name: str, body: str) -> None:
-    path = bin_dir / name
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
 @pytest.fixture
@@ -35,10 +28,10 @@ def bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir.mkdir()
     log = tmp_path / "argv.log"
     record = f"python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> {log}\n"
-    _stand_in(bin_dir, "scontrol", record + 'cat "$FAKE_SHOW"\n')
-    _stand_in(bin_dir, "salloc", record + 'echo "salloc: Granted job allocation 77" >&2\n')
-    _stand_in(bin_dir, "scancel", record)
-    _stand_in(bin_dir, "srun", record + 'while [ "${1#--}" != "$1" ]; do shift; done\n'
+    stand_in(bin_dir, "scontrol", record + 'cat "$FAKE_SHOW"\n')
+    stand_in(bin_dir, "salloc", record + 'echo "salloc: Granted job allocation 77" >&2\n')
+    stand_in(bin_dir, "scancel", record)
+    stand_in(bin_dir, "srun", record + 'while [ "${1#--}" != "$1" ]; do shift; done\n'
               'exec "$@"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SHOW", str(SLURM / "scontrol_show_node.txt"))
@@ -92,7 +85,7 @@ def test_the_allocation_takes_the_usable_nodes_whole(bin_dir: Path,
 def test_salloc_refusing_is_a_clear_error(bin_dir: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     monkeypatch.setenv("FAKE_SHOW", str(SLURM / "scontrol_show_node_allocatable.txt"))
-    _stand_in(bin_dir, "salloc", "echo 'salloc: error: Unable to allocate resources: "
+    stand_in(bin_dir, "salloc", "echo 'salloc: error: Unable to allocate resources: "
                                  "Requested node configuration is not available' >&2\nexit 1\n")
     with pytest.raises(SlurmError, match=r"^salloc could not allocate the nodes: salloc: error: "
                                          r"Unable to allocate resources: Requested node"):
@@ -131,7 +124,7 @@ def test_a_partial_line_that_cannot_be_srun_is_passed_on_at_once(
 def test_a_step_that_never_started_makes_the_node_unreachable(
         bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conn = _connection(bin_dir, monkeypatch)
-    _stand_in(bin_dir, "srun", "echo 'srun: error: Unable to create step for job 77: Job/step "
+    stand_in(bin_dir, "srun", "echo 'srun: error: Unable to create step for job 77: Job/step "
                                "already completing or completed' >&2\nexit 1\n")
     with pytest.raises(Unreachable, match=r"^node01: no job step started: srun: error: Unable "
                                           r"to create step for job 77"):
