@@ -29,13 +29,14 @@ from pathlib import Path
 
 import yaml
 
-import roles
-from gpufleet.connection import Connection, ConnectOptions
-from gpufleet.drift import consistency_request
-from gpufleet.engine import active_roles, fact_request, plan_host
-from gpufleet.facts import catalog, parse_sections, script, snippet_timeout
-from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
-from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet import roles
+from gpufleet.connect.connection import Connection, ConnectOptions
+from gpufleet.connect.fleet import FleetOptions, TaskResult, run_fleet
+from gpufleet.facts import catalog, script
+from gpufleet.facts.gather import parse_sections, snippet_timeout
+from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.provision.engine import active_roles, fact_request, plan_host
+from gpufleet.roles import consistency_request
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT / "bench" / "captures"

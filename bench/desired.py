@@ -17,15 +17,15 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import roles as role_registry
-from gpufleet.engine import active_roles, fact_request, plan_host
-from gpufleet.facts import FactRequest, Facts
+from gpufleet import roles as role_registry
 from gpufleet.facts.catalog import TORCH_FACT_PROBE
 from gpufleet.facts.formats import FileState
-from gpufleet.inventory import Host, Inventory, load_inventory
-from gpufleet.plan import Put
-from roles.firewall import STATE_FILE, GuardedLoad
-from roles.pytorch import CPU_BUILD, PytorchRole
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.provision.engine import active_roles, fact_request, plan_host
+from gpufleet.provision.plan import Put
+from gpufleet.roles.firewall import STATE_FILE, GuardedLoad
+from gpufleet.roles.pytorch import CPU_BUILD, PytorchRole
 
 
 def blank_facts(host: Host, request: FactRequest, controller: str) -> Facts:

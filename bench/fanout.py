@@ -47,7 +47,7 @@ from common import (
 )
 
 from gpufleet import app
-from gpufleet.fleet import DEFAULT_FORKS
+from gpufleet.connect.fleet import DEFAULT_FORKS
 
 TARGETS = {"gpufleet/ansible": 0.2, "gpufleet/pyinfra": 0.5, "provision/drift": 1.5}
 

@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.facts import Facts
+from gpufleet.facts.gather import Facts
 from gpufleet.firewall_analysis import analyse, parse_nft
-from gpufleet.inventory import load_inventory
-from gpufleet.role import PlanContext, RoleVars
-from roles.firewall import ROLE
+from gpufleet.inventory.model import load_inventory
+from gpufleet.provision.role import PlanContext, RoleVars
+from gpufleet.roles.firewall import ROLE
 
 NODES = 1000
 PORTS = [(29500, 29500), (49152, 65535)]

@@ -19,12 +19,13 @@ from typing import Any
 import paramiko
 from common import BENCH_LAB, ROOT, log
 
-import roles as role_registry
-from gpufleet import drift
-from gpufleet.connection import ConnectOptions, SSHConnection
-from gpufleet.engine import active_roles, fact_request, plan_host
-from gpufleet.facts import catalog, gather_facts, parse_sections, script
-from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet import roles as role_registry
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.ssh import SSHConnection
+from gpufleet.facts import catalog, script
+from gpufleet.facts.gather import gather_facts, parse_sections
+from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.provision.engine import active_roles, fact_request, plan_host
 
 TABLE = "gfbench_delay"
 RELAY_PORT = 47022
@@ -93,7 +94,7 @@ def _cpu() -> float:
 
 def _request(host: Host) -> Any:
     pairs = active_roles(host, role_registry.ALL)
-    return pairs, fact_request(pairs) | drift.consistency_request(host)
+    return pairs, fact_request(pairs) | role_registry.consistency_request(host)
 
 
 def sequential_costs(inventory: Inventory, hosts: list[Host]) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpufleet import parsers
 from gpufleet.conformance.allreduce import (
     figure,
     gpu_model,
@@ -45,6 +44,7 @@ from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.errors import ParseError
+from gpufleet.facts import parsers
 
 
 def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:

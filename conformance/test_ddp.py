@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from conformance.probes.ddp import scaling_efficiency
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun, processes_per_node, run_probe
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
+from gpufleet.suites.probes.ddp import scaling_efficiency
 
 
 def _args(node: Node) -> list[str]:

@@ -16,8 +16,8 @@ from gpufleet.conformance.launch import socket_ifname
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
-from gpufleet.role import PlanContext, RoleVars
-from roles import firewall
+from gpufleet.provision.role import PlanContext, RoleVars
+from gpufleet.roles import firewall
 
 
 def test_live_rules_admit_the_cluster(node: Node, conformance: ConformanceSession,

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import parsers
-from gpufleet.conformance.gpu import (
-    CRITICAL_XIDS,
+from gpufleet.conformance.checks.gpu import (
     dcgm_problems,
     fabric_problems,
     fabricmanager_problem,
@@ -33,7 +31,9 @@ from gpufleet.conformance.gpu import (
 )
 from gpufleet.conformance.session import Node
 from gpufleet.errors import ParseError
-from gpufleet.facts import Facts
+from gpufleet.facts import parsers
+from gpufleet.facts.gather import Facts
+from gpufleet.facts.xids import CRITICAL_XIDS
 
 
 def _gpus(node: Node) -> list[dict[str, object]]:

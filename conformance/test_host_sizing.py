@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.conformance.session import Node
-from gpufleet.facts import Facts
+from gpufleet.facts.gather import Facts
 
 GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 

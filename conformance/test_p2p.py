@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from conformance.probes.p2p import trials_by_figure
 from gpufleet.conformance.allreduce import gpu_model
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
+from gpufleet.suites.probes.p2p import trials_by_figure
 
 
 def _threshold(node: Node, key: str) -> float | None:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gpufleet.conformance.portrange import closed_within, describe, opened_ports
+from gpufleet.conformance.checks.portrange import closed_within, describe, opened_ports
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -25,9 +25,9 @@ from gpufleet.conformance.reachability import (
 )
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import ParseError
-from gpufleet.role import RoleVars
-from roles import firewall
-from roles.nccl_env import parse_range
+from gpufleet.provision.role import RoleVars
+from gpufleet.roles import firewall
+from gpufleet.roles.nccl_env import parse_range
 
 DEFAULT_RANGE = "49152-65535"
 

@@ -12,14 +12,15 @@ import shlex
 
 import pytest
 
-import roles
-from gpufleet import parsers
-from gpufleet.conformance import nccl_env
+from gpufleet import roles
+from gpufleet.conformance.checks import nccl_env
 from gpufleet.conformance.session import ConformanceSession, Node
-from gpufleet.drift import check_consistency, training_python
+from gpufleet.drift.compare import check_consistency
 from gpufleet.errors import GpufleetError, ParseError
+from gpufleet.facts import parsers
 from gpufleet.facts.catalog import TORCH_PROBE
-from gpufleet.role import PlanContext, RoleVars
+from gpufleet.provision.role import PlanContext, RoleVars
+from gpufleet.roles import training_python
 
 
 @pytest.mark.parametrize("role", [r.name for r in roles.ALL])

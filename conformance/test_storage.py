@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from conformance.probes.storage import need_mbps
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.conformance.storage import StorageRun, run_storage
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
+from gpufleet.suites.probes.storage import need_mbps
 
 
 def _readers(conformance: ConformanceSession) -> list[Node]:

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from conformance.probes.thermal import thermal_verdict
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
+from gpufleet.suites.probes.thermal import thermal_verdict
 
 PLOTTING = threading.Lock()  # pyplot is not thread-safe, and every node's soak ends at once
 COLUMNS = ("t", "gpu", "temp_c", "power_w", "sm_mhz", "reasons", "hw_thermal",

@@ -11,28 +11,39 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-import roles as role_registry
-from gpufleet import drift, drift_report, exitcodes, scheduler
+from gpufleet import exitcodes
+from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.conformance import verdict
 from gpufleet.conformance.allreduce_vars import check_variables as check_allreduce_variables
-from gpufleet.connection import Connection, ConnectOptions
-from gpufleet.engine import HostRun, RunOptions, active_roles, fact_request, provision, validate
+from gpufleet.connect.connection import Connection, ConnectOptions
+from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
+from gpufleet.drift import compare as drift
+from gpufleet.drift import report as drift_report
+from gpufleet.drift.history import History
+from gpufleet.drift.schedule import SYSTEMD_RUNNING, Schedule, install
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import FactRequest, gather_facts
 from gpufleet.facts.catalog import json_safe
+from gpufleet.facts.gather import FactRequest, gather_facts
 from gpufleet.facts.summary import summarize_facts
-from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
-from gpufleet.history import History
-from gpufleet.inventory import Host, Inventory
-from gpufleet.inventory_source import load_source
-from gpufleet.plan import ApplyOptions
+from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision.engine import (
+    HostRun,
+    RunOptions,
+    active_roles,
+    fact_request,
+    provision,
+    validate,
+)
+from gpufleet.provision.plan import ApplyOptions
 from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
-from gpufleet.schedule import SYSTEMD_RUNNING, Schedule, install
+from gpufleet.slurm import drain as scheduler
+from gpufleet.target import load_source
 
 
 @dataclass
@@ -118,7 +129,8 @@ def _facts_code(outcomes: dict[str, Outcome[Any]]) -> int:
 
 def facts_request(host: Host) -> FactRequest:
     """What ``facts`` asks each host: the roles' needs, system NCCL and torch."""
-    return fact_request(active_roles(host, role_registry.ALL)) | drift.consistency_request(host)
+    return (fact_request(active_roles(host, role_registry.ALL))
+            | role_registry.consistency_request(host))
 
 
 @guarded
@@ -255,7 +267,7 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
         scheduler.check(target.hosts)
     started = time.time()
     options = RunOptions(check=True, fleet=fleet.options(target, "drift"),
-                         extra_facts=drift.consistency_request)
+                         extra_facts=role_registry.consistency_request)
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("drift"))
     hosts = {name: drift.host_drift(o) for name, o in outcomes.items()}
@@ -366,7 +378,7 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 # ---- conformance ---------------------------------------------------------------------------
 
-PROJECT = Path(__file__).resolve().parent.parent
+SUITES = Path(str(resources.files("gpufleet.suites")))
 SUITE_SETS = {
     "conformance": ("stack", "firewall", "reachability", "allreduce", "rdma", "gpu"),
     "acceptance": ("ddp", "thermal", "storage", "host_sizing", "p2p"),
@@ -376,7 +388,7 @@ SUITE_SETS = {
 def suite_files(suites: str | None) -> list[str]:
     """The check files of the named suites or sets (``conformance`` when None; ``all``)."""
     available = sorted(p.stem.removeprefix("test_")
-                       for p in (PROJECT / "conformance").glob("test_*.py"))
+                       for p in SUITES.glob("test_*.py"))
     sets = dict(SUITE_SETS, all=tuple(available))
     wanted: list[str] = []
     for name in [s.strip() for s in (suites or "conformance").split(",") if s.strip()]:
@@ -385,7 +397,7 @@ def suite_files(suites: str | None) -> list[str]:
     if unknown:
         raise GpufleetError(f"unknown suite(s) {', '.join(unknown)}; suites are "
                             f"{', '.join(available)}")
-    return [str(PROJECT / "conformance" / f"test_{s}.py") for s in wanted]
+    return [str(SUITES / f"test_{s}.py") for s in wanted]
 
 
 @guarded
@@ -408,7 +420,7 @@ def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | N
     if drain_failed:
         scheduler.check(target.hosts)
     args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
-            "--rootdir", str(PROJECT), "-q", "--tb=no", "--no-header", "-rN",
+            "--rootdir", str(SUITES), "-q", "--tb=no", "--no-header", "-rN",
             "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,
             "--gpufleet-forks", str(fleet.forks),
             "--gpufleet-connect-timeout", str(fleet.connect_timeout)]

@@ -17,20 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import roles as role_registry
-from gpufleet import __version__, exitcodes, scheduler
+from gpufleet import __version__, exitcodes
+from gpufleet import roles as role_registry
 from gpufleet.conformance import verdict
-from gpufleet.connection import (
-    Budget,
-    Connection,
-    ConnectOptions,
-    SSHConnection,
-    Unreachable,
-    connect,
-    known_hosts_files,
-)
-from gpufleet.drift import comparable, consistency_request
-from gpufleet.engine import (
+from gpufleet.connect.connection import Budget, Connection, ConnectOptions, Unreachable
+from gpufleet.connect.fleet import FleetOptions, Outcome
+from gpufleet.connect.fleet import host_timeout as fleet_host_timeout
+from gpufleet.connect.open import connect
+from gpufleet.connect.ssh import SSHConnection, known_hosts_files
+from gpufleet.errors import GpufleetError
+from gpufleet.facts.gather import Facts, gather_facts
+from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision.engine import (
     HostRun,
     RunOptions,
     active_roles,
@@ -38,13 +36,10 @@ from gpufleet.engine import (
     provision,
     validate,
 )
-from gpufleet.errors import GpufleetError
-from gpufleet.facts import Facts, gather_facts
-from gpufleet.fleet import FleetOptions, Outcome
-from gpufleet.fleet import host_timeout as fleet_host_timeout
-from gpufleet.inventory import Host, Inventory
-from gpufleet.plan import ApplyOptions
-from gpufleet.role import Role, RoleVars, Var
+from gpufleet.provision.plan import ApplyOptions
+from gpufleet.provision.role import Role, RoleVars, Var
+from gpufleet.roles import comparable, consistency_request
+from gpufleet.slurm import drain as scheduler
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"

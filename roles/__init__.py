@@ -8,8 +8,9 @@ import importlib
 import pkgutil
 
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory import Host
-from gpufleet.role import Role, RoleVars
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.inventory.model import Host
+from gpufleet.provision.role import Role, RoleVars
 
 
 def _discover() -> list[Role]:
@@ -50,3 +51,25 @@ def provided(host: Host, key: str, default: str) -> str:
 def owner_of(key: str) -> str | None:
     """The role that owns the shared value ``key`` (it reports it as its own drift)."""
     return next((role.name for role in ALL if key in role.shared_keys), None)
+
+
+def training_python(host: Host) -> str:
+    """The interpreter that trains on the host (as the roles say), else python3."""
+    return provided(host, "training_python", "python3")
+
+
+def consistency_request(host: Host) -> FactRequest:
+    """Facts the consistency check compares even where the inventory pins nothing."""
+    request = FactRequest()
+    for role in ALL:
+        request = request | role.shared_request(RoleVars(host, role.defaults))
+    return request
+
+
+def comparable(facts: Facts, host: Host) -> dict[str, str]:
+    """The values every node of a training job must share: the kernel, and what each role
+    shares (the driver, CUDA, NCCL, torch, nccl.conf, the port range ...)."""
+    values: dict[str, str | None] = {"kernel": facts.get("kernel")}
+    for role in ALL:
+        values.update(role.shared(facts, RoleVars(host, role.defaults)))
+    return {key: "absent" if value is None else str(value) for key, value in values.items()}

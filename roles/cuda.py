@@ -17,12 +17,13 @@ import shlex
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt, parsers
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.managed import link_change
-from gpufleet.plan import Change, Fail, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from gpufleet.standins import Standin
+from gpufleet.facts import parsers
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.managed import link_change
+from gpufleet.provision.plan import Change, Fail, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.standins import Standin
 
 ALTERNATIVES_LINK = "/etc/alternatives/cuda"
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")

@@ -8,11 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.plan import Change
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from gpufleet.standins import Standin
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.plan import Change
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.standins import Standin
 
 
 class DcgmRole(RoleBase):

@@ -18,14 +18,15 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt, parsers
-from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
-from gpufleet.managed import HEADER, file_change, render
-from gpufleet.plan import Change, Fail
-from gpufleet.reboot import Reboot
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from gpufleet.standins import Standin
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.managed import HEADER, file_change, render
+from gpufleet.provision.plan import Change, Fail
+from gpufleet.provision.reboot import Reboot
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.standins import Standin
 
 UNATTENDED_PATH = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
 FLAVORS = ("open", "proprietary")

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt, parsers
-from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
-from gpufleet.plan import Change, Fail, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var
-from gpufleet.standins import Standin
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.plan import Change, Fail, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.provision.standins import Standin
 
 SERVICE = "nvidia-fabricmanager"
 NVSWITCHES = Fact(

@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from gpufleet.connection import BACKUP_SUFFIX
+from gpufleet.connect.connection import BACKUP_SUFFIX
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
+from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
-from gpufleet.managed import HEADER, file_change, link_change, render
-from gpufleet.plan import ApplyContext, Change, Fail, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from roles.nccl_env import parse_range
+from gpufleet.provision.managed import HEADER, file_change, link_change, render
+from gpufleet.provision.plan import ApplyContext, Change, Fail, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.roles.nccl_env import parse_range
 
 STATE_DIR = "/etc/gpufleet"
 STATE_FILE = f"{STATE_DIR}/firewall.state"

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.plan import Change
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from gpufleet.standins import Standin
-from roles.cuda import major_minor
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.plan import Change
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.standins import Standin
+from gpufleet.roles.cuda import major_minor
 
 SYSTEM_NCCL = "libnccl2"
 

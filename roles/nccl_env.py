@@ -13,10 +13,10 @@ import shlex
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.managed import HEADER, file_change, render
-from gpufleet.plan import Change, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision.managed import HEADER, file_change, render
+from gpufleet.provision.plan import Change, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet import apt, parsers
-from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
-from gpufleet.plan import Change, Fail
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import apt
+from gpufleet.provision.plan import Change, Fail
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 OFED_INFO = Fact("ofed", "command -v ofed_info >/dev/null 2>&1 || { echo 'ofed_info not found "
                  "(no OFED / DOCA-OFED on this host)'; exit 127; }; ofed_info -s",

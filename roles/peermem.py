@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.catalog import Fact
-from gpufleet.managed import HEADER, file_change
-from gpufleet.plan import Change, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision.managed import HEADER, file_change
+from gpufleet.provision.plan import Change, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 MODULES_LOAD = "/etc/modules-load.d/gpufleet-nvidia-peermem.conf"
 LOADED = Fact("nvidia_peermem", "[ -d /sys/module/nvidia_peermem ] && echo loaded || echo absent",

@@ -8,13 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpufleet import parsers
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts import parsers
 from gpufleet.facts.catalog import TORCH_PROBE
-from gpufleet.managed import redact
-from gpufleet.plan import ApplyContext, Change, Run
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision.managed import redact
+from gpufleet.provision.plan import ApplyContext, Change, Run
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 CPU_BUILD = ("none", "cpu")
 # Package sources may carry credentials (https://user:token@host/...): they reach pip as

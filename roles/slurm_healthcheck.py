@@ -10,20 +10,20 @@ names it as ``HealthCheckProgram`` (see docs/slurm.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
+from importlib import resources
 from typing import ClassVar
 
-from gpufleet.conformance.gpu import CRITICAL_XIDS
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.managed import HEADER, file_change, render
-from gpufleet.plan import Change
-from gpufleet.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from roles import nccl_env
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.xids import CRITICAL_XIDS
+from gpufleet.provision.managed import HEADER, file_change, render
+from gpufleet.provision.plan import Change
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.roles import nccl_env
 
 # Where bootstrap records the node's versions (gpufleet.bootstrap.STATE_FILE); not imported,
 # because bootstrap imports the role registry.
 STATE_FILE = "/etc/gpufleet/node.json"
-PROGRAM = Path(__file__).resolve().parent.parent / "gpufleet" / "healthcheck" / "program.py"
+PROGRAM = resources.files("gpufleet.node").joinpath("healthcheck.py")
 
 
 class SlurmHealthcheckRole(RoleBase):

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.conformance.allreduce_vars import expected_transports
+from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, run_probe
-from gpufleet.conformance.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -26,7 +26,7 @@ from gpufleet.conformance.reachability import (
     source_band,
 )
 from gpufleet.conformance.session import Node
-from roles.nccl_env import parse_range
+from gpufleet.roles.nccl_env import parse_range
 
 MIN_TRIAL_TIMEOUT_S = 20.0
 TRIAL_TIMEOUT_FACTOR = 3.0

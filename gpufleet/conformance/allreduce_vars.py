@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpufleet.conformance.nccl_log import INTER, INTRA
-from gpufleet.engine import BadVariables
+from gpufleet.conformance.checks.nccl_log import INTER, INTRA
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory import Host
-from gpufleet.role import RoleVars, Var
+from gpufleet.inventory.model import Host
+from gpufleet.provision.engine import BadVariables
+from gpufleet.provision.role import RoleVars, Var
 
 VARIABLES = {
     "allreduce_sizes": Var(None, "list", "message sizes (probe's defaults)"),

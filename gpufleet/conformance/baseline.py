@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gpufleet.conformance.verdict import Figure, Measure, Verdict, judge, settings
 from gpufleet.errors import GpufleetError, ParseError
-from gpufleet.inventory import Host
+from gpufleet.inventory.model import Host
 
 BASELINE_FILE = "/etc/gpufleet/baseline.json"
 SCHEMA = "gpufleet.baseline/1"

@@ -17,16 +17,17 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpufleet.conformance.nccl_log import condense
+from gpufleet.conformance.checks.nccl_log import condense
 from gpufleet.conformance.session import Node
-from gpufleet.connection import Budget
-from gpufleet.drift import training_python
+from gpufleet.connect.connection import Budget
 from gpufleet.errors import GpufleetError
+from gpufleet.roles import training_python
 
-PROBES = Path(__file__).resolve().parents[2] / "conformance" / "probes"
+PROBES = resources.files("gpufleet.suites.probes")
 SHARED = "probe_common.py"  # shipped beside every probe that imports it
 
 PHASES = ("start", "rendezvous_done", "first_collective_done", "done")

@@ -16,20 +16,20 @@ from typing import Any
 
 import pytest
 
-from gpufleet import slurm_inventory
 from gpufleet.conformance.baseline import BASELINE_FILE, BaselineStore
 from gpufleet.conformance.launch import cleanup_active
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.session import ConformanceSession, Node
-from gpufleet.connection import ConnectOptions
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
 from gpufleet.errors import GpufleetError
-from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
-from gpufleet.inventory import Host
-from gpufleet.inventory_source import load_source
+from gpufleet.inventory.model import Host
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.terminal import plain
-from gpufleet.scheduler import slurm_client
-from gpufleet.srun import Allocation
+from gpufleet.slurm import inventory as slurm_inventory
+from gpufleet.slurm.drain import slurm_client
+from gpufleet.slurm.launcher import Allocation
+from gpufleet.target import load_source
 
 FLEET = "fleet"
 CONFORMANCE_TIMEOUT_S = 3600.0

@@ -7,10 +7,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet import parsers
 from gpufleet.conformance.session import Node
 from gpufleet.errors import ParseError
-from gpufleet.facts import script
+from gpufleet.facts import parsers, script
 
 
 @dataclass

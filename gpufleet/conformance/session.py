@@ -11,21 +11,15 @@ from typing import Any, TypeVar
 import testinfra.backend.base
 import testinfra.host
 
-import roles as role_registry
-from gpufleet.connection import (
-    Budget,
-    CommandResult,
-    Connection,
-    ConnectOptions,
-    Connector,
-    connect,
-)
-from gpufleet.drift import consistency_request
-from gpufleet.engine import active_roles, fact_request
-from gpufleet.facts import FactRequest, Facts, gather_facts
-from gpufleet.fleet import DEFAULT_FORKS, FleetOptions, TaskResult, host_timeout, run_fleet
-from gpufleet.inventory import Host, Inventory
-from gpufleet.role import RoleVars
+from gpufleet import roles as role_registry
+from gpufleet.connect.connection import Budget, CommandResult, Connection, ConnectOptions, Connector
+from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, TaskResult, host_timeout, run_fleet
+from gpufleet.connect.open import connect
+from gpufleet.facts.gather import FactRequest, Facts, gather_facts
+from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision.engine import active_roles, fact_request
+from gpufleet.provision.role import RoleVars
+from gpufleet.roles import consistency_request
 
 CHECK_TIMEOUT_S = 120.0
 T = TypeVar("T")

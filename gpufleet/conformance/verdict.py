@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.inventory import Host
-from gpufleet.role import RoleVars, Var
+from gpufleet.inventory.model import Host
+from gpufleet.provision.role import RoleVars, Var
 
 VARIABLES = {
     "perf_trials": Var(5, "integer", "timed trials of every performance figure (at least 3)"),

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet import parsers
-from gpufleet.facts import formats
+from gpufleet.facts import formats, parsers
 
 
 @dataclass(frozen=True)

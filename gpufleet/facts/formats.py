@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet import parsers
 from gpufleet.errors import ParseError
+from gpufleet.facts import parsers
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gpufleet.facts import Facts
+from gpufleet.facts.gather import Facts
 
 SYSTEM_NCCL = "libnccl2"
 

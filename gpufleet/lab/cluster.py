@@ -27,8 +27,8 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import yaml
 
-from gpufleet import localcmd
 from gpufleet.errors import LabError
+from gpufleet.lab import localcmd
 from gpufleet.lab.repo import KEYRING, build_repo, repo_dir
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 

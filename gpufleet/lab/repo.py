@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet import localcmd
-from gpufleet.standins import Standin
+from gpufleet.lab import localcmd
+from gpufleet.provision.standins import Standin
 
 REPO_FORMAT = 4  # bump when the set or the content of the stand-ins changes
 KEYRING = "cuda-archive-keyring.gpg"
@@ -23,7 +23,7 @@ KEYRING = "cuda-archive-keyring.gpg"
 
 def standins() -> list[Standin]:
     """Every role's stand-in packages (the roles declare them, see gpufleet/standins.py)."""
-    import roles  # noqa: PLC0415 - the role registry imports the engine, which this module is part of
+    from gpufleet import roles  # noqa: PLC0415 - the role registry imports the engine, which this module is part of
 
     unique: dict[tuple[str, str], Standin] = {}
     for role in roles.ALL:

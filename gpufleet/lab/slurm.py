@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpufleet import localcmd
 from gpufleet.errors import LabError
-from gpufleet.slurm import Slurm, SlurmError, SlurmNode
+from gpufleet.lab import localcmd
+from gpufleet.slurm.client import Slurm, SlurmError, SlurmNode
 
 if TYPE_CHECKING:
     from gpufleet.lab.cluster import LabConfig, Node

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
-from gpufleet.connection import local_put
+from gpufleet.report.outputs import local_put
 
 
 def envelope(schema: str, **body: Any) -> dict[str, Any]:

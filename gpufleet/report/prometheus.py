@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.connection import local_put
+from gpufleet.report.outputs import local_put
 
 
 def _escape(value: str) -> str:

@@ -17,8 +17,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpufleet.fleet import Outcome, summarize
-from gpufleet.plan import Change, Plan
+from gpufleet.connect.fleet import Outcome, summarize
+from gpufleet.provision.plan import Change, Plan
 
 _INVISIBLE = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
 _UNPRINTABLE = re.compile(f"[{_INVISIBLE}]")

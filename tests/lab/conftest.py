@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
-from gpufleet.connection import ConnectOptions, SSHConnection
-from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.ssh import SSHConnection
+from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.lab.cluster import Lab, LabConfig
 from tests.conftest import ROOT
 

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gpufleet import parsers
+from gpufleet.facts import parsers
 from gpufleet.lab.cluster import Lab
 from tests.conftest import ROOT
 from tests.lab.conftest import node_sh

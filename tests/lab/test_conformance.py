@@ -15,9 +15,9 @@ from gpufleet import app
 from gpufleet.conformance.allreduce import probe_args, run_allreduce
 from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
 from gpufleet.conformance.session import ConformanceSession
-from gpufleet.connection import ConnectOptions
-from gpufleet.fleet import FleetOptions
-from gpufleet.inventory import load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import FleetOptions
+from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import run

@@ -10,8 +10,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import roles
-from gpufleet import app
+from gpufleet import app, roles
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import override, run

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
-from gpufleet.connection import CommandTimeout, Connection, ConnectOptions
+from gpufleet.connect.connection import CommandTimeout, Connection, ConnectOptions
+from gpufleet.connect.fleet import FleetOptions, TaskResult, run_fleet
+from gpufleet.connect.hostkeys import HostKeyError
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import gather_facts
-from gpufleet.fleet import FleetOptions, TaskResult, run_fleet
-from gpufleet.hostkeys import HostKeyError
-from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet.facts.gather import gather_facts
+from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import SUBNET, node_sh, ssh
 

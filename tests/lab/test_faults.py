@@ -256,8 +256,9 @@ def test_become_with_and_without_a_password_never_leaks_it(
 
 _RUN_AS_ROOT = """
 import sys
-from gpufleet.connection import ConnectOptions, connect
-from gpufleet.inventory import load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.open import connect
+from gpufleet.inventory.model import load_inventory
 inventory = load_inventory(sys.argv[1])
 conn = connect(inventory.hosts[sys.argv[2]], ConnectOptions(known_hosts_base=inventory.base))
 print(conn.run("sleep 4; id -un").stdout.strip())

@@ -25,13 +25,14 @@ import yaml
 
 from gpufleet import app
 from gpufleet.app import DriftOutputs
-from gpufleet.connection import ConnectOptions, SSHConnection
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.hostkeys import HostKeyError, fingerprint
+from gpufleet.connect.ssh import SSHConnection
 from gpufleet.errors import GpufleetError
-from gpufleet.hostkeys import HostKeyError, fingerprint
-from gpufleet.inventory import Host, load_inventory
+from gpufleet.inventory.model import Host, load_inventory
 from gpufleet.lab.cluster import Lab
-from gpufleet.plan import ApplyContext, ApplyOptions
-from roles import pytorch
+from gpufleet.provision.plan import ApplyContext, ApplyOptions
+from gpufleet.roles import pytorch
 from tests.lab.conftest import lab_config_for, node_sh
 
 

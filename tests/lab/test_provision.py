@@ -14,14 +14,13 @@ from typing import Any
 
 import yaml
 
-import roles
-from gpufleet import app
-from gpufleet.connection import ConnectOptions
-from gpufleet.engine import HostRun, RunOptions, provision
-from gpufleet.fleet import FleetOptions, Outcome
-from gpufleet.inventory import load_inventory
+from gpufleet import app, roles
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import FleetOptions, Outcome
+from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
-from gpufleet.plan import ApplyOptions
+from gpufleet.provision.engine import HostRun, RunOptions, provision
+from gpufleet.provision.plan import ApplyOptions
 from tests.lab.conftest import node_sh
 
 LOCK_HOLDER = ("python3 -c \"import fcntl, os, time\n"

@@ -15,9 +15,9 @@ import pytest
 from gpufleet import app
 from gpufleet.conformance.reachability import PortSpec, run_matrix, source_band
 from gpufleet.conformance.session import ConformanceSession
-from gpufleet.connection import ConnectOptions
-from gpufleet.fleet import FleetOptions
-from gpufleet.inventory import load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import FleetOptions
+from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.conftest import FIXTURES
 from tests.lab.conftest import LAB_NODES, node_sh

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
-from gpufleet.engine import RunOptions, provision
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import load_inventory
+from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
-from gpufleet.slurm import Slurm, SlurmNode, drain_reason
-from roles import nccl_env, pytorch, slurm_healthcheck
+from gpufleet.provision.engine import RunOptions, provision
+from gpufleet.roles import nccl_env, pytorch, slurm_healthcheck
+from gpufleet.slurm.client import Slurm, SlurmNode, drain_reason
 from tests.conftest import ROOT
 from tests.lab.conftest import foreign_table, lab_config_for, node_sh
 

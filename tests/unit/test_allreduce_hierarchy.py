@@ -18,9 +18,9 @@ from gpufleet.conformance.grouptest import Fault, Trial
 from gpufleet.conformance.launch import NodeOutput, ProbeRun
 from gpufleet.conformance.reachability import Matrix
 from gpufleet.conformance.session import Node
-from gpufleet.connection import ConnectOptions
-from gpufleet.facts import Facts
-from gpufleet.inventory import load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import load_inventory
 
 
 def nodes(tmp_path: Path, count: int, extra: str = "") -> list[Node]:

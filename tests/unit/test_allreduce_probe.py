@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conformance.probes.allreduce import (
+from gpufleet.suites.probes.allreduce import (
     EXACT_INTEGERS,
     EXIT_MEMORY,
     bus_bandwidth,

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from gpufleet import apt
-from gpufleet.connection import Budget, CommandResult
+from gpufleet.connect.connection import Budget, CommandResult
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import Facts
 from gpufleet.facts.formats import FileState
-from gpufleet.inventory import Host
-from gpufleet.plan import ApplyContext, ApplyOptions, Plan, Run
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import Host
+from gpufleet.provision import apt
+from gpufleet.provision.plan import ApplyContext, ApplyOptions, Plan, Run
 
 
 def installed(version: str, hold: bool = True) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from gpufleet.conformance.baseline import BaselineStore, judge_node, merge, pars
 from gpufleet.conformance.plugin import trend_lines
 from gpufleet.conformance.session import Node
 from gpufleet.conformance.verdict import Figure, Settings, judge
-from gpufleet.connection import ConnectOptions
+from gpufleet.connect.connection import ConnectOptions
 from gpufleet.errors import ParseError
-from gpufleet.inventory import Host
+from gpufleet.inventory.model import Host
 
 SEQ = Figure("storage.seq_read_mbps", "MB/s", 100.0)
 SMALL = Figure("storage.small_files_per_s", "files/s")

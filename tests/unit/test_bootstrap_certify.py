@@ -11,8 +11,8 @@ import pytest
 
 from gpufleet.bootstrap import Certifier, certify, required_suites
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import Facts
-from gpufleet.inventory import Host
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import Host
 
 
 def result(suite: str, outcome: str, host: str = "gpu17", check: str = "test_x") -> dict[str, Any]:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import parsers
-from gpufleet.conformance import gpu, rdma
+from gpufleet.conformance import rdma
+from gpufleet.conformance.checks import gpu
 from gpufleet.conformance.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import script
+from gpufleet.facts import parsers, script, xids
 from tests.conftest import FIXTURES
 
 H200 = FIXTURES / "h200x2"
@@ -80,7 +80,7 @@ def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
     assert gpu.nvlink_problems(parsers.nvlink_status(
         (H200 / "nvlink_status.txt").read_text())) == []
     assert gpu.xid_verdict(parsers.xid_events((H200 / "dmesg_xid.txt").read_text()),
-                           gpu.XID_POLICY) == ([], [])
+                           xids.XID_POLICY) == ([], [])
 
 
 def test_gpu_health_problems() -> None:
@@ -116,10 +116,10 @@ def test_critical_xids_from_a_kernel_log(tmp_path: Path) -> None:
            "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n")
     events = parsers.xid_events(log)
     assert [e["at"] for e in events] == [12.3, 13.0]
-    assert gpu.xid_verdict(events, gpu.XID_POLICY) == (
+    assert gpu.xid_verdict(events, xids.XID_POLICY) == (
         ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."],
         ["Xid 13 on 0000:3b:00: Graphics Exception"])
-    assert gpu.xid_verdict(events, gpu.XID_POLICY, since=12.5) == (
+    assert gpu.xid_verdict(events, xids.XID_POLICY, since=12.5) == (
         [], ["Xid 13 on 0000:3b:00: Graphics Exception"])
     quiet = gpu.xid_policy({79: "warn", "13": "ignore"})
     assert gpu.xid_verdict(events, quiet) == (

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.fleet import DEFAULT_FORKS
+from gpufleet.connect.fleet import DEFAULT_FORKS
 
 pytest_plugins = ["pytester"]
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.connection import (
+from gpufleet.connect.connection import (
     BecomeFailed,
     Budget,
     CommandTimeout,
     HostCancelled,
-    LocalConnection,
     become_prefix,
 )
-from gpufleet.inventory import Host
+from gpufleet.connect.local import LocalConnection
+from gpufleet.inventory.model import Host
 
 FAKE_BIN = Path(__file__).resolve().parents[1] / "fixtures" / "bin"
 SECRET = "s3cret-pw"

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gpufleet import debversion
+from gpufleet.provision import debversion
 
 # (a, b, sign of compare(a, b))
 ORDER = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.conformance import gpu, nccl_env
+from gpufleet.conformance.checks import gpu, nccl_env
 from gpufleet.firewall_analysis.live import analyse_live, parse_live
 from tests.conftest import ROOT
 

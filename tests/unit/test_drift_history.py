@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpufleet.drift import DriftItem, HostDrift, mark_new
-from gpufleet.history import History
+from gpufleet.drift.compare import DriftItem, HostDrift, mark_new
+from gpufleet.drift.history import History
 
 NCCL = "nccl/hold libnccl-dev"
 SYSCTL = "nccl_env/sysctl net.ipv4.ip_local_port_range"

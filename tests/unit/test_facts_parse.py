@@ -13,21 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.connection import CommandResult, LocalConnection
+from gpufleet.connect.connection import CommandResult
+from gpufleet.connect.local import LocalConnection
 from gpufleet.errors import GpufleetError, ParseError
-from gpufleet.facts import (
+from gpufleet.facts import catalog
+from gpufleet.facts import script as fscript
+from gpufleet.facts.catalog import Fact
+from gpufleet.facts.formats import FileState, file_state, link_target
+from gpufleet.facts.gather import (
     FactMissing,
     FactRequest,
     Facts,
-    catalog,
     gather_facts,
     parse_sections,
     snippet_timeout,
 )
-from gpufleet.facts import script as fscript
-from gpufleet.facts.catalog import Fact
-from gpufleet.facts.formats import FileState, file_state, link_target
-from gpufleet.inventory import Host
+from gpufleet.inventory.model import Host
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"

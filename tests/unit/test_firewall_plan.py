@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.formats import FileState
+from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, parse_live
-from gpufleet.inventory import Inventory, load_inventory
-from gpufleet.managed import render
-from gpufleet.plan import Change, Put, Run
-from gpufleet.role import PlanContext, RoleVars, VarError
-from roles import firewall
-from roles.firewall import STATE_FILE, UNIT_LINK, UNIT_PATH, GuardedLoad
+from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.provision.managed import render
+from gpufleet.provision.plan import Change, Put, Run
+from gpufleet.provision.role import PlanContext, RoleVars, VarError
+from gpufleet.roles import firewall
+from gpufleet.roles.firewall import STATE_FILE, UNIT_LINK, UNIT_PATH, GuardedLoad
 
 HEADER = "Managed by gpufleet (role firewall); local edits are reported as drift and replaced."
 NFT_PATH = "/etc/gpufleet/firewall.nft"

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpufleet.connection import Connection, LocalConnection, Unreachable
+from gpufleet.connect.connection import Connection, Unreachable
+from gpufleet.connect.fleet import FleetOptions, Outcome, TaskResult, batches, run_fleet, summarize
+from gpufleet.connect.local import LocalConnection
 from gpufleet.errors import GpufleetError
-from gpufleet.fleet import FleetOptions, Outcome, TaskResult, batches, run_fleet, summarize
-from gpufleet.inventory import Host, Inventory, load_inventory
+from gpufleet.inventory.model import Host, Inventory, load_inventory
 
 
 def local_inventory(tmp_path: Path, count: int) -> Inventory:

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.connection import Connection, Unreachable
-from gpufleet.errors import GpufleetError
-from gpufleet.fleet import (
+from gpufleet.connect.connection import Connection, Unreachable
+from gpufleet.connect.fleet import (
     PROCESS_MIN_HOSTS,
     FleetOptions,
     Outcome,
@@ -22,7 +21,8 @@ from gpufleet.fleet import (
     run_fleet,
     worker_processes,
 )
-from gpufleet.inventory import Host, load_inventory
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory.model import Host, load_inventory
 
 
 def hosts(tmp_path: Path, count: int) -> list[Host]:

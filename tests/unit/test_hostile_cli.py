@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app, exitcodes
-from gpufleet.connection import Connection
+from gpufleet.connect.connection import Connection
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import FactRequest, Facts
+from gpufleet.facts.gather import FactRequest, Facts
 
 
 def test_an_empty_inventory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

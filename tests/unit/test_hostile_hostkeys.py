@@ -15,10 +15,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpufleet import hostkeys
-from gpufleet.connection import known_hosts_files
-from gpufleet.hostkeys import HostKeyError, VerifyPolicy, fingerprint, lookup, record_key
-from gpufleet.inventory import load_inventory
+from gpufleet.connect import hostkeys
+from gpufleet.connect.hostkeys import HostKeyError, VerifyPolicy, fingerprint, lookup, record_key
+from gpufleet.connect.ssh import known_hosts_files
+from gpufleet.inventory.model import load_inventory
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
                                 reason="ssh-keygen is not installed")

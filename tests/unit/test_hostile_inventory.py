@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import Inventory, load_inventory, resolve_inventory
+from gpufleet.inventory.model import Inventory, load_inventory, resolve_inventory
 
 FAST_S = 2.0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet import parsers
+from gpufleet.facts import parsers
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SAMPLES, H200 = FIXTURES / "samples", FIXTURES / "h200x2"

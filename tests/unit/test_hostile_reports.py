@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpufleet import app, drift_report
-from gpufleet.connection import Connection
-from gpufleet.drift import DriftItem, HostDrift, Inconsistency
-from gpufleet.facts import FactRequest, Facts
-from gpufleet.fleet import Outcome
-from gpufleet.plan import Change, Plan
+from gpufleet import app
+from gpufleet.connect.connection import Connection
+from gpufleet.connect.fleet import Outcome
+from gpufleet.drift import report as drift_report
+from gpufleet.drift.compare import DriftItem, HostDrift, Inconsistency
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision.plan import Change, Plan
 from gpufleet.report import junit, terminal
 
 HOSTILE = "[/x] [bold]b[/bold] \x1b[31mred\x1b[0m \x00nul \u202eevil\r\nforged"

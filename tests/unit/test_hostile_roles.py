@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import roles
-from gpufleet import app
+from gpufleet import app, roles
 from gpufleet.bootstrap import bootstrap_vars, preflight_problems
-from gpufleet.engine import BadVariables, validate
-from gpufleet.facts import Facts
-from gpufleet.inventory import Inventory, load_inventory
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.provision.engine import BadVariables, validate
 
 
 def inventory(tmp_path: Path, host_vars: str) -> Inventory:

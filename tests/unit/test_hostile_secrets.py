@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import schedule
+from gpufleet.drift import schedule
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory import load_inventory
-from gpufleet.inventory_secrets import is_secret_name
-from gpufleet.managed import redact, unified_diff
-from gpufleet.role import RoleVars
-from roles import pytorch
+from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.secrets import is_secret_name
+from gpufleet.provision.managed import redact, unified_diff
+from gpufleet.provision.role import RoleVars
+from gpufleet.roles import pytorch
 
 
 @pytest.mark.parametrize(("line", "shown"), [

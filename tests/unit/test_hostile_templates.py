@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import Host, load_inventory
-from gpufleet.managed import redact
-from gpufleet.templating import TemplateError
+from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.templating import TemplateError
+from gpufleet.provision.managed import redact
 
 
 def host_of(tmp_path: Path, variables: str, name: str = "n1") -> tuple[Host, Path]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpufleet import hostkeys
-from gpufleet.hostkeys import (
+from gpufleet.connect import hostkeys
+from gpufleet.connect.hostkeys import (
     HostKeyError,
     VerifyPolicy,
     changed_key_message,

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import Inventory, load_inventory
-from gpufleet.inventory_yaml import Unsafe
-from gpufleet.templating import HostVars, TemplateError
+from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.read_yaml import Unsafe
+from gpufleet.inventory.templating import HostVars, TemplateError
 
 REAL_WORLD = Path(__file__).parent.parent / "fixtures" / "inventories" / "real-world"
 ORACLE = REAL_WORLD / "oracle"

@@ -9,10 +9,17 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from gpufleet.facts import FactMissing, Facts
 from gpufleet.facts.formats import FileState
-from gpufleet.managed import HEADER, file_change, link_change, redact, render, unified_diff
-from gpufleet.plan import Put, Run
+from gpufleet.facts.gather import FactMissing, Facts
+from gpufleet.provision.managed import (
+    HEADER,
+    file_change,
+    link_change,
+    redact,
+    render,
+    unified_diff,
+)
+from gpufleet.provision.plan import Put, Run
 
 # --------------------------------------------------------------------------- redact
 

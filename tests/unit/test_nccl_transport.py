@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from conformance.probes.allreduce import build_parser, nccl_log_environment
 from gpufleet import app
 from gpufleet.conformance.allreduce import (
     nccl_log_args,
@@ -25,10 +24,11 @@ from gpufleet.conformance.allreduce import (
 from gpufleet.conformance.allreduce_vars import check_variables, expected_transports
 from gpufleet.conformance.launch import ProbeRun, _command, _parse
 from gpufleet.conformance.session import Node
-from gpufleet.connection import ConnectOptions
-from gpufleet.engine import BadVariables
-from gpufleet.facts import Facts
-from gpufleet.inventory import load_inventory
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import load_inventory
+from gpufleet.provision.engine import BadVariables
+from gpufleet.suites.probes.allreduce import build_parser, nccl_log_environment
 from tests.conftest import ROOT
 from tests.probe_runs import PROBES, TORCHRUN, needs_torch, probe_env
 

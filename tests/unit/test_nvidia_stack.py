@@ -12,17 +12,27 @@ from typing import Any
 
 import pytest
 
-import roles
-from gpufleet import apt, parsers
-from gpufleet.conformance.gpu import fabric_problems, fabricmanager_problem
+from gpufleet import roles
+from gpufleet.conformance.checks.gpu import fabric_problems, fabricmanager_problem
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import Facts
+from gpufleet.facts import parsers
 from gpufleet.facts.formats import FileState
-from gpufleet.inventory import Inventory, load_inventory
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.lab.repo import standins
-from gpufleet.plan import Change, Fail, Run
-from gpufleet.role import PlanContext, RoleVars, VarError
-from roles import cuda, dcgm, driver, fabricmanager, nvidia_repo, ofed, peermem, persistenced
+from gpufleet.provision import apt
+from gpufleet.provision.plan import Change, Fail, Run
+from gpufleet.provision.role import PlanContext, RoleVars, VarError
+from gpufleet.roles import (
+    cuda,
+    dcgm,
+    driver,
+    fabricmanager,
+    nvidia_repo,
+    ofed,
+    peermem,
+    persistenced,
+)
 from tests.conftest import ROOT
 
 H200 = ROOT / "tests" / "fixtures" / "h200x2"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import errors, parsers
-from gpufleet.parsers import ParseError
+from gpufleet import errors
+from gpufleet.facts import parsers
+from gpufleet.facts.parsers import ParseError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

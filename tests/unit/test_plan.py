@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.connection import CommandFailed, LocalConnection, Unreachable
+from gpufleet.connect.connection import CommandFailed, Unreachable
+from gpufleet.connect.local import LocalConnection
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory import Host
-from gpufleet.plan import (
+from gpufleet.inventory.model import Host
+from gpufleet.provision.plan import (
     ApplyContext,
     ApplyOptions,
     Change,

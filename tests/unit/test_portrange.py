@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance.portrange import closed_within, describe, merge, opened_ports
+from gpufleet.conformance.checks.portrange import closed_within, describe, merge, opened_ports
 from gpufleet.errors import ParseError
-from gpufleet.facts import Facts
-from gpufleet.inventory import load_inventory
-from gpufleet.role import PlanContext, RoleVars
-from roles import firewall
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import load_inventory
+from gpufleet.provision.role import PlanContext, RoleVars
+from gpufleet.roles import firewall
 from tests.conftest import FIXTURES
 
 RULESETS = FIXTURES / "firewall"

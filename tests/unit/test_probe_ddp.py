@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conformance.probes.ddp import EXIT_FAILED, loss_trend, scaling_efficiency
+from gpufleet.suites.probes.ddp import EXIT_FAILED, loss_trend, scaling_efficiency
 from tests.probe_runs import PROBES, TORCHRUN, check_phases, events, needs_torch, run_probe
 
 PROBE = PROBES / "ddp.py"
@@ -62,7 +62,7 @@ def test_loss_trend() -> None:
 def test_param_checksums_see_any_change() -> None:
     import torch
 
-    from conformance.probes.ddp import build_model, param_checksums
+    from gpufleet.suites.probes.ddp import build_model, param_checksums
 
     torch.manual_seed(0)
     model = build_model(8, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conformance.probes.p2p import trials_by_figure
+from gpufleet.suites.probes.p2p import trials_by_figure
 from tests.probe_runs import needs_torch, run_without_gpu
 
 
@@ -29,7 +29,7 @@ def test_trials_by_figure_names_every_copy() -> None:
 @needs_torch
 def test_without_a_gpu_it_skips() -> None:
     code = (
-        "import os, sys, conformance.probes.p2p as p; loaded = 'torch' in sys.modules; "
+        "import os, sys, gpufleet.suites.probes.p2p as p; loaded = 'torch' in sys.modules; "
         "code = p.main([]); print(loaded, code, os.environ['NCCL_NVLS_ENABLE'])"
     )
     done = run_without_gpu(code)

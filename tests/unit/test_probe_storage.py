@@ -12,14 +12,7 @@ from typing import Any
 
 import pytest
 
-from conformance.probes.storage import (
-    EXIT_PATH,
-    GIB,
-    KIB,
-    TEST_DIR,
-    main,
-    need_mbps,
-)
+from gpufleet.suites.probes.storage import EXIT_PATH, GIB, KIB, TEST_DIR, main, need_mbps
 from tests.probe_runs import PROBES
 
 PROBE = PROBES / "storage.py"
@@ -135,7 +128,7 @@ def test_read_only_path_exits_3() -> None:
 def test_a_failed_write_leaves_no_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conformance.probes import storage
+    from gpufleet.suites.probes import storage
 
     chunk = storage._Content.chunk
     calls = []

@@ -14,12 +14,8 @@ from typing import Any
 
 import pytest
 
-from conformance.probes import thermal
-from conformance.probes.thermal import (
-    mirror_score,
-    parse_sample_line,
-    thermal_verdict,
-)
+from gpufleet.suites.probes import thermal
+from gpufleet.suites.probes.thermal import mirror_score, parse_sample_line, thermal_verdict
 from tests.conftest import FIXTURES
 from tests.probe_runs import needs_torch, run_without_gpu
 
@@ -297,7 +293,7 @@ def test_query_reports_a_missing_nvidia_smi(
 @needs_torch
 def test_without_a_gpu_it_skips() -> None:
     code = (
-        "import sys, conformance.probes.thermal as t; loaded = 'torch' in sys.modules; "
+        "import sys, gpufleet.suites.probes.thermal as t; loaded = 'torch' in sys.modules; "
         "code = t.main(['--seconds', '1']); print(loaded, code)"
     )
     done = run_without_gpu(code)
@@ -309,7 +305,7 @@ def test_without_a_gpu_it_skips() -> None:
 
 
 def test_window_tflops_splits_the_load_after_the_warm_up() -> None:
-    from conformance.probes.thermal import window_tflops
+    from gpufleet.suites.probes.thermal import window_tflops
 
     steady = [(t * 0.5, t * 10) for t in range(41)]  # 20 matmuls a second for 20 s
     flops = 2 * 1000**3 * 20 / 1e12

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.probes.probe_common import EXIT_USAGE
 from gpufleet.conformance.launch import PROBES, SHARED
+from gpufleet.suites.probes.probe_common import EXIT_USAGE
 
 # Beyond the standard library: what each probe may import on a node.
 NEEDS = {
@@ -52,7 +52,7 @@ def test_probe_needs_only_stdlib_torch_and_probe_common_on_python_3_9(name: str)
 
 @pytest.mark.parametrize("name", sorted(n for n in NEEDS if "torch" in NEEDS[n]))
 def test_importing_a_probe_leaves_torch_unloaded(name: str) -> None:
-    code = f"import sys, conformance.probes.{name}; print('torch' in sys.modules)"
+    code = f"import sys, gpufleet.suites.probes.{name}; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
                           text=True, timeout=30, cwd=PROBES.parents[1])
     assert done.returncode == 0, done.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.drift import consistency_request, training_python
-from gpufleet.inventory import load_inventory
+from gpufleet.inventory.model import load_inventory
+from gpufleet.roles import consistency_request, training_python
 
 
 def test_training_python_follows_the_pytorch_role(tmp_path: Path) -> None:

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from gpufleet import apt
-from gpufleet.engine import active_roles, fact_request, plan_host
-from gpufleet.facts import FactRequest, Facts
 from gpufleet.facts.formats import FileState
-from gpufleet.inventory import Inventory, load_inventory
-from gpufleet.plan import Change, Run
-from gpufleet.reboot import Reboot
-from gpufleet.role import PlanContext, Role, RoleVars, VarError
-from roles import ALL, cuda, driver, nccl, nccl_env, pytorch, select
+from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.provision import apt
+from gpufleet.provision.engine import active_roles, fact_request, plan_host
+from gpufleet.provision.plan import Change, Run
+from gpufleet.provision.reboot import Reboot
+from gpufleet.provision.role import PlanContext, Role, RoleVars, VarError
+from gpufleet.roles import ALL, cuda, driver, nccl, nccl_env, pytorch, select
 
 Row = tuple[str, str, str | None, str | None]
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import app, schedule
+from gpufleet import app
+from gpufleet.drift import schedule
 from gpufleet.errors import GpufleetError
 
 ARGS = ["--inventory", "prod", "--prometheus", "/var/lib/node_exporter/drift.prom"]

@@ -11,8 +11,8 @@ import pytest
 
 from gpufleet.bootstrap import Bootstrap, StepResult, mark
 from gpufleet.errors import ParseError
-from gpufleet.inventory import load_inventory
-from gpufleet.slurm import (
+from gpufleet.inventory.model import load_inventory
+from gpufleet.slurm.client import (
     REASON_LIMIT,
     Slurm,
     SlurmError,

@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import bootstrap, slurm
-from gpufleet.conformance.gpu import CRITICAL_XIDS
-from gpufleet.facts import Facts
+from gpufleet import bootstrap
 from gpufleet.facts.formats import FileState
-from gpufleet.healthcheck import program
-from gpufleet.inventory import load_inventory
-from gpufleet.role import PlanContext, RoleVars, VarError
-from roles import slurm_healthcheck
+from gpufleet.facts.gather import Facts
+from gpufleet.facts.xids import CRITICAL_XIDS
+from gpufleet.inventory.model import load_inventory
+from gpufleet.node import healthcheck as program
+from gpufleet.provision.role import PlanContext, RoleVars, VarError
+from gpufleet.roles import slurm_healthcheck
+from gpufleet.slurm import client as slurm
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"

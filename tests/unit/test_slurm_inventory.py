@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import app, slurm_inventory
+from gpufleet import app
 from gpufleet.errors import InventoryError
+from gpufleet.slurm import inventory as slurm_inventory
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.connection import Unreachable
-from gpufleet.inventory import Host
-from gpufleet.slurm import Slurm, SlurmError, parse_show_node
-from gpufleet.srun import Allocation, SrunConnection, unusable
+from gpufleet.connect.connection import Unreachable
+from gpufleet.inventory.model import Host
+from gpufleet.slurm.client import Slurm, SlurmError, parse_show_node
+from gpufleet.slurm.launcher import Allocation, SrunConnection, unusable
 from tests.conftest import FIXTURES, stand_in
 
 SLURM = FIXTURES / "slurm"

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpufleet.facts import parse_sections, script
+from gpufleet.facts import script
 from gpufleet.facts.catalog import torch_fact
 from gpufleet.facts.formats import torch_files
+from gpufleet.facts.gather import parse_sections
 
 LAB_VERSION_PY = """from typing import Optional
 

@@ -1,0 +1,1 @@
+"""Verdict logic of the checks: pure functions from facts and measurements to problems."""

@@ -1,0 +1,318 @@
+"""Ansible-style ``{{ }}`` templates in inventory values, rendered per host when read.
+
+``HostVars`` holds a host's merged variables as the inventory wrote them and renders a
+value the first time it is read, with the host's other variables (themselves rendered on
+demand), so a template that gpufleet never reads cannot fail a run. What is rendered is
+what inventories commonly hold: variable references, the filters in ``FILTERS``, tests,
+conditionals and arithmetic, in a sandboxed Jinja2 environment where undefined variables
+are errors. Lookups, ``hostvars``, ``groups``, other function calls, unknown filters,
+undefined variables and reference cycles are refused with one line naming the host, the
+variable and where it is set. ``!unsafe`` values (``Unsafe``) are never templated, and a
+template's output is not templated again.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.filters import FILTERS as JINJA_FILTERS
+from jinja2.nativetypes import NativeCodeGenerator
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from gpufleet.errors import InventoryError
+from gpufleet.inventory.read_yaml import Unsafe
+from gpufleet.inventory.secrets import remember_secret
+
+__all__ = ["FILTERS", "HostVars", "TemplateError", "is_template"]
+
+MAX_RESULT = 1024 * 1024
+MAX_REFERENCE_DEPTH = 40
+_LOOKUPS = frozenset({"lookup", "query", "q"})
+_UNSUPPORTED_NAMES = {
+    "hostvars": "other hosts' variables (hostvars)",
+    "groups": "the inventory's groups (groups)",
+    "vars": "the vars dictionary",
+}
+_MARKERS = ("{{", "{%", "{#")
+_TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
+
+
+class TemplateError(InventoryError):
+    """An inventory value's template cannot be rendered; the message names host and variable."""
+
+
+def is_template(value: object) -> bool:
+    """Whether a value is a string that Ansible would template."""
+    return isinstance(value, str) and not isinstance(value, Unsafe) and any(
+        marker in value for marker in _MARKERS)
+
+
+def _to_bool(value: object) -> bool:
+    """Ansible's ``bool`` filter."""
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return False
+    if isinstance(value, (int, float)):
+        return value == 1
+    return str(value).strip().lower() in _TRUE
+
+
+FILTERS: dict[str, Callable[..., Any]] = {
+    **{name: JINJA_FILTERS[name] for name in (
+        "default", "d", "lower", "upper", "int", "join", "string", "trim", "replace")},
+    "bool": _to_bool,
+}
+
+
+class _Undefined(jinja2.ChainableUndefined, jinja2.StrictUndefined):
+    """Undefined: attribute access chains (so ``a.b | default(x)`` works), any use fails."""
+
+
+def _size(value: object) -> int:
+    return len(value) if isinstance(value, (str, list, tuple)) else 0
+
+
+def _defined(value: Any) -> Any:
+    """The value, after failing on any undefined part of it."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _defined(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _defined(item)
+    return value
+
+
+def _concat(chunks: Iterator[Any]) -> Any:
+    """A template that is one expression gives that value (an int stays an int); otherwise
+    the text of every piece."""
+    parts = [_defined(part) for part in chunks]
+    if len(parts) == 1:
+        return parts[0]
+    text = "".join(str(part) for part in parts)
+    if len(text) > MAX_RESULT:
+        raise _Problem(f"renders to more than {MAX_RESULT} characters")
+    return text
+
+
+class _CodeGenerator(NativeCodeGenerator):
+    """Native output in which only literal text is folded at compile time, so a constant
+    expression such as ``{{ 40 + 2 }}`` keeps its type (42, not "42")."""
+
+    def _output_child_to_const(self, node: nodes.Expr, frame: Any, finalize: Any) -> str:
+        if not isinstance(node, nodes.TemplateData):
+            raise nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)  # type: ignore[no-any-return]
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """A sandbox with native result types and bounded ``*`` and ``**``."""
+
+    code_generator_class = _CodeGenerator
+    concat = staticmethod(_concat)  # type: ignore[assignment]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            count = right if isinstance(right, int) else left if isinstance(left, int) else 1
+            if max(_size(left), _size(right)) * abs(count) > MAX_RESULT:
+                raise _Problem(f"renders to more than {MAX_RESULT} characters")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) \
+                and abs(left) > 1 and right * math.log2(abs(left)) > 4096:
+            raise _Problem("computes a number too large to use")
+        return super().call_binop(context, operator, left, right)
+
+
+_ENV = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+_ENV.filters = dict(FILTERS)
+_ENV.globals = {}
+
+
+class _Problem(Exception):
+    """Why one template cannot be rendered (turned into a TemplateError with its place)."""
+
+
+def _check(template: nodes.Template) -> None:
+    """Refuse what gpufleet does not render, before rendering anything."""
+    for call in template.find_all(nodes.Call):
+        if isinstance(call.node, nodes.Name):
+            if call.node.name in _LOOKUPS:
+                raise _Problem(f"uses {call.node.name}(), and gpufleet does not run Ansible "
+                               "lookups (write the value itself in the inventory)")
+            raise _Problem(f"calls {call.node.name}(), which gpufleet does not provide")
+    for name in template.find_all(nodes.Name):
+        if name.name in _UNSUPPORTED_NAMES and name.ctx == "load":
+            raise _Problem(f"refers to {_UNSUPPORTED_NAMES[name.name]}, which gpufleet does "
+                           "not template (write the value itself in the inventory)")
+    for node in template.find_all((nodes.Filter, nodes.Test)):
+        if isinstance(node, nodes.Filter) and node.name not in FILTERS:
+            raise _Problem(f"uses the filter '{node.name}', which gpufleet does not provide "
+                           f"(it renders {', '.join(sorted(FILTERS))})")
+
+
+class _Scope(Mapping[str, Any]):
+    """What a template sees: the host's variables, rendered on demand, and its name."""
+
+    def __init__(self, owner: HostVars) -> None:
+        self.owner = owner
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.owner.magic:
+            return self.owner.magic[key]
+        return self.owner[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.owner.magic or key in self.owner
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.owner.magic
+        yield from self.owner
+
+    def __len__(self) -> int:
+        return len(self.owner.magic) + len(self.owner)
+
+
+class HostVars(MutableMapping[str, Any]):
+    """One host's variables; templated values are rendered when first read. Safe to read
+    from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
+
+    def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str]) -> None:
+        self.host = host
+        self._raw = raw
+        self._origins = dict(origins)
+        self._rendered: dict[str, Any] = {}
+        self._active: list[str] = []
+        self._lock = threading.RLock()
+        self.magic = {"inventory_hostname": host,
+                      "inventory_hostname_short": host.split(".", 1)[0]}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
+        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins)
+
+    def origin(self, key: str) -> str | None:
+        """Where the variable's winning value is set (``file:line`` or ``file``)."""
+        return self._origins.get(key)
+
+    def raw(self) -> dict[str, Any]:
+        """The variables as the inventory wrote them, templates unrendered."""
+        return dict(self._raw)
+
+    def __getitem__(self, key: str) -> Any:
+        with self._lock:
+            return self._get(key)
+
+    def _get(self, key: str) -> Any:
+        if key in self._rendered:
+            return self._rendered[key]
+        value = self._raw[key]
+        if not _needs_render(value):
+            self._rendered[key] = value
+            return value
+        if key in self._active:
+            cycle = " -> ".join([*self._active[self._active.index(key):], key])
+            raise self._error(key, f"refers to itself: {cycle}")
+        if len(self._active) >= MAX_REFERENCE_DEPTH:
+            raise self._error(key, f"references nest more than {MAX_REFERENCE_DEPTH} deep")
+        self._active.append(key)
+        try:
+            rendered = self._render(key, value)
+        finally:
+            self._active.pop()
+        remember_secret(key, rendered)
+        self._rendered[key] = rendered
+        return rendered
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._raw[key] = value
+            self._origins.pop(key, None)
+            self._rendered.clear()
+
+    def __delitem__(self, key: str) -> None:
+        with self._lock:
+            del self._raw[key]
+            self._origins.pop(key, None)
+            self._rendered.clear()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __repr__(self) -> str:
+        return f"HostVars({self.host!r}, {self._raw!r})"
+
+    def _render(self, key: str, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._render(key, item) for item in value]
+        if isinstance(value, dict):
+            return {name: self._render(key, item) for name, item in value.items()}
+        if not is_template(value):
+            return value
+        try:
+            return self._render_text(value)
+        except TemplateError:
+            raise
+        except _Problem as exc:
+            raise self._error(key, f"{exc}: {_shown(value)}") from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise self._error(key, f"invalid template ({exc.message}): {_shown(value)}") from None
+        except jinja2.UndefinedError as exc:
+            raise self._error(key, f"{exc.message}: {_shown(value)}") from None
+        except jinja2.exceptions.SecurityError as exc:
+            raise self._error(key, f"refused by the sandbox ({exc}): {_shown(value)}") from None
+        except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError,
+                AttributeError, RecursionError, MemoryError) as exc:
+            raise self._error(key, f"cannot be rendered ({type(exc).__name__}: {exc}): "
+                              f"{_shown(value)}") from None
+
+    def _render_text(self, text: str) -> Any:
+        template = _compiled(text)
+        context = template.new_context(_Scope(self), shared=True)  # type: ignore[arg-type]
+        result = _ENV.concat(template.root_render_func(context))
+        if isinstance(result, str) and len(result) > MAX_RESULT:
+            raise _Problem(f"renders to more than {MAX_RESULT} characters")
+        return result
+
+    def _error(self, key: str, problem: str) -> TemplateError:
+        where = self._origins.get(key)
+        place = f" ({where})" if where else ""
+        via = self._active[:-1] if self._active and self._active[-1] == key else self._active
+        trail = f" (needed by {' -> '.join(via)})" if via else ""
+        return TemplateError(f"host '{self.host}': variable '{key}'{place} {problem}{trail}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(text: str) -> jinja2.Template:
+    _check(_ENV.parse(text))
+    return _ENV.from_string(text)
+
+
+def _needs_render(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_needs_render(item) for item in value)
+    if isinstance(value, dict):
+        return any(_needs_render(item) for item in value.values())
+    return is_template(value)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")

@@ -1,0 +1,82 @@
+"""Telling the fleet's scheduler about nodes: drain the ones a check failed, resume the
+ones gpufleet drained once they are healthy again. Slurm today (``gpufleet_scheduler:
+slurm``); the commands run on the controller, so an unreachable node is drained too.
+
+Each drain's reason is ``gpufleet: <check>: <message>`` (gpufleet/slurm.py); a resume only
+lifts gpufleet's own drains for checks that ran again and passed on that node: a node an
+operator drained, or one drained for a check this run did not repeat, stays drained.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory.model import Host
+from gpufleet.slurm.client import Action, Slurm
+
+SCHEDULER_VAR = "gpufleet_scheduler"
+
+
+def slurm_of(host: Host) -> Slurm | None:
+    """The host's Slurm (``gpufleet_scheduler: slurm``, ``gpufleet_slurm_conf``), or None
+    when the inventory names no scheduler."""
+    kind = host.vars.get(SCHEDULER_VAR)
+    if kind in (None, "", "none"):
+        return None
+    if kind != "slurm":
+        raise GpufleetError(f"host {host.name}: variable {SCHEDULER_VAR} must be slurm or "
+                            f"none, got {kind!r}")
+    return slurm_client(host)
+
+
+def slurm_client(host: Host) -> Slurm:
+    """Slurm's commands for the host's cluster (``gpufleet_slurm_conf`` as SLURM_CONF)."""
+    conf = host.vars.get("gpufleet_slurm_conf")
+    return Slurm(conf=Path(str(conf)) if conf else None)
+
+
+def check(hosts: Sequence[Host]) -> None:
+    """Refuse, before anything runs, a scheduler variable that is not understood."""
+    for host in hosts:
+        slurm_of(host)
+
+
+def slurm_name(host: Host) -> str:
+    """The host's node name in Slurm (``gpufleet_slurm_node``, else its inventory name)."""
+    return str(host.vars.get("gpufleet_slurm_node") or host.name)
+
+
+def drain(failed: Sequence[tuple[Host, str, str]]) -> dict[str, str]:
+    """Drain every host of ``failed`` ((host, check, message)) where a scheduler is named;
+    host name -> what was done. A scheduler error is that host's entry, never the run's."""
+    done: dict[str, str] = {}
+    for host, check, message in failed:
+        slurm = slurm_of(host)
+        if slurm is not None:
+            done[host.name] = _act(functools.partial(slurm.drain, slurm_name(host), check,
+                                                     message))
+    return done
+
+
+def resume(cleared: Sequence[tuple[Host, Collection[str]]]) -> dict[str, str]:
+    """Resume each host that gpufleet drained for a check now cleared on it ((host, reason
+    prefixes) after ``gpufleet: ``, such as ``conformance/firewall/`` or ``drift/nccl_env/``;
+    ``""`` clears any of gpufleet's drains)."""
+    done: dict[str, str] = {}
+    for host, checks in cleared:
+        slurm = slurm_of(host)
+        if slurm is not None and checks:
+            done[host.name] = _act(functools.partial(slurm.resume, slurm_name(host),
+                                                     tuple(checks)))
+    return done
+
+
+def _act(call: Callable[[], Action]) -> str:
+    try:
+        action = call()
+    except GpufleetError as exc:
+        return f"failed: {exc}"
+    return f"{action.action}: {action.detail}"
