@@ -41,13 +41,13 @@ from gpufleet.conformance.allreduce import (
 )
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.errors import ParseError
 from gpufleet.facts import parsers
 
 
-def _record(run: ProbeRun, record_property: pytest.RecordProperty) -> None:
+def _record(run: ProbeRun, record_property: RecordProperty) -> None:
     largest = run.largest
     if largest:
         record_property("largest_size", largest["size"])
@@ -82,7 +82,7 @@ def _busbw_trials(run: ProbeRun) -> dict[str, list[float]]:
 
 
 def test_each_node_alone(node: Node, conformance: ConformanceSession,
-                         record_property: pytest.RecordProperty) -> None:
+                         record_property: RecordProperty) -> None:
     run = _alone(conformance)[node.name]
     conformance.add_report("allreduce", f"single {node.name}", run.to_dict())
     _record(run, record_property)
@@ -101,7 +101,7 @@ def test_each_node_alone(node: Node, conformance: ConformanceSession,
         assert again.error() is None, f"the re-measurement failed: {again.error()}"
         return _busbw_trials(again)
 
-    verdicts = judge_node(node, conformance.options.get("baseline"), figures, measure,
+    verdicts = judge_node(node, conformance.options.baseline, figures, measure,
                           first=first, cost_s=run.duration)
     record_property("verdicts", properties(verdicts))
     problems = failures(verdicts)
@@ -109,7 +109,7 @@ def test_each_node_alone(node: Node, conformance: ConformanceSession,
 
 
 def test_all_nodes_together(conformance: ConformanceSession,
-                            record_property: pytest.RecordProperty) -> None:
+                            record_property: RecordProperty) -> None:
     nodes = conformance.ready()
     if len(nodes) < 2:
         pytest.skip("fewer than two reachable nodes selected")
@@ -147,15 +147,15 @@ def test_all_nodes_together(conformance: ConformanceSession,
 
 
 def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,
-                                    record_property: pytest.RecordProperty) -> None:
-    if not conformance.options.get("with_nccl_tests"):
+                                    record_property: RecordProperty) -> None:
+    if not conformance.options.with_nccl_tests:
         pytest.skip("nccl-tests not requested (--with-nccl-tests)")
     found = node.run("command -v all_reduce_perf").stdout.strip()
     if not found:
         pytest.skip("all_reduce_perf (nccl-tests) is not installed on this node")
     gpus = len(node.facts.get("gpus") or []) or 1  # type: ignore[union-attr]
     result = node.run(f"NCCL_NVLS_ENABLE=0 {shlex.quote(found)} -b 8 -e "
-                      f"{shlex.quote(str(node.var('nccl_tests_max_size', '1G')))} -f 2 "
+                      f"{shlex.quote(str(node.var('nccl_tests_max_size')))} -f 2 "
                       f"-g {gpus}", timeout=timeout_of(node))
     try:
         rows = parsers.nccl_tests(result.stdout)

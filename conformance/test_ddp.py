@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 
 from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.launch import ProbeRun, processes_per_node, run_probe
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.launch import ProbeRun, processes_per_node, rendezvous_port, run_probe
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
 from gpufleet.suites.probes.ddp import scaling_efficiency
 
 
 def _args(node: Node) -> list[str]:
-    args = ["--steps", str(node.var("ddp_steps", 30)),
-            "--batch-size", str(node.var("ddp_batch_size", 64))]
+    args = ["--steps", str(node.var("ddp_steps")),
+            "--batch-size", str(node.var("ddp_batch_size"))]
     for key, flag in (("ddp_width", "--width"), ("ddp_depth", "--depth")):
         if node.var(key) is not None:
             args += [flag, str(node.var(key))]
@@ -35,11 +35,9 @@ def _args(node: Node) -> list[str]:
 
 
 def _timeout(node: Node) -> float:
-    return float(node.var("ddp_timeout_s", 600))
+    return float(node.var("ddp_timeout_s"))
 
 
-def _port(node: Node) -> int:
-    return int(node.var("allreduce_port", node.var("firewall_rendezvous_port", 29500)))
 
 
 def _result(run: ProbeRun) -> dict[str, Any]:
@@ -71,10 +69,11 @@ def _efficiency(many: dict[str, Any], procs: int, one: dict[str, Any]) -> list[f
 def _within(node: Node, procs: int, trials: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The job on one process and (when ``procs`` > 1) on ``procs``, ``trials`` trials each."""
     args = [*_args(node), "--trials", str(trials)]
-    one = _result(run_probe("ddp", [node], args, _timeout(node), port=_port(node), nproc=1))
+    one = _result(run_probe("ddp", [node], args, _timeout(node), port=rendezvous_port(node),
+                            nproc=1))
     if procs == 1:
         return one, None
-    return one, _result(run_probe("ddp", [node], args, _timeout(node), port=_port(node),
+    return one, _result(run_probe("ddp", [node], args, _timeout(node), port=rendezvous_port(node),
                                   nproc=procs))
 
 
@@ -87,15 +86,15 @@ def _figures(one: dict[str, Any], many: dict[str, Any] | None, procs: int
 
 
 def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
-                             record_property: pytest.RecordProperty) -> None:
+                             record_property: RecordProperty) -> None:
     procs = processes_per_node(node)
     start = time.monotonic()
     one, many = _within(node, procs, settings(node.host).trials)
     cost = time.monotonic() - start
     record_property("throughput_1", round(one["samples_per_s"], 1))
     figures = [Figure("ddp.throughput_1", "samples/s"),
-               Figure("ddp.efficiency", "", float(node.var("ddp_min_efficiency", 0.85)))]
-    verdicts = judge_node(node, conformance.options.get("baseline"), figures,
+               Figure("ddp.efficiency", "", float(node.var("ddp_min_efficiency")))]
+    verdicts = judge_node(node, conformance.options.baseline, figures,
                           lambda trials: _figures(*_within(node, procs, trials), procs),
                           first=_figures(one, many, procs), cost_s=cost)
     record_property("verdicts", properties(verdicts))
@@ -122,13 +121,13 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
 def _across(nodes: list[Node], trials: int) -> tuple[dict[str, Any], dict[str, Any]]:
     first = nodes[0]
     args = [*_args(first), "--trials", str(trials)]
-    alone = _result(run_probe("ddp", [first], args, _timeout(first), port=_port(first)))
-    together = _result(run_probe("ddp", nodes, args, _timeout(first), port=_port(first)))
+    alone = _result(run_probe("ddp", [first], args, _timeout(first), port=rendezvous_port(first)))
+    together = _result(run_probe("ddp", nodes, args, _timeout(first), port=rendezvous_port(first)))
     return alone, together
 
 
 def test_ddp_across_nodes(conformance: ConformanceSession,
-                          record_property: pytest.RecordProperty) -> None:
+                          record_property: RecordProperty) -> None:
     nodes = [n for n in conformance.nodes.values() if n.facts is not None]
     if len(nodes) < 2:
         pytest.skip("fewer than two reachable nodes selected")
@@ -141,7 +140,7 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
         again_alone, again = _across(nodes, trials)
         return {"ddp.efficiency_across_nodes": _efficiency(again, len(nodes), again_alone)}
 
-    minimum = float(first.var("ddp_min_efficiency_across_nodes", 0.7))
+    minimum = float(first.var("ddp_min_efficiency_across_nodes"))
     verdicts = judge([Figure("ddp.efficiency_across_nodes", "", minimum)], measure, setting,
                      first={"ddp.efficiency_across_nodes":
                             _efficiency(together, len(nodes), alone)})

@@ -12,25 +12,20 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet import roles
 from gpufleet.conformance.launch import socket_ifname
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
-from gpufleet.provision.role import PlanContext, RoleVars
-from gpufleet.roles import firewall
 
 
 def test_live_rules_admit_the_cluster(node: Node, conformance: ConformanceSession,
-                                      record_property: pytest.RecordProperty) -> None:
-    v = RoleVars(node.host, firewall.ROLE.defaults)
-    ctx = PlanContext(conformance.inventory, node.host)
+                                      record_property: RecordProperty) -> None:
     try:
-        sources = [s.removesuffix("/32").removesuffix("/128")
-                   for s in firewall.ROLE.cluster_sources(v, ctx)
-                   if s.split("/")[0] != node.host.address]
-        ports = firewall.ROLE.ports(v)
+        intent = roles.firewall_intent(conformance.inventory, node.host)
     except GpufleetError as exc:
         pytest.fail(f"unknown: {exc}")
+    sources, ports = intent.sources, intent.ports
     result = node.run(LIVE_RULESET.shell, timeout=60)
     try:
         live = LIVE_RULESET.parse(result.stdout)

@@ -29,11 +29,10 @@ from gpufleet.conformance.checks.gpu import (
     xid_policy,
     xid_verdict,
 )
-from gpufleet.conformance.session import Node
+from gpufleet.conformance.session import Node, RecordProperty
 from gpufleet.errors import ParseError
 from gpufleet.facts import parsers
 from gpufleet.facts.gather import Facts
-from gpufleet.facts.xids import CRITICAL_XIDS
 
 
 def _gpus(node: Node) -> list[dict[str, object]]:
@@ -51,7 +50,7 @@ def _gpus(node: Node) -> list[dict[str, object]]:
     return gpus  # type: ignore[no-any-return]
 
 
-def test_count_and_model(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_count_and_model(node: Node, record_property: RecordProperty) -> None:
     gpus = _gpus(node)
     facts: Facts = node.facts  # type: ignore[assignment]
     models = sorted({str(g.get("name")) for g in gpus})
@@ -71,7 +70,7 @@ def test_count_and_model(node: Node, record_property: pytest.RecordProperty) -> 
         assert models == [str(model)], f"GPU model {', '.join(models)}, expected {model}"
 
 
-def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_nvlink(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
     facts: Facts = node.facts  # type: ignore[assignment]
     topo = facts.get("gpu_topology")
@@ -79,7 +78,7 @@ def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
         pytest.fail(f"unknown: nvidia-smi topo -m: {facts.why_absent('gpu_topology')}")
     if len(topo.get("gpus", [])) < 2:
         pytest.skip("a single GPU: no GPU pairs")
-    found = topology_problems(topo, node.flag("gpu_nvlink", None))
+    found = topology_problems(topo, node.flag("gpu_nvlink"))
     status = facts.get("nvlink")
     if status is not None:
         found += nvlink_problems(status)
@@ -90,15 +89,15 @@ def test_nvlink(node: Node, record_property: pytest.RecordProperty) -> None:
 def test_health(node: Node) -> None:
     gpus = _gpus(node)
     found = health_problems(
-        gpus,  # type: ignore[arg-type]
-        float(node.var("gpu_max_temp_c", 85)),
+        gpus,
+        float(node.var("gpu_max_temp_c")),
         int(node.var("gpu_pcie_gen")) if node.var("gpu_pcie_gen") is not None else None,
         int(node.var("gpu_pcie_width")) if node.var("gpu_pcie_width") is not None else None,
-        bool(node.flag("gpu_persistence_mode", True)))
+        bool(node.flag("gpu_persistence_mode")))
     assert not found, "; ".join(found)
 
 
-def test_no_critical_xid_since_boot(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_no_critical_xid_since_boot(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
     log = node.run("if out=$(dmesg 2>&1); then printf '%s\\n' \"$out\"; "
                    "else journalctl -k -b --no-pager 2>&1; fi", timeout=60)
@@ -110,7 +109,7 @@ def test_no_critical_xid_since_boot(node: Node, record_property: pytest.RecordPr
     except ParseError as exc:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
     try:
-        policy = xid_policy(dict.fromkeys(node.numbers("gpu_critical_xids", CRITICAL_XIDS),
+        policy = xid_policy(dict.fromkeys(node.numbers("gpu_critical_xids"),
                                           "fail") | (node.var("gpu_xid_policy") or {}))
         window = node.var("gpu_xid_window_h")
         uptime = node.facts.get("uptime_s") if node.facts else None
@@ -125,7 +124,7 @@ def test_no_critical_xid_since_boot(node: Node, record_property: pytest.RecordPr
 DCGM_TIMEOUTS = {1: 120, 2: 600, 3: 2400, 4: 7200}
 
 
-def test_fabric_and_persistence(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_fabric_and_persistence(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
     facts: Facts = node.facts  # type: ignore[assignment]
     fabric = facts.get("gpu_fabric")
@@ -139,9 +138,9 @@ def test_fabric_and_persistence(node: Node, record_property: pytest.RecordProper
     assert not found and not mismatch, "; ".join([*found, *([mismatch] if mismatch else [])])
 
 
-def test_dcgm_diagnostics(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_dcgm_diagnostics(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
-    level = int(node.var("gpu_dcgm_diag_level", 1))
+    level = int(node.var("gpu_dcgm_diag_level"))
     if level == 0:
         pytest.skip("gpu_dcgm_diag_level is 0")
     if level not in DCGM_TIMEOUTS:

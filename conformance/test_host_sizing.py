@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.session import Node
+from gpufleet.conformance.session import Node, RecordProperty
 from gpufleet.facts.gather import Facts
 
 GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
@@ -21,13 +21,13 @@ def _facts(node: Node) -> Facts:
     return node.facts
 
 
-def test_memory(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_memory(node: Node, record_property: RecordProperty) -> None:
     facts = _facts(node)
     total = (facts.get("meminfo") or {}).get("MemTotal")
     if total is None:
         pytest.fail(f"unknown: {facts.why_absent('meminfo')}")
     gpu_mib = sum(int(g.get("memory.total") or 0) for g in facts.get("gpus") or [])
-    multiple = float(node.var("host_memory_multiple", 1.5))
+    multiple = float(node.var("host_memory_multiple"))
     record_property("memory_gib", round(total / 2**30, 1))
     record_property("gpu_memory_gib", round(gpu_mib / 1024, 1))
     problems = []
@@ -40,7 +40,7 @@ def test_memory(node: Node, record_property: pytest.RecordProperty) -> None:
     assert not problems, "; ".join(problems)
 
 
-def test_cpus(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_cpus(node: Node, record_property: RecordProperty) -> None:
     facts = _facts(node)
     cpus = facts.get("cpus")
     if cpus is None:
@@ -51,13 +51,13 @@ def test_cpus(node: Node, record_property: pytest.RecordProperty) -> None:
     minimum = node.var("host_min_cpus")
     if minimum is not None and cpus < int(minimum):
         problems.append(f"{cpus} CPUs, below host_min_cpus {minimum}")
-    per_gpu = int(node.var("host_min_cpus_per_gpu", 4))
+    per_gpu = int(node.var("host_min_cpus_per_gpu"))
     if gpus and cpus < per_gpu * gpus:
         problems.append(f"{cpus} CPUs for {gpus} GPUs: fewer than {per_gpu} per GPU")
     assert not problems, "; ".join(problems)
 
 
-def test_gpu_numa_affinity(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_gpu_numa_affinity(node: Node, record_property: RecordProperty) -> None:
     facts = _facts(node)
     if not facts.get("gpus"):
         pytest.skip(f"no NVIDIA GPU: {facts.why_absent('gpus')}")

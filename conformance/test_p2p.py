@@ -17,7 +17,7 @@ import pytest
 from gpufleet.conformance.allreduce import gpu_model
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.p2p import trials_by_figure
 
@@ -28,16 +28,16 @@ def _threshold(node: Node, key: str) -> float | None:
 
 
 def _run(node: Node, trials: int) -> NodeOutput:
-    output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb", 1024)),
+    output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb")),
                                       "--trials", str(trials)],
-                        float(node.var("p2p_timeout_s", 600)))
+                        float(node.var("p2p_timeout_s")))
     if output.rc != 0:
         pytest.fail(f"unknown: the p2p probe failed (exit {output.rc}): {output.stderr_tail}")
     return output
 
 
 def test_p2p_bandwidth(node: Node, conformance: ConformanceSession,
-                       record_property: pytest.RecordProperty) -> None:
+                       record_property: RecordProperty) -> None:
     if not node.facts.get("gpus"):  # type: ignore[union-attr]
         pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
     start = time.monotonic()
@@ -53,7 +53,7 @@ def test_p2p_bandwidth(node: Node, conformance: ConformanceSession,
     figures = [Figure(name, "GB/s", pair_floor if name.startswith("p2p.") else host_floor)
                for name in first]
     verdicts = judge_node(
-        node, conformance.options.get("baseline"), figures,
+        node, conformance.options.baseline, figures,
         lambda trials: trials_by_figure(_run(node, trials).events), first=first, cost_s=cost)
     record_property("verdicts", properties(verdicts))
     problems = failures(verdicts)

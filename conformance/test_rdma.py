@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.conformance.rdma import problems, read_state
-from gpufleet.conformance.session import Node
+from gpufleet.conformance.session import Node, RecordProperty
 
 
-def test_roce_qos(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_roce_qos(node: Node, record_property: RecordProperty) -> None:
     devices = node.facts.get("rdma")  # type: ignore[union-attr]
     if devices is None:
         pytest.fail(f"unknown: {node.facts.why_absent('rdma')}")  # type: ignore[union-attr]

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from gpufleet.conformance.checks.portrange import closed_within, describe, opened_ports
+from gpufleet import roles
+from gpufleet.conformance.checks.portrange import opened_ports
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -23,38 +24,34 @@ from gpufleet.conformance.reachability import (
     run_matrix,
     source_band,
 )
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.errors import ParseError
-from gpufleet.provision.role import RoleVars
-from gpufleet.roles import firewall
-from gpufleet.roles.nccl_env import parse_range
-
-DEFAULT_RANGE = "49152-65535"
+from gpufleet.ports import closed_within, describe, parse_range
 
 
 def _spec(conformance: ConformanceSession) -> PortSpec:
     first = next(iter(conformance.nodes.values()))
-    low, high = parse_range(first.var("firewall_port_range", DEFAULT_RANGE), first.name,
+    low, high = parse_range(first.var("firewall_port_range"), first.name,
                             "firewall_port_range")
-    rendezvous = int(first.var("firewall_rendezvous_port", 29500))
+    rendezvous = int(first.var("firewall_rendezvous_port"))
     return PortSpec(probe_ports(rendezvous, low, high,
-                                int(first.var("reachability_range_samples", 3))),
-                    low, high, int(first.var("reachability_random_ports", 128)),
-                    int(first.var("reachability_seed", time.time_ns() // 1000)),
+                                int(first.var("reachability_range_samples"))),
+                    low, high, int(first.var("reachability_random_ports")),
+                    int(first.var("reachability_seed") or time.time_ns() // 1000),
                     source_band(low, high, rendezvous))
 
 
 @pytest.fixture(scope="session")
 def matrix(conformance: ConformanceSession) -> Matrix:
     spec = _spec(conformance)
-    result = run_matrix(conformance, spec, conformance.options["pairs"], seed=spec.seed)
+    result = run_matrix(conformance, spec, conformance.options.pairs, seed=spec.seed)
     conformance.add_report("reachability", "matrix", result.to_dict())
     conformance.add_report("reachability", "seed", spec.seed)
     return result
 
 
 def test_reachable_from_the_cluster(node: Node, matrix: Matrix,
-                                    record_property: pytest.RecordProperty) -> None:
+                                    record_property: RecordProperty) -> None:
     if len(matrix.results) == 0:
         pytest.skip("fewer than two reachable nodes selected")
     record_property("random_ports", len(matrix.sampled.get(node.name, [])))
@@ -70,23 +67,23 @@ def test_ephemeral_ports_inside_the_open_range(node: Node) -> None:
     local = node.facts.get("port_range")  # type: ignore[union-attr]
     if local is None:
         pytest.fail(f"unknown: {node.facts.why_absent('port_range')}")  # type: ignore[union-attr]
-    low, high = parse_range(node.var("firewall_port_range", DEFAULT_RANGE), node.name,
+    low, high = parse_range(node.var("firewall_port_range"), node.name,
                             "firewall_port_range")
     assert low <= local[0] and local[1] <= high, (
         f"net.ipv4.ip_local_port_range is {local[0]}-{local[1]}, outside the open range "
         f"{low}-{high}: NCCL would listen on ports the firewall closes")
 
 
-def test_firewall_opens_every_ephemeral_port(node: Node,
-                                             record_property: pytest.RecordProperty) -> None:
-    if not node.flag("firewall_enabled", False):
+def test_firewall_opens_every_ephemeral_port(node: Node, conformance: ConformanceSession,
+                                             record_property: RecordProperty) -> None:
+    if not node.flag("firewall_enabled"):
         pytest.skip("gpufleet manages no firewall on this node (firewall_enabled)")
     facts = node.facts
     assert facts is not None
     local = facts.get("port_range")
     if local is None:
         pytest.fail(f"unknown: {facts.why_absent('port_range')}")
-    path = firewall.ROLE.backend(RoleVars(node.host, firewall.ROLE.defaults)).path
+    path = roles.firewall_intent(conformance.inventory, node.host).ruleset_path
     state = facts.get(f"file:{path}")
     if state is None or not state.exists:
         why = facts.why_absent(f"file:{path}") if state is None else "the file is missing"

@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance.checks import nccl_env
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.drift.compare import check_consistency
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import parsers
@@ -25,7 +25,7 @@ from gpufleet.roles import training_python
 
 @pytest.mark.parametrize("role", [r.name for r in roles.ALL])
 def test_role_converged(node: Node, conformance: ConformanceSession, role: str,
-                        record_property: pytest.RecordProperty) -> None:
+                        record_property: RecordProperty) -> None:
     [unit] = roles.select(role)
     v = RoleVars(node.host, unit.defaults)
     if not unit.active(v):
@@ -50,7 +50,7 @@ def test_driver_userspace_matches_the_module(node: Node) -> None:
         f"kernel module {loaded} but nvidia-smi reports driver {', '.join(sorted(userspace))}"
 
 
-def test_torch_imports(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_torch_imports(node: Node, record_property: RecordProperty) -> None:
     python = training_python(node.host)
     recorded = node.facts.torch(python) if node.facts else None
     if recorded is None:
@@ -66,7 +66,7 @@ def test_torch_imports(node: Node, record_property: pytest.RecordProperty) -> No
         f"torch imports as {info.get('torch')}, its files say {recorded.get('torch')}"
 
 
-def test_nccl_environment(node: Node, record_property: pytest.RecordProperty) -> None:
+def test_nccl_environment(node: Node, record_property: RecordProperty) -> None:
     """Every interface, HCA and GID that nccl.conf and the environment file name exists
     (and is up) on this node."""
     paths = [roles.provided(node.host, "nccl_conf", "/etc/nccl.conf"),

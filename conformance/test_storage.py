@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.storage import StorageRun, run_storage
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.storage import need_mbps
@@ -44,13 +44,13 @@ def _need(node: Node, conformance: ConformanceSession) -> tuple[float, str] | No
     dataset, epoch = node.var("storage_dataset_gb"), node.var("storage_epoch_minutes")
     if dataset is None or epoch is None:
         return None
-    nodes = int(node.var("storage_nodes", len(conformance.nodes)))
+    nodes = int(node.var("storage_nodes") or len(conformance.nodes))
     return (need_mbps(float(dataset), float(epoch), nodes),
             f"{dataset} GB in {epoch} min over {nodes} nodes")
 
 
 def test_storage_throughput(node: Node, conformance: ConformanceSession,
-                            record_property: pytest.RecordProperty) -> None:
+                            record_property: RecordProperty) -> None:
     if not node.var("storage_dataset_path"):
         pytest.skip("no dataset path in the inventory (storage_dataset_path)")
     run = _run(conformance)
@@ -79,7 +79,7 @@ def test_storage_throughput(node: Node, conformance: ConformanceSession,
             pytest.fail(f"unknown: the re-measurement failed: {again.errors[node.name]}")
         return _trials(again.results[node.name])
 
-    verdicts = judge_node(node, conformance.options.get("baseline"), figures, measure,
+    verdicts = judge_node(node, conformance.options.baseline, figures, measure,
                           first=_trials(result), cost_s=_seconds(result))
     record_property("verdicts", properties(verdicts))
     together = f" (with {len(run.results)} nodes reading at once)" if len(run.results) > 1 else ""
@@ -103,7 +103,7 @@ def _seconds(result: dict[str, Any]) -> float:
 
 
 def test_storage_aggregate(conformance: ConformanceSession,
-                           record_property: pytest.RecordProperty) -> None:
+                           record_property: RecordProperty) -> None:
     readers = _readers(conformance)
     if not readers:
         pytest.skip("no node has a dataset path (storage_dataset_path)")

@@ -22,7 +22,7 @@ import pytest
 
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.thermal import thermal_verdict
 
@@ -63,14 +63,14 @@ def save_curves(samples: list[dict[str, Any]], directory: Path, name: str) -> li
 
 
 def _soak(node: Node, trials: int) -> NodeOutput:
-    seconds = float(node.var("thermal_seconds", 300))
+    seconds = float(node.var("thermal_seconds"))
     return run_script(node, "thermal", [
-        "--seconds", str(seconds), "--size", str(node.var("thermal_size", 8192)),
+        "--seconds", str(seconds), "--size", str(node.var("thermal_size")),
         "--trials", str(trials), "--warmup-s", str(_warmup(node))], seconds + 300)
 
 
 def _warmup(node: Node) -> float:
-    return float(node.var("thermal_warmup_s", 15))
+    return float(node.var("thermal_warmup_s"))
 
 
 def _tflops(output: NodeOutput) -> dict[str, list[float]]:
@@ -81,7 +81,7 @@ def _tflops(output: NodeOutput) -> dict[str, list[float]]:
 
 
 def test_thermal_soak(node: Node, conformance: ConformanceSession,
-                      record_property: pytest.RecordProperty) -> None:
+                      record_property: RecordProperty) -> None:
     if not node.facts.get("gpus"):  # type: ignore[union-attr]
         pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
     start = time.monotonic()
@@ -96,7 +96,7 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
                      output.stderr_tail)
         pytest.fail(f"unknown: the thermal probe failed (exit {output.rc}): {error}")
     with PLOTTING:
-        files = save_curves(samples, conformance.options["artifacts"], node.name)
+        files = save_curves(samples, conformance.options.artifacts, node.name)
     summary = next((e for e in output.events if e.get("event") == "summary"), {})
     conformance.add_report("thermal", node.name, {"summary": summary,
                                                   "files": [str(f) for f in files]})
@@ -104,13 +104,13 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     record_property("tflops_per_gpu", summary.get("tflops_per_gpu"))
     record_property("max_temp_c", max(s["temp_c"] for s in samples if s.get("temp_c")))
     problems = thermal_verdict(
-        samples, float(node.var("thermal_max_temp_c", node.var("gpu_max_temp_c", 85))),
-        float(node.var("thermal_mirror_threshold", -0.8)),
-        float(node.var("thermal_min_clock_drop", 0.05)), _warmup(node))
+        samples, float(node.var("thermal_max_temp_c") or node.var("gpu_max_temp_c")),
+        float(node.var("thermal_mirror_threshold")),
+        float(node.var("thermal_min_clock_drop")), _warmup(node))
     first = _tflops(output)
     floor = node.var("thermal_min_tflops")
     figures = [Figure(name, "TFLOPS", None if floor is None else float(floor)) for name in first]
-    verdicts = judge_node(node, conformance.options.get("baseline"), figures,
+    verdicts = judge_node(node, conformance.options.baseline, figures,
                           lambda trials: _tflops(_soak(node, trials)), first=first, cost_s=cost)
     record_property("verdicts", properties(verdicts))
     problems += failures(verdicts)

@@ -1,57 +1,47 @@
-"""The commands behind ``invoke`` tasks and the ``gpufleet`` console script.
+"""The commands behind the ``gpufleet`` console command and the invoke tasks.
 
-Each command takes plain arguments, prints its report and returns an exit code;
-nothing here knows about invoke or argparse.
+Each command checks its input (inventory, variables, flags, output paths) before any host
+is contacted, calls the typed core (``provision``, ``check_fleet``, ``run_suites``,
+``bootstrap``), prints its report, writes its outputs and returns its exit code. Nothing
+here knows about invoke.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
-from gpufleet.conformance import verdict
-from gpufleet.conformance.allreduce_vars import check_variables as check_allreduce_variables
+from gpufleet.conformance.results import FLEET, ConformanceReport
+from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
 from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
-from gpufleet.drift import compare as drift
 from gpufleet.drift import report as drift_report
+from gpufleet.drift.compare import HostDrift
 from gpufleet.drift.history import History
+from gpufleet.drift.run import DriftOptions, DriftRun, check_fleet, exit_code, history_dir
+from gpufleet.drift.run import remediate as remediate_drift
 from gpufleet.drift.schedule import SYSTEMD_RUNNING, Schedule, install
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.catalog import json_safe
 from gpufleet.facts.gather import FactRequest, gather_facts
 from gpufleet.facts.summary import summarize_facts
-from gpufleet.inventory.model import Host, Inventory
-from gpufleet.provision.engine import (
-    HostRun,
-    RunOptions,
-    active_roles,
-    fact_request,
-    provision,
-    validate,
-)
+from gpufleet.inventory import listing
+from gpufleet.inventory.model import Host
+from gpufleet.inventory.target import Target
+from gpufleet.provision.engine import HostRun, RunOptions, active_roles, fact_request, provision
+from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.report.outputs import check_writable, local_put, to_stdout
 from gpufleet.slurm import drain as scheduler
-from gpufleet.target import load_source
-
-
-@dataclass
-class Target:
-    """An inventory and the hosts a command acts on."""
-
-    inventory: Inventory
-    hosts: list[Host]
+from gpufleet.sources import load_source, load_target
 
 # Each command's time budget per host when neither --timeout nor the inventory's
 # gpufleet_host_timeout sets one: long enough for its slowest legitimate step (pip of a
@@ -75,23 +65,14 @@ class FleetArgs:
         if self.timeout is not None and not self.timeout > 0:
             raise GpufleetError(f"--timeout must be a positive number of seconds, "
                                 f"got {self.timeout:g}")
+        if not self.forks > 0:
+            raise GpufleetError(f"--forks must be a positive number, got {self.forks}")
         return FleetOptions(
             forks=self.forks, host_timeout=self.timeout, default_timeout=HOST_TIMEOUTS[command],
             serial=self.serial, max_fail_percent=self.max_fail_percent,
             connect=ConnectOptions(connect_timeout=self.connect_timeout,
                                    accept_new_host_keys=self.accept_new_host_keys,
                                    known_hosts_base=target.inventory.base))
-
-
-def load_target(inventory: str, limit: str | None) -> Target:
-    """Load the inventory and select hosts; an empty selection is an error."""
-    inv = load_source(inventory)
-    if not inv.hosts:
-        raise GpufleetError(f"inventory {inv.path} has no hosts")
-    hosts = inv.select(limit)
-    if not hosts:
-        raise GpufleetError(f"--limit {limit!r} selects no host of {inv.path}")
-    return Target(inv, hosts)
 
 
 def guarded(func: Any) -> Any:
@@ -106,6 +87,17 @@ def guarded(func: Any) -> Any:
     wrapper.__doc__ = func.__doc__
     wrapper.__name__ = func.__name__
     return wrapper
+
+
+def _console(out: TextIO | None, *outputs: str | None) -> Any:
+    """The terminal report's console: standard error when an output goes to stdout."""
+    return terminal.console(out or (sys.stderr if to_stdout(*outputs) else None))
+
+
+def _check_outputs(**paths: str | None) -> None:
+    """Every output path checked writable before any host is contacted."""
+    for flag, path in paths.items():
+        check_writable(path, "--" + flag.replace("_", "-"))
 
 
 def _outcome_code(outcomes: dict[str, Outcome[Any]]) -> int:
@@ -125,6 +117,45 @@ def _facts_code(outcomes: dict[str, Outcome[Any]]) -> int:
     return exitcodes.OK
 
 
+# ---- hosts and inventory, without contacting anything --------------------------------------
+
+@guarded
+def list_hosts(inventory: str | None, *, limit: str | None = None,
+               out: TextIO | None = None) -> int:
+    """The hosts a command would act on, as ``ansible --list-hosts`` prints them."""
+    target = load_target(inventory, limit)
+    stream = out or sys.stdout
+    stream.write(f"  hosts ({len(target.hosts)}):\n")
+    for host in target.hosts:
+        stream.write(f"    {terminal.plain(host.name)}\n")
+    return exitcodes.OK
+
+
+@guarded
+def inventory_cmd(inventory: str | None, *, mode: str = "list", host: str | None = None,
+                  origins: bool = False, out: TextIO | None = None) -> int:
+    """What gpufleet resolved from the inventory: ``list`` (ansible-inventory --list JSON),
+    ``graph`` (the group tree) or ``host`` (one host's variables, with ``origins`` where
+    each is set). Templates are rendered, secrets redacted; no host is contacted."""
+    inv = load_source(inventory)
+    stream = out or sys.stdout
+    if mode == "graph":
+        stream.write(terminal.plain(listing.graph(inv), newlines=True))
+        return exitcodes.OK
+    if mode == "host":
+        if not host or host not in inv.hosts:
+            raise GpufleetError(f"--host {host!r} is not a host of {inv.path}")
+        variables = listing.host_vars(inv.hosts[host])
+        doc: Any = ({k: {"value": v, "origin": listing.origins(inv.hosts[host])[k]}
+                     for k, v in variables.items()} if origins else variables)
+    elif mode == "list":
+        doc = listing.listing(inv)
+    else:
+        raise GpufleetError(f"inventory: give one of --list, --graph or --host HOST, not {mode}")
+    stream.write(json.dumps(doc, indent=4, sort_keys=False, default=str) + "\n")
+    return exitcodes.OK
+
+
 # ---- facts ---------------------------------------------------------------------------------
 
 def facts_request(host: Host) -> FactRequest:
@@ -134,20 +165,21 @@ def facts_request(host: Host) -> FactRequest:
 
 
 @guarded
-def facts(inventory: str, *, limit: str | None = None, json_path: str | None = None,
+def facts(inventory: str | None, *, limit: str | None = None, json_path: str | None = None,
           fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
     """Gather facts from every selected host in one round trip each; print and save them."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
-    validate(target.hosts, role_registry.ALL)
+    options = fleet.options(target, "facts")
+    validate_roles(target.hosts, role_registry.ALL)
+    _check_outputs(json=json_path)
 
     def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
         gathered = gather_facts(conn, facts_request(host))
         return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
 
-    outcomes = run_fleet(target.hosts, task, fleet.options(target, "facts"),
-                         terminal.TerminalProgress("facts"))
-    con = terminal.console(out)
+    outcomes = run_fleet(target.hosts, task, options, terminal.TerminalProgress("facts"))
+    con = _console(out, json_path)
     con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
     for name, outcome in outcomes.items():
         if outcome.value:
@@ -184,7 +216,7 @@ def _facts_json(outcome: Outcome[dict[str, Any]]) -> dict[str, Any]:
 # ---- provision -----------------------------------------------------------------------------
 
 @guarded
-def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = False,
+def provision_cmd(inventory: str | None, *, limit: str | None = None, check: bool = False,
                   diff: bool = False, roles: str | None = None, reboot: bool = False,
                   lock_timeout: int = 300, json_path: str | None = None,
                   fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
@@ -192,13 +224,16 @@ def provision_cmd(inventory: str, *, limit: str | None = None, check: bool = Fal
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
     selected = role_registry.select(roles)
-    validate(target.hosts, selected)
+    validate_roles(target.hosts, selected)
+    if lock_timeout < 0:
+        raise GpufleetError(f"--lock-timeout must be 0 or more seconds, got {lock_timeout}")
+    _check_outputs(json=json_path)
     options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
                                                          lock_timeout_s=lock_timeout),
                          fleet=fleet.options(target, "provision"))
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("check" if check else "provision"))
-    con = terminal.console(out)
+    con = _console(out, json_path)
     print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
     notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
              if o.value and o.value.reboot_pending}
@@ -252,7 +287,7 @@ class DriftOutputs:
 
 
 @guarded
-def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = None,
+def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | None = None,
               outputs: DriftOutputs | None = None, remediate: bool = False,
               reboot: bool = False, diff: bool = True, fleet: FleetArgs | None = None,
               out: TextIO | None = None, drain_drifted: bool = False) -> int:
@@ -262,30 +297,21 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
     fleet = fleet or FleetArgs()
     outputs = outputs or DriftOutputs()
     selected = role_registry.select(roles)
-    validate(target.hosts, selected)
+    validate_roles(target.hosts, selected)
+    if outputs.keep < 1:
+        raise GpufleetError(f"--keep must be 1 or more, got {outputs.keep}")
+    _check_outputs(json=outputs.json_path, junit=outputs.junit_path,
+                   prometheus=outputs.prometheus_path)
+    check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
         scheduler.check(target.hosts)
-    started = time.time()
-    options = RunOptions(check=True, fleet=fleet.options(target, "drift"),
-                         extra_facts=role_registry.consistency_request)
-    outcomes = provision(target.inventory, target.hosts, selected, options,
-                         terminal.TerminalProgress("drift"))
-    hosts = {name: drift.host_drift(o) for name, o in outcomes.items()}
-    facts = {n: o.value.facts for n, o in outcomes.items() if o.value and o.value.facts}
-    inconsistencies = drift.check_consistency(target.inventory, facts)
-    managed = {n: set(o.value.plan.roles) for n, o in outcomes.items()
-               if o.value and o.value.plan}
-    drift.add_consistency_items(hosts, inconsistencies, managed)
-    history = History(Path(outputs.report_dir) / _slug(target.inventory.path), "drift",
-                      outputs.keep)
-    checked = {r.name for r in selected}
-    new, resolved = drift.mark_new(hosts, history.last_items(), checked)
-    run = drift_report.DriftRun(str(target.inventory.path), target.inventory.digest(), hosts,
-                                inconsistencies, new, resolved, started,
-                                time.time() - started,
-                                sorted(checked | {drift.CONSISTENCY_ROLE}))
-    if remediate:
-        run.remediation = _remediate(target, selected, hosts, fleet, reboot)
+    history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
+    options = DriftOptions(selected, fleet.options(target, "drift"), history)
+    remediation = fleet.options(target, "provision") if remediate else None
+    run = check_fleet(target, options, terminal.TerminalProgress("drift"))
+    if remediation is not None:
+        remediate_drift(target, run, options, fleet=remediation, reboot=reboot,
+                        progress=terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
     if outputs.json_path:
@@ -294,23 +320,22 @@ def drift_cmd(inventory: str, *, limit: str | None = None, roles: str | None = N
         junit.write(outputs.junit_path, "gpufleet.drift", drift_report.to_junit(run))
     if outputs.prometheus_path:
         prometheus.write(outputs.prometheus_path, drift_report.to_metrics(run))
-    con = terminal.console(out)
+    con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
-        _drain_drifted(target, hosts, run.roles_checked, con)
-    return _drift_code(run)
+        _drain_drifted(target, run, con)
+    return exit_code(run)
 
 
-def _drain_drifted(target: Target, hosts: dict[str, drift.HostDrift], roles: list[str],
-                   con: Any) -> None:
+def _drain_drifted(target: Target, run: DriftRun, con: Any) -> None:
     """Drain drifted (and unreachable) hosts, naming the first item; resume the clean ones
     that drift drained for one of the roles checked now."""
     failed: list[tuple[Host, str, str]] = []
     cleared: list[tuple[Host, list[str]]] = []
     for host in target.hosts:
-        entry = hosts[host.name]
+        entry: HostDrift = run.hosts[host.name]
         if entry.status == "clean":
-            cleared.append((host, [f"drift/{r}/" for r in roles]
+            cleared.append((host, [f"drift/{r}/" for r in run.roles_checked]
                             + ["drift/unreachable:", "drift/error:"]))
         elif entry.items:
             item = entry.items[0]
@@ -325,39 +350,6 @@ def _drain_drifted(target: Target, hosts: dict[str, drift.HostDrift], roles: lis
 def _print_actions(con: Any, actions: dict[str, str]) -> None:
     for name, action in actions.items():
         con.print(terminal.markup(f"  scheduler {name}: {action}"))
-
-
-def _slug(path: Path) -> str:
-    """A directory name for an inventory's drift history."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(path)).strip("_.")
-
-
-def _remediate(target: Target, selected: list[Any], hosts: dict[str, drift.HostDrift],
-               fleet: FleetArgs, reboot: bool) -> dict[str, dict[str, Any]]:
-    """Apply the plan to drifted hosts, honouring serial and max-fail-percent."""
-    drifted = [h for h in target.hosts if hosts[h.name].status == "drifted"]
-    if not drifted:
-        return {}
-    options = RunOptions(apply=ApplyOptions(reboot=reboot),
-                         fleet=fleet.options(target, "provision"))
-    outcomes = provision(target.inventory, drifted, selected, options,
-                         terminal.TerminalProgress("remediate"))
-    return {name: {"status": "reboot required" if o.value and o.value.reboot_pending
-                   else o.status, "error": o.error,
-                   "applied": [c.item for c in (o.value.applied if o.value else [])
-                               if not c.pending_reboot]}
-            for name, o in outcomes.items()}
-
-
-def _drift_code(run: drift_report.DriftRun) -> int:
-    if run.count("unreachable") or run.count("error"):
-        return exitcodes.UNREACHABLE
-    if run.remediation:
-        failed = any(r["status"] not in ("ok", "changed") for r in run.remediation.values())
-        unfixable = any(i.role == drift.CONSISTENCY_ROLE
-                        for h in run.hosts.values() for i in h.items)
-        return exitcodes.FAILED if failed or unfixable else exitcodes.OK
-    return exitcodes.FAILED if run.items else exitcodes.OK
 
 
 @guarded
@@ -378,97 +370,62 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 # ---- conformance ---------------------------------------------------------------------------
 
-SUITES = Path(str(resources.files("gpufleet.suites")))
-SUITE_SETS = {
-    "conformance": ("stack", "firewall", "reachability", "allreduce", "rdma", "gpu"),
-    "acceptance": ("ddp", "thermal", "storage", "host_sizing", "p2p"),
-}
-
-
-def suite_files(suites: str | None) -> list[str]:
-    """The check files of the named suites or sets (``conformance`` when None; ``all``)."""
-    available = sorted(p.stem.removeprefix("test_")
-                       for p in SUITES.glob("test_*.py"))
-    sets = dict(SUITE_SETS, all=tuple(available))
-    wanted: list[str] = []
-    for name in [s.strip() for s in (suites or "conformance").split(",") if s.strip()]:
-        wanted += [s for s in sets.get(name, (name,)) if s not in wanted]
-    unknown = [s for s in wanted if s not in available]
-    if unknown:
-        raise GpufleetError(f"unknown suite(s) {', '.join(unknown)}; suites are "
-                            f"{', '.join(available)}")
-    return [str(SUITES / f"test_{s}.py") for s in wanted]
-
-
 @guarded
-def conformance_cmd(inventory: str, *, limit: str | None = None, suites: str | None = None,
-                    junit_path: str | None = None, json_path: str | None = None,
-                    pairs: str = "auto", with_nccl_tests: bool = False,
-                    fleet: FleetArgs | None = None, extra_args: list[str] | None = None,
-                    drain_failed: bool = False, launcher: str = "ssh",
-                    partition: str | None = None, record_baseline: bool = False,
-                    compare_baseline: bool = False) -> int:
-    """Run the conformance suites as pytest; the exit code is non-zero on any failure.
-    ``launcher`` ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
-    import pytest  # noqa: PLC0415 - only this command needs it; every other one starts faster
+def conformance_cmd(inventory: str | None, *, limit: str | None = None,
+                    suites: str | None = None, junit_path: str | None = None,
+                    json_path: str | None = None, pairs: str = "auto",
+                    with_nccl_tests: bool = False, fleet: FleetArgs | None = None,
+                    extra_args: list[str] | None = None, drain_failed: bool = False,
+                    launcher: str = "ssh", partition: str | None = None,
+                    record_baseline: bool = False, compare_baseline: bool = False,
+                    out: TextIO | None = None) -> int:
+    """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
+    ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
-    fleet.options(target, "conformance")
-    validate(target.hosts, role_registry.ALL)
-    verdict.check_hosts(target.hosts)
-    check_allreduce_variables(target.hosts)
+    _check_outputs(json=json_path, junit=junit_path)
     if drain_failed:
         scheduler.check(target.hosts)
-    args = [*suite_files(suites), "-p", "gpufleet.conformance.plugin", "-p", "no:cacheprovider",
-            "--rootdir", str(SUITES), "-q", "--tb=no", "--no-header", "-rN",
-            "--gpufleet-inventory", inventory, "--gpufleet-pairs", pairs,
-            "--gpufleet-forks", str(fleet.forks),
-            "--gpufleet-connect-timeout", str(fleet.connect_timeout)]
-    if fleet.timeout is not None:
-        args += ["--gpufleet-timeout", str(fleet.timeout)]
-    if limit:
-        args += ["--gpufleet-limit", limit]
-    if with_nccl_tests:
-        args.append("--gpufleet-with-nccl-tests")
-    args += ["--gpufleet-record-baseline"] * record_baseline
-    args += ["--gpufleet-compare-baseline"] * compare_baseline
-    if launcher not in ("ssh", "slurm"):
-        raise GpufleetError(f"--launcher must be ssh or slurm, got {launcher!r}")
-    args += ["--gpufleet-launcher", launcher]
-    if partition:
-        args += ["--gpufleet-partition", partition]
-    if drain_failed and not json_path:
-        json_path = str(Path(tempfile.mkdtemp(prefix="gpufleet-conformance-")) / "c.json")
+    artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
+                 if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
+    console = (out or sys.stderr) if to_stdout(json_path, junit_path) else out
+    junit_file = junit_path if junit_path != "-" else _scratch("conformance.xml")
+    options = ConformanceOptions(
+        suites=tuple((suites or "conformance").split(",")), pairs=pairs,
+        with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
+        compare_baseline=compare_baseline, launcher=launcher, partition=partition,
+        source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
+        junit_path=junit_file, console=console, pytest_args=tuple(extra_args or ()))
+    report = run_suites(target, options)
     if json_path:
-        args += ["--gpufleet-json", json_path]
-    if junit_path:
-        args += [f"--junitxml={junit_path}", "-o", "junit_family=xunit1",
-                 "-o", "junit_suite_name=gpufleet.conformance"]
-    code = int(pytest.main([*args, *(extra_args or [])]))
-    if code not in (0, 1):
-        raise GpufleetError(f"the conformance run could not complete (pytest exit {code})")
-    if drain_failed and json_path:
-        _drain_by_results(target, Path(json_path), terminal.console(None))
-    return code
+        write_json(json_path, report.to_json())
+    if junit_path == "-" and junit_file:
+        local_put("-", Path(junit_file).read_bytes())
+    if drain_failed:
+        drain_by_results(target, report, _console(out, json_path, junit_path))
+    return exitcodes.FAILED if report.failed else exitcodes.OK
 
 
-def _drain_by_results(target: Target, report: Path, con: Any) -> None:
+def _scratch(name: str) -> str:
+    import tempfile  # noqa: PLC0415 - only a report sent to stdout needs a scratch file
+
+    return str(Path(tempfile.mkdtemp(prefix="gpufleet-")) / name)
+
+
+def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> None:
     """Drain every node with a failed check (the first one names the reason); resume the
     nodes without a failure that conformance drained for a check that now passed on them
     (or, for a check run once for the fleet, passed for the fleet)."""
-    document = json.loads(report.read_text())
-    results = document.get("results", [])
     # Nodes the Slurm launcher could not allocate were not measured: their state stays.
-    left_out = document.get("data", {}).get("launcher", {}).get("slurm", {}).get("left_out", {})
-    hosts = {h.name: h for h in target.hosts if h.name not in left_out}
+    hosts = {h.name: h for h in target.hosts if h.name not in report.left_out}
     failed: dict[str, tuple[Host, str, str]] = {}
     passed: dict[str, list[str]] = {name: [] for name in hosts}
-    for r in results:
-        check = f"conformance/{r['suite']}/{r['check'].removeprefix('test_')}"
-        if r["outcome"] == "fail" and r["host"] in hosts:
-            failed.setdefault(r["host"], (hosts[r["host"]], check, r["message"]))
-        elif r["outcome"] == "pass":
-            for name in hosts if r["host"] == "fleet" else [r["host"]]:
+    for r in report.results:
+        check = f"conformance/{r.name}"
+        if r.outcome == "fail" and r.host in hosts:
+            failed.setdefault(r.host, (hosts[r.host], check, r.message))
+        elif r.outcome == "pass":
+            for name in hosts if r.host == FLEET else [r.host]:
                 passed.get(name, []).append(f"{check}:")
     cleared = [(host, passed[name]) for name, host in hosts.items() if name not in failed]
     _print_actions(con, scheduler.drain(list(failed.values())) | scheduler.resume(cleared))
@@ -477,12 +434,13 @@ def _drain_by_results(target: Target, report: Path, con: Any) -> None:
 # ---- bootstrap -----------------------------------------------------------------------------
 
 @guarded
-def bootstrap_cmd(inventory: str, options: BootstrapOptions, json_path: str | None = None,
-                  out: TextIO | None = None) -> int:
+def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
+                  json_path: str | None = None, out: TextIO | None = None) -> int:
     """Take a new node to certified-ready and report each step."""
     inv = load_source(inventory)
-    result = bootstrap(inv, inventory, options, conformance_cmd)
-    con = terminal.console(out)
+    _check_outputs(json=json_path)
+    result = bootstrap(inv, options, source=inventory)
+    con = _console(out, json_path)
     con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")
     styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
     for step in result.steps:

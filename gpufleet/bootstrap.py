@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,10 @@ from typing import Any
 
 from gpufleet import __version__, exitcodes
 from gpufleet import roles as role_registry
-from gpufleet.conformance import verdict
+from gpufleet.conformance import registry
+from gpufleet.conformance.registry import Suite
+from gpufleet.conformance.results import ConformanceReport, Result, counts
+from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete, run_suites
 from gpufleet.connect.connection import Budget, Connection, ConnectOptions, Unreachable
 from gpufleet.connect.fleet import FleetOptions, Outcome
 from gpufleet.connect.fleet import host_timeout as fleet_host_timeout
@@ -28,6 +30,7 @@ from gpufleet.connect.ssh import SSHConnection, known_hosts_files
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
+from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import (
     HostRun,
     RunOptions,
@@ -44,9 +47,6 @@ from gpufleet.slurm import drain as scheduler
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
-LOCAL_SUITES = "stack,firewall,gpu,rdma,allreduce"
-PAIR_SUITES = "reachability,allreduce"
-BASELINE_SUITES = "ddp,p2p,storage,thermal"  # run at certification for the node's baseline
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0
 
@@ -317,89 +317,68 @@ def _in_use(role: Role, host: Host, outcome: Outcome[HostRun]) -> bool:
 
 # ---- 5. certify ----------------------------------------------------------------------------
 
-ConformanceRunner = Callable[..., int]
-
-
-def _suite_results(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    doc = json.loads(path.read_text())
-    return doc.get("hosts", {}), doc.get("results", [])
+Runner = Callable[[Target, ConformanceOptions], ConformanceReport]
 
 
 def required_suites(host: Host, facts: Facts | None) -> list[str]:
-    """The node-local suites that must each pass at least one check: the inventory's
-    ``bootstrap_required_suites``, else stack, firewall and allreduce, plus gpu where NVIDIA
-    GPUs are on the PCI bus (or ``gpu_count`` is set) and rdma where the node has RDMA
-    devices."""
-    configured = RoleVars(host, {"bootstrap_required_suites": None}).items(
-        "bootstrap_required_suites")
-    if configured:
-        unknown = [s for s in configured if s not in LOCAL_SUITES.split(",")]
-        if unknown:
-            raise GpufleetError(f"host {host.name}: bootstrap_required_suites names "
-                                f"{', '.join(map(str, unknown))}; the node-local suites are "
-                                f"{LOCAL_SUITES.replace(',', ', ')}")
-        return [str(s) for s in configured]
-    wanted = ["stack", "firewall", "allreduce"]
-    if host.vars.get("gpu_count") or (facts and facts.get("pci_gpus")):
-        wanted.append("gpu")
-    if facts and facts.get("rdma"):
-        wanted.append("rdma")
-    return wanted
+    """The suites that must each pass at least one check: the inventory's
+    ``bootstrap_required_suites``, else those the registry requires for this node (stack,
+    firewall and allreduce, plus gpu where NVIDIA GPUs are on the PCI bus or ``gpu_count``
+    is set, and rdma where the node has RDMA devices)."""
+    return registry.required(host, facts)
 
 
 @dataclass
 class Certifier:
-    """Runs conformance suites for bootstrap and judges a run."""
+    """Runs conformance suites for bootstrap through the typed runner and judges a run."""
 
-    run_conformance: ConformanceRunner
-    inventory_name: str
-    workdir: Path
+    inventory: Inventory
+    fleet: FleetOptions
+    source: str | None = None
     recertify: bool = False
+    run_suites: Runner = run_suites
 
-    def run(self, limit: str, suites: str, keyword: str, required: list[str], *,
-            record_baseline: bool = False) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        """One conformance run that must complete (pytest exit 0), fail nothing, and pass
-        each required suite at least once; ``record_baseline`` records the node's figures."""
-        report = self.workdir / f"{suites.replace(',', '-')}.json"
-        code = self.run_conformance(self.inventory_name, limit=limit, suites=suites,
-                                    json_path=str(report), extra_args=["-k", keyword],
-                                    **({"record_baseline": True} if record_baseline else {}))
-        if not report.exists():
-            raise GpufleetError(f"the {suites} suites did not run (conformance exit {code})")
-        _, results = _suite_results(report)
-        failed = [r for r in results if r["outcome"] == "fail"]
-        if failed:
-            raise GpufleetError("; ".join(f"{r['suite']}/{r['check']} on {r['host']}: "
-                                          f"{r['message']}" for r in failed))
-        if code != exitcodes.OK:
-            raise GpufleetError(f"the {suites} suites did not complete (conformance exit "
-                                f"{code})")
+    def run(self, limit: str, suites: list[Suite], only: Callable[[Suite, str], bool],
+            required: list[str], *, record_baseline: bool = False
+            ) -> tuple[list[Result], dict[str, int]]:
+        """One conformance run that must complete, fail nothing, and pass each required
+        suite at least once; ``record_baseline`` records the node's figures."""
+        names = ",".join(s.name for s in suites)
+        try:
+            report = self.run_suites(Target.select(self.inventory, limit), ConformanceOptions(
+                suites=tuple(s.name for s in suites), only=only, source=self.source,
+                record_baseline=record_baseline, fleet=self.fleet))
+        except RunIncomplete as exc:
+            raise GpufleetError(f"the {names} suites did not complete: {exc}") from None
+        if report.failed:
+            raise GpufleetError("; ".join(f"{r.suite}/{r.check} on {r.host}: {r.message}"
+                                          for r in report.failed))
+        if not report.complete:
+            raise GpufleetError(f"the {names} suites did not complete")
         silent = [s for s in required
-                  if not any(r["suite"] == s and r["outcome"] == "pass" for r in results)]
+                  if not any(r.suite == s and r.outcome == "pass" for r in report.results)]
         if silent:
             raise GpufleetError(f"required suite(s) {', '.join(silent)} passed no check (each "
                                 "must pass at least one; see bootstrap_required_suites)")
-        counts = {k: sum(r["outcome"] == k for r in results) for k in ("pass", "fail", "skip")}
-        return results, counts
+        return report.results, counts(report.results)
 
 
 def certify(certifier: Certifier, host: str, peer: str | None, required: list[str]
             ) -> tuple[str, dict[str, Any]]:
-    """Node-local suites on the node, then the performance suites (both record the node's
-    baseline), then reachability and a two-node AllReduce with peer."""
-    results, local = certifier.run(host, LOCAL_SUITES, "not nccl_tests", required,
+    """Every suite bootstrap runs, on the node alone (node-local checks; the node's
+    baseline is recorded), then the suites' checks with the peer (reachability both ways
+    and a two-node AllReduce)."""
+    results, alone = certifier.run(host, registry.bootstrap_suites(),
+                                   lambda suite, check: suite.node_local(check), required,
                                    record_baseline=True)
-    summary = {"local": local}
-    perf, summary["baseline"] = certifier.run(host, BASELINE_SUITES,
-                                              "not across_nodes and not aggregate", [],
-                                              record_baseline=True)
-    results += perf
+    summary = {"node": alone}
     if peer:
-        pair, summary["pair"] = certifier.run(f"{peer}:{host}", PAIR_SUITES,
-                                              "reachable_from or all_nodes_together",
-                                              ["reachability", "allreduce"])
+        pair, summary["pair"] = certifier.run(
+            f"{peer}:{host}", registry.peer_suites(),
+            lambda suite, check: check.removeprefix("test_") in suite.with_peer,
+            [s.name for s in registry.peer_suites()])
         results += pair
-    passed = sum(r["outcome"] == "pass" for r in results)
+    passed = sum(r.outcome == "pass" for r in results)
     with_peer = f" with peer {peer}" if peer else " (no peer in the group)"
     return f"{passed} checks passed{with_peer}", {"conformance": summary}
 
@@ -486,15 +465,16 @@ def run_node_hook(conn: Connection, command: str | None, host: Host, status: str
 
 # ---- the whole flow ------------------------------------------------------------------------
 
-def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptions,
-              run_conformance: ConformanceRunner) -> Bootstrap:
+def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | None = None,
+              runner: Runner = run_suites) -> Bootstrap:
     """Take one host to certified-ready; every step is reported, none is hidden. Any
-    failure, an unreachable node included, marks the node not ready and drains it."""
+    failure, an unreachable node included, marks the node not ready and drains it.
+    ``source`` is the inventory as named (``slurm:...``); ``runner`` runs the suites."""
     if options.host not in inventory.hosts:
         raise GpufleetError(f"--host {options.host!r} is not in {inventory.path}")
     host = inventory.hosts[options.host]
     validate([host], role_registry.ALL)
-    verdict.check_hosts([host])
+    registry.validate([host], registry.bootstrap_suites())
     bootstrap_vars(host)
     if options.timeout is not None and not options.timeout > 0:
         raise GpufleetError(f"--timeout must be a positive number of seconds, "
@@ -521,11 +501,11 @@ def bootstrap(inventory: Inventory, inventory_name: str, options: BootstrapOptio
         _timed(result, "admit", lambda: admit(inventory, host, peer, _remaining(fleet, budget)))
         conn.close()  # the node may have rebooted: talk to it over a new connection
         conn = conn.reopen()
-        with tempfile.TemporaryDirectory(prefix="gpufleet-bootstrap-") as tmp:
-            certifier = Certifier(run_conformance, inventory_name, Path(tmp), options.recertify)
-            required = required_suites(host, seen.get("preflight"))
-            _timed(result, "certify", lambda: _certify_unless_done(
-                certifier, conn, inventory, result, peer, required=required))
+        certifier = Certifier(inventory, _remaining(fleet, budget), source, options.recertify,
+                              runner)
+        required = required_suites(host, seen.get("preflight"))
+        _timed(result, "certify", lambda: _certify_unless_done(
+            certifier, conn, inventory, result, peer, required=required))
         result.ready = True
     except StepFailure as exc:
         result.reason = str(exc)

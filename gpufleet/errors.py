@@ -19,3 +19,8 @@ class ParseError(GpufleetError):
 
 class LabError(GpufleetError):
     """The local lab cluster cannot be brought up, inspected or torn down."""
+
+
+class VarError(GpufleetError):
+    """An inventory variable has the wrong type or an impossible value; the message names
+    the host, the variable and where the inventory sets it."""

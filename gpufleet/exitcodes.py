@@ -5,3 +5,6 @@ FAILED = 1          # a host failed (provision), drift found (drift), a check fa
 USAGE = 2           # bad input: inventory, variables, options
 UNREACHABLE = 3     # a host was unreachable or its facts could not be gathered
 REBOOT_REQUIRED = 4  # provision converged everything but a reboot is pending
+INTERNAL = 70        # an unexpected error inside gpufleet (EX_SOFTWARE); -vvv shows why
+INTERRUPTED = 130    # stopped by Ctrl-C (SIGINT)
+BROKEN_PIPE = 141    # the reader of standard output went away (128 + SIGPIPE)

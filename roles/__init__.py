@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.inventory.model import Host
-from gpufleet.provision.role import Role, RoleVars
+from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision.role import PlanContext, Role, RoleVars
 
 
 def _discover() -> list[Role]:
@@ -73,3 +74,24 @@ def comparable(facts: Facts, host: Host) -> dict[str, str]:
     for role in ALL:
         values.update(role.shared(facts, RoleVars(host, role.defaults)))
     return {key: "absent" if value is None else str(value) for key, value in values.items()}
+
+
+@dataclass(frozen=True)
+class FirewallIntent:
+    """What the firewall role opens on a host, for the suites that check it: the cluster's
+    source addresses (the host's own left out), the TCP ports, and the ruleset file."""
+
+    sources: list[str]
+    ports: list[tuple[int, int]]
+    ruleset_path: str
+
+
+def firewall_intent(inventory: Inventory, host: Host) -> FirewallIntent:
+    """The firewall role's intent for ``host`` (VarError for a variable it cannot use)."""
+    from gpufleet.roles.firewall import ROLE  # noqa: PLC0415 - the registry's own module
+
+    v = RoleVars(host, ROLE.defaults)
+    sources = [s.removesuffix("/32").removesuffix("/128")
+               for s in ROLE.cluster_sources(v, PlanContext(inventory, host))
+               if s.split("/")[0] != host.address]
+    return FirewallIntent(sources, ROLE.ports(v), ROLE.backend(v).path)

@@ -17,12 +17,13 @@ import shlex
 from collections.abc import Mapping
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts import parsers
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision import apt
 from gpufleet.provision.managed import link_change
 from gpufleet.provision.plan import Change, Fail, Run
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 ALTERNATIVES_LINK = "/etc/alternatives/cuda"

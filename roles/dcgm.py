@@ -8,10 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
 from gpufleet.facts.gather import FactRequest, Facts
@@ -25,7 +26,7 @@ from gpufleet.provision import apt
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change, Fail
 from gpufleet.provision.reboot import Reboot
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 UNATTENDED_PATH = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"

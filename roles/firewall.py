@@ -21,14 +21,14 @@ from functools import cache
 from typing import Any, ClassVar
 
 from gpufleet.connect.connection import BACKUP_SUFFIX
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, VarError
 from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
+from gpufleet.ports import PORT_RANGE, RENDEZVOUS_PORT, parse_range
 from gpufleet.provision.managed import HEADER, file_change, link_change, render
 from gpufleet.provision.plan import ApplyContext, Change, Fail, Run
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
-from gpufleet.roles.nccl_env import parse_range
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 STATE_DIR = "/etc/gpufleet"
 STATE_FILE = f"{STATE_DIR}/firewall.state"
@@ -186,8 +186,8 @@ class FirewallRole(RoleBase):
         "firewall_enabled": Var(False, "boolean", "manage the firewall on this host"),
         "firewall_backend": Var("nftables", "string", "nftables or iptables"),
         "firewall_policy": Var("drop", "string", "drop or accept"),
-        "firewall_rendezvous_port": Var(29500, "integer", "TCP port open to the cluster"),
-        "firewall_port_range": Var("49152-65535", "string", "TCP range open to the cluster"),
+        "firewall_rendezvous_port": Var(RENDEZVOUS_PORT, "integer", "TCP port open to the cluster"),
+        "firewall_port_range": Var(PORT_RANGE, "string", "TCP range open to the cluster"),
         "firewall_open_tcp_ports": Var([], "list", "more TCP ports open to the cluster"),
         "firewall_cluster_group": Var("all", "string", "the group that forms the cluster"),
         "firewall_extra_cidrs": Var([], "list", "addresses treated as cluster members"),

@@ -13,27 +13,16 @@ import shlex
 from collections.abc import Mapping
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.ports import PORT_RANGE, parse_range
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change, Run
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
-
-
-def parse_range(text: str, host: str, key: str) -> tuple[int, int]:
-    """(low, high) from ``49152-65535`` or ``49152 65535``; VarError when impossible."""
-    parts = re.split(r"[-\s:]+", str(text).strip())
-    try:
-        low, high = (int(p) for p in parts)
-    except ValueError:
-        raise VarError(f"host {host}: {key} must be a port range like 49152-65535, "
-                       f"got {text!r}") from None
-    if not 1 <= low <= high <= 65535:
-        raise VarError(f"host {host}: {key} {text!r} is not a valid port range")
-    return low, high
 
 
 class NcclEnvRole(RoleBase):
@@ -51,7 +40,7 @@ class NcclEnvRole(RoleBase):
                                 "the sysctl file of the local port range"),
         "nccl_local_port_range": Var(None, "string", "the local port range (default: "
                                                       "firewall_port_range)"),
-        "firewall_port_range": Var("49152-65535", "string", "the firewall's open range"),
+        "firewall_port_range": Var(PORT_RANGE, "string", "the firewall's open range"),
     }
     shared_keys = ("nccl_conf", "port_range")
 

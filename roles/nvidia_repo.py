@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 DEFAULT_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
 _URL = re.compile(r"^(https?://|file:/)[A-Za-z0-9._~:/?#@!$&()*+,;=%-]+$")

@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts import parsers
 from gpufleet.facts.catalog import TORCH_PROBE
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.provision.managed import redact
+from gpufleet.inventory.secrets import redact
 from gpufleet.provision.plan import ApplyContext, Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 

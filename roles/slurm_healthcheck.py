@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import ClassVar
 
+from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var, VarError
+from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.roles import nccl_env
 
 # Where bootstrap records the node's versions (gpufleet.bootstrap.STATE_FILE); not imported,

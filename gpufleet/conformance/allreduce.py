@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.conformance.allreduce_vars import expected_transports
+from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
-from gpufleet.conformance.launch import ProbeRun, run_probe
+from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -26,7 +26,7 @@ from gpufleet.conformance.reachability import (
     source_band,
 )
 from gpufleet.conformance.session import Node
-from gpufleet.roles.nccl_env import parse_range
+from gpufleet.ports import RENDEZVOUS_PORT, parse_range
 
 MIN_TRIAL_TIMEOUT_S = 20.0
 TRIAL_TIMEOUT_FACTOR = 3.0
@@ -34,7 +34,7 @@ TOPOLOGY_PREFIXES = ("rack", "leaf")
 
 
 def run_allreduce(nodes: list[Node], args: list[str], timeout_s: float,
-                  port: int = 29500) -> ProbeRun:
+                  port: int = RENDEZVOUS_PORT) -> ProbeRun:
     """The AllReduce probe on ``nodes`` together."""
     return run_probe("allreduce", nodes, args, timeout_s, port=port)
 
@@ -83,11 +83,11 @@ def nccl_log_args(nccl_env: Mapping[str, Any]) -> list[str]:
 
 
 def timeout_of(node: Node) -> float:
-    return float(node.var("allreduce_timeout_s", 600))
+    return float(node.var("allreduce_timeout_s"))
 
 
 def port_of(node: Node) -> int:
-    return int(node.var("allreduce_port", node.var("firewall_rendezvous_port", 29500)))
+    return rendezvous_port(node)
 
 
 def figure(value: float) -> str:
@@ -217,7 +217,7 @@ def trial_dict(trial: Trial) -> dict[str, Any]:
 def direction(a: Node, b: Node) -> tuple[str, dict[str, list[int]]]:
     """Which way a pair's traffic is dropped, from connects both ways on the rendezvous port
     and the range (leaving from a source port outside the range)."""
-    low, high = parse_range(a.var("firewall_port_range", "49152-65535"), a.name,
+    low, high = parse_range(a.var("firewall_port_range"), a.name,
                             "firewall_port_range")
     rendezvous = port_of(a)
     spec = PortSpec(probe_ports(rendezvous, low, high, 3), low, high, 64, 0,

@@ -25,6 +25,7 @@ from gpufleet.conformance.checks.nccl_log import condense
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import Budget
 from gpufleet.errors import GpufleetError
+from gpufleet.ports import RENDEZVOUS_PORT
 from gpufleet.roles import training_python
 
 PROBES = resources.files("gpufleet.suites.probes")
@@ -135,10 +136,17 @@ def socket_ifname(node: Node) -> str | None:
     return None
 
 
+def rendezvous_port(node: Node) -> int:
+    """The port torchrun's rendezvous listens on: ``allreduce_port``, else the firewall's
+    rendezvous port."""
+    port = node.var("allreduce_port")
+    return int(port if port is not None else node.var("firewall_rendezvous_port"))
+
+
 def processes_per_node(node: Node) -> int:
     """One process per GPU; ``allreduce_cpu_procs`` (default 1) on nodes without GPUs."""
     gpus = node.facts.get("gpus") if node.facts else None
-    return len(gpus) if gpus else int(node.var("allreduce_cpu_procs", 1))
+    return len(gpus) if gpus else int(node.var("allreduce_cpu_procs"))
 
 
 def _torchrun(node: Node) -> str:
@@ -183,7 +191,7 @@ def _parse(stdout: str, stderr: str) -> NodeOutput:
 
 
 def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: float, *,
-              port: int = 29500, nproc: int | None = None) -> ProbeRun:
+              port: int = RENDEZVOUS_PORT, nproc: int | None = None) -> ProbeRun:
     """Run ``conformance/probes/<probe_name>.py`` under torchrun on ``nodes`` together
     (``nproc`` processes per node, default one per GPU); every process is gone when this
     returns or raises."""

@@ -1,5 +1,10 @@
-"""The pytest plugin behind ``invoke conformance``: inventory-driven nodes, a per-host
-PASS / FAIL / SKIP summary with reasons, and a JSON report.
+"""The pytest plugin behind conformance: inventory-driven nodes, a per-host PASS / FAIL /
+SKIP summary with reasons, and the results as typed objects.
+
+``run_suites`` (the conformance runner) hands the plugin a started session and reads the
+results back. Run directly (``pytest -p gpufleet.conformance.plugin --gpufleet-inventory
+NAME``), the plugin loads the inventory, gathers the facts, and writes the JSON report
+itself.
 
 Checks that take a ``node`` argument run once per selected host, on every host at once
 (``gpufleet.conformance.parallel``); checks without it run once for the fleet
@@ -9,8 +14,8 @@ Checks that take a ``node`` argument run once per selected host, on every host a
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,45 +24,52 @@ import pytest
 from gpufleet.conformance.baseline import BASELINE_FILE, BaselineStore
 from gpufleet.conformance.launch import cleanup_active
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
-from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.results import FLEET, ConformanceReport, Result, host_summary
+from gpufleet.conformance.session import ConformanceSession, Node, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
-from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.report.jsonfile import write_json
 from gpufleet.report.terminal import plain
 from gpufleet.slurm import inventory as slurm_inventory
 from gpufleet.slurm.drain import slurm_client
 from gpufleet.slurm.launcher import Allocation
-from gpufleet.target import load_source
+from gpufleet.sources import load_source
 
-FLEET = "fleet"
 CONFORMANCE_TIMEOUT_S = 3600.0
-SESSION_KEY = pytest.StashKey[ConformanceSession]()
-ALLOCATION_KEY = pytest.StashKey[Allocation]()
 LAUNCHERS = ("ssh", "slurm")
-RESULTS_KEY = pytest.StashKey[list["Result"]]()
-PARALLEL_KEY = pytest.StashKey[FleetParallel]()
-RUN_KEY = pytest.StashKey[NodeRun]()
-BASELINES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
+Selection = Callable[[str, str], bool]
 
 
 @dataclass
-class Result:
-    """One check's outcome on one host (or on the fleet)."""
+class RunState:
+    """One run's session and what its checks found. ``only(suite, check)`` keeps a check;
+    ``owned``: the plugin built the session itself (pytest run directly) and ends it."""
 
-    suite: str
-    check: str
-    host: str
-    outcome: str  # pass | fail | skip
-    message: str
-    duration: float
-    properties: dict[str, Any]
+    session: ConformanceSession
+    only: Selection | None = None
+    results: list[Result] = field(default_factory=list)
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    owned: bool = False
+    allocation: Allocation | None = None
+    started: float = field(default_factory=time.time)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"suite": self.suite, "check": self.check, "host": self.host,
-                "outcome": self.outcome, "message": self.message,
-                "duration_s": round(self.duration, 3), "properties": self.properties}
+
+STATE_KEY = pytest.StashKey[RunState]()
+PARALLEL_KEY = pytest.StashKey[FleetParallel]()
+RUN_KEY = pytest.StashKey[NodeRun]()
+
+
+class Supplied:
+    """The runner's side of the plugin: a state it started, handed in before collection."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[STATE_KEY] = self.state
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,70 +98,84 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[RESULTS_KEY] = []
     config.addinivalue_line("markers", "fleet: a check that runs once for the whole selection")
 
 
-def _session(config: pytest.Config) -> ConformanceSession:
-    if SESSION_KEY not in config.stash:
-        name = config.getoption("gpufleet_inventory")
-        if not name:
-            raise pytest.UsageError("conformance checks need --gpufleet-inventory")
-        inventory = load_source(name)
-        hosts = inventory.select(config.getoption("gpufleet_limit"))
-        if not hosts:
-            raise pytest.UsageError("--gpufleet-limit selects no host")
-        fleet = FleetOptions(forks=config.getoption("gpufleet_forks"),
-                             host_timeout=config.getoption("gpufleet_timeout"),
-                             default_timeout=CONFORMANCE_TIMEOUT_S, connect=ConnectOptions(
-                                 connect_timeout=config.getoption("gpufleet_connect_timeout"),
-                                 known_hosts_base=inventory.base))
-        if config.getoption("gpufleet_launcher") == "slurm":
-            allocation = _allocate(config, name, hosts, fleet)
-            config.stash[ALLOCATION_KEY] = allocation
-            fleet.connector = allocation.connect
-        json_path = config.getoption("gpufleet_json")
-        artifacts = config.getoption("gpufleet_artifacts") or (
-            str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
-            else "reports/conformance-artifacts")
-        config.stash[SESSION_KEY] = ConformanceSession.start(inventory, hosts, fleet, {
-            "artifacts": Path(artifacts),
-            "pairs": config.getoption("gpufleet_pairs"),
-            "with_nccl_tests": config.getoption("gpufleet_with_nccl_tests"),
-            "fleet": fleet, "baseline": _baseline_store(config)})
-        if ALLOCATION_KEY in config.stash:
-            allocation = config.stash[ALLOCATION_KEY]
-            config.stash[SESSION_KEY].add_report("launcher", "slurm", {
-                "job_id": allocation.job_id, "left_out": allocation.left_out,
-                "nodes": {h: n.name for h, n in allocation.nodes.items()}})
-    return config.stash[SESSION_KEY]
-
-
-def _allocate(config: pytest.Config, name: str, hosts: list[Host], fleet: FleetOptions
-              ) -> Allocation:
-    """The run's Slurm allocation: the partition given, else the ``slurm:`` inventory's."""
-    partition = config.getoption("gpufleet_partition") or (
-        slurm_inventory.parse_source(name)[0] if slurm_inventory.is_slurm_source(name)
-        else None)
-    try:
-        longest = max(host_timeout(h, fleet) for h in hosts)
-        return Allocation.open(hosts, slurm_client(hosts[0]), partition=partition,
-                               time_limit_s=longest)
-    except GpufleetError as exc:
-        raise pytest.UsageError(f"--launcher slurm: {exc}") from None
-
-
-def _baseline_store(config: pytest.Config) -> BaselineStore | None:
-    record = bool(config.getoption("gpufleet_record_baseline"))
-    compare = bool(config.getoption("gpufleet_compare_baseline"))
+def baseline_store(record: bool, compare: bool) -> BaselineStore | None:
+    """The run's baseline store, when it records or compares baselines."""
     return BaselineStore(record=record, compare=compare) if record or compare else None
+
+
+def _state(config: pytest.Config) -> RunState:
+    """The run's state: the runner's, or one built from the command line (pytest direct)."""
+    if STATE_KEY not in config.stash:
+        config.stash[STATE_KEY] = _state_from_options(config)
+    return config.stash[STATE_KEY]
+
+
+def _state_from_options(config: pytest.Config) -> RunState:
+    name = config.getoption("gpufleet_inventory")
+    if not name:
+        raise pytest.UsageError("conformance checks need --gpufleet-inventory")
+    try:
+        inventory = load_source(name)
+    except GpufleetError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    hosts = inventory.select(config.getoption("gpufleet_limit"))
+    if not hosts:
+        raise pytest.UsageError("--gpufleet-limit selects no host")
+    fleet = FleetOptions(forks=config.getoption("gpufleet_forks"),
+                         host_timeout=config.getoption("gpufleet_timeout"),
+                         default_timeout=CONFORMANCE_TIMEOUT_S, connect=ConnectOptions(
+                             connect_timeout=config.getoption("gpufleet_connect_timeout"),
+                             known_hosts_base=inventory.base))
+    allocation = None
+    if config.getoption("gpufleet_launcher") == "slurm":
+        partition = config.getoption("gpufleet_partition") or (
+            slurm_inventory.parse_source(name)[0] if slurm_inventory.is_slurm_source(name)
+            else None)
+        try:
+            allocation = open_allocation(hosts, fleet, partition)
+        except GpufleetError as exc:
+            raise pytest.UsageError(f"--launcher slurm: {exc}") from None
+    json_path = config.getoption("gpufleet_json")
+    artifacts = config.getoption("gpufleet_artifacts") or (
+        str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
+        else "reports/conformance-artifacts")
+    options = SessionOptions(
+        pairs=config.getoption("gpufleet_pairs"),
+        with_nccl_tests=config.getoption("gpufleet_with_nccl_tests"),
+        artifacts=Path(artifacts), fleet=fleet,
+        baseline=baseline_store(config.getoption("gpufleet_record_baseline"),
+                                config.getoption("gpufleet_compare_baseline")))
+    session = ConformanceSession.start(inventory, hosts, options)
+    if allocation is not None:
+        describe_allocation(session, allocation)
+    return RunState(session, owned=True, allocation=allocation)
+
+
+def open_allocation(hosts: list[Host], fleet: FleetOptions, partition: str | None
+                    ) -> Allocation:
+    """One Slurm allocation of the selected nodes for the whole run; the fleet's
+    connections become job steps in it."""
+    longest = max(host_timeout(h, fleet) for h in hosts)
+    allocation = Allocation.open(hosts, slurm_client(hosts[0]), partition=partition,
+                                 time_limit_s=longest)
+    fleet.connector = allocation.connect
+    return allocation
+
+
+def describe_allocation(session: ConformanceSession, allocation: Allocation) -> None:
+    session.add_report("launcher", "slurm", {
+        "job_id": allocation.job_id, "left_out": allocation.left_out,
+        "nodes": {h: n.name for h, n in allocation.nodes.items()}})
 
 
 def baselines(state: ConformanceSession, results: list[Result]) -> dict[str, dict[str, Any]]:
     """Per node: the trend of its figures against its baseline (comparing), and whether its
     figures were recorded (recording: only on a node that failed no check)."""
-    store = state.options.get("baseline")
-    if not isinstance(store, BaselineStore):
+    store = state.options.baseline
+    if store is None:
         return {}
     out = {}
     for name in store.measured_nodes():
@@ -170,14 +196,31 @@ def baselines(state: ConformanceSession, results: list[Result]) -> dict[str, dic
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "node" in metafunc.fixturenames:
-        names = list(_session(metafunc.config).nodes)
+        names = list(_state(metafunc.config).session.nodes)
         metafunc.parametrize("node", names, ids=names, indirect=True)
+
+
+def _suite_of(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    return module.__name__.rsplit(".", 1)[-1].removeprefix("test_") if module else "?"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the checks the runner's selection does not keep."""
+    only = _state(config).only
+    if only is None:
+        return
+    kept = [i for i in items if only(_suite_of(i), getattr(i, "originalname", i.name))]
+    dropped = [i for i in items if i not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
-    parallel = FleetParallel(lambda name: _session(config).nodes[name],
-                             config.getoption("gpufleet_forks"))
+    state = _state(config)
+    parallel = FleetParallel(lambda name: state.session.nodes[name], state.session.forks)
     parallel.collect(session.items)
     config.stash[PARALLEL_KEY] = parallel
 
@@ -197,7 +240,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 @pytest.fixture(scope="session")
 def conformance(request: pytest.FixtureRequest) -> ConformanceSession:
     """The run's nodes, options and report."""
-    return _session(request.config)
+    return _state(request.config).session
 
 
 @pytest.fixture
@@ -230,57 +273,52 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     if report.when == "call" or (report.when == "setup" and not report.passed):
         callspec = getattr(item, "callspec", None)
         host = callspec.params.get("node", FLEET) if callspec else FLEET
-        module = getattr(item, "module", None)
-        suite = module.__name__.rsplit(".", 1)[-1].removeprefix("test_") if module else "?"
         check = getattr(item, "originalname", item.name)
         others = {k: v for k, v in (callspec.params.items() if callspec else ()) if k != "node"}
         if others:  # a check parametrised beyond the node: test_role_converged[driver]
             check += f"[{'-'.join(str(v) for v in others.values())}]"
         state = "pass" if report.passed else "skip" if report.skipped else "fail"
-        item.config.stash[RESULTS_KEY].append(Result(
-            suite, check, host, state, _message(report), report.duration,
+        _state(item.config).results.append(Result(
+            _suite_of(item), check, host, state, _message(report), report.duration,
             dict(report.user_properties)))
-
-
-def host_summary(results: list[Result]) -> dict[str, dict[str, Any]]:
-    """Per host: PASS / FAIL / SKIP and counts (a host fails when any of its checks fails);
-    checks that run once for the whole selection are counted under ``fleet``."""
-    summary: dict[str, dict[str, Any]] = {}
-    for r in results:
-        entry = summary.setdefault(r.host, {"pass": 0, "fail": 0, "skip": 0})
-        entry[r.outcome] += 1
-    for entry in summary.values():
-        entry["status"] = "FAIL" if entry["fail"] else ("PASS" if entry["pass"] else "SKIP")
-    return summary
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
-    results = config.stash.get(RESULTS_KEY, [])
-    if not results:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None or not state.results:
         return
     tr = terminalreporter
     tr.section("gpufleet conformance")
+    for line, color in summary_lines(state.results, state.baselines):
+        tr.write_line(line, **({color: True} if color else {}))
+
+
+def summary_lines(results: list[Result], trends: dict[str, dict[str, Any]]
+                  ) -> list[tuple[str, str | None]]:
+    """The per-host summary: status and counts, each failure, skips by reason, trends."""
     summary = host_summary(results)
     width = max(len(plain(h)) for h in summary)
+    colors = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
+    lines: list[tuple[str, str | None]] = []
     for host, entry in summary.items():
-        color = {"PASS": {"green": True}, "FAIL": {"red": True}, "SKIP": {"yellow": True}}
-        tr.write_line(f"{plain(host):<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
+        lines.append((f"{plain(host):<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
                       f"{entry['fail']} failed, {entry['skip']} skipped",
-                      **color[entry["status"]])
+                      colors[entry["status"]]))
         skips: dict[str, list[str]] = {}
         for r in results:
             if r.host != host:
                 continue
             if r.outcome == "fail":
-                tr.write_line(f"{'':<{width}}    FAIL {plain(r.suite)}/{plain(r.check)}: "
-                              f"{plain(r.message)}", red=True)
+                lines.append((f"{'':<{width}}    FAIL {plain(r.suite)}/{plain(r.check)}: "
+                              f"{plain(r.message)}", "red"))
             elif r.outcome == "skip":
                 skips.setdefault(r.message, []).append(f"{r.suite}/{r.check}")
         for reason, checks in skips.items():
-            tr.write_line(f"{'':<{width}}    SKIP {plain(', '.join(checks))}: {plain(reason)}")
-        for line in trend_lines(config.stash.get(BASELINES_KEY, {}).get(host)):
-            tr.write_line(f"{'':<{width}}    {plain(line)}")
+            lines.append((f"{'':<{width}}    SKIP {plain(', '.join(checks))}: {plain(reason)}",
+                          None))
+        lines += [(f"{'':<{width}}    {plain(t)}", None) for t in trend_lines(trends.get(host))]
+    return lines
 
 
 def trend_lines(entry: dict[str, Any] | None) -> list[str]:
@@ -298,24 +336,29 @@ def trend_lines(entry: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def report_of(state: RunState, complete: bool) -> ConformanceReport:
+    """The run's typed report."""
+    session = state.session
+    left_out = session.report.get("launcher", {}).get("slurm", {}).get("left_out", {})
+    return ConformanceReport(str(session.inventory.path), session.inventory.digest(),
+                             state.started, time.time() - state.started, list(state.results),
+                             state.baselines, session.report, complete, dict(left_out))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    path = config.getoption("gpufleet_json", None)
-    state = config.stash.get(SESSION_KEY, None)
-    results = config.stash.get(RESULTS_KEY, [])
-    config.stash[BASELINES_KEY] = baselines(state, results) if state else {}
-    if path:
-        write_json(path, envelope(
-            "gpufleet.conformance/1",
-            inventory=str(state.inventory.path) if state else None,
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            hosts=host_summary(results),
-            results=[r.to_dict() for r in results],
-            baselines=config.stash[BASELINES_KEY],
-            data=state.report if state else {}))
-    if state:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None:
+        return
+    state.baselines = baselines(state.session, state.results)
+    if not state.owned:
+        return
+    try:
+        path = config.getoption("gpufleet_json", None)
+        if path:
+            write_json(path, report_of(state, int(exitstatus) in (0, 1)).to_json())
+    finally:
         cleanup_active()
-        state.close()
-    allocation = config.stash.get(ALLOCATION_KEY, None)
-    if allocation is not None:
-        allocation.release()
+        state.session.close()
+        if state.allocation is not None:
+            state.allocation.release()

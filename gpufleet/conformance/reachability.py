@@ -163,7 +163,7 @@ def _script() -> str:
 
 
 def _python(node: Node) -> str:
-    return str(node.var("conformance_python", "python3"))
+    return str(node.var("conformance_python"))
 
 
 def start_listener(node: Node, ports: list[int], lifetime_s: float

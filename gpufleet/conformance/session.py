@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import testinfra.backend.base
 import testinfra.host
 
 from gpufleet import roles as role_registry
+from gpufleet.conformance import registry
+from gpufleet.conformance.baseline import BaselineStore
+from gpufleet.conformance.registry import Suite
 from gpufleet.connect.connection import Budget, CommandResult, Connection, ConnectOptions, Connector
-from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, TaskResult, host_timeout, run_fleet
+from gpufleet.connect.fleet import FleetOptions, TaskResult, host_timeout, run_fleet
 from gpufleet.connect.open import connect
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
@@ -22,6 +27,8 @@ from gpufleet.provision.role import RoleVars
 from gpufleet.roles import consistency_request
 
 CHECK_TIMEOUT_S = 120.0
+RecordProperty = Callable[[str, object], None]
+"""pytest's ``record_property`` fixture, as the suites' checks take it."""
 T = TypeVar("T")
 
 
@@ -59,19 +66,25 @@ class Node:
     def name(self) -> str:
         return self.host.name
 
-    def var(self, key: str, default: Any = None) -> Any:
-        """An inventory variable of this host (checks keep their own defaults)."""
-        return self.host.vars.get(key, default)
+    @functools.cached_property
+    def settings(self) -> RoleVars:
+        """The node's suite variables over the defaults the suite registry declares, with
+        typed accessors (the values were validated before any host was contacted)."""
+        return RoleVars(self.host, registry.defaults())
 
-    def flag(self, key: str, default: bool | None) -> bool | None:
-        """A boolean variable ("yes", "false", 0 ... as roles read them); None stays None."""
-        if self.host.vars.get(key, default) is None:
-            return None
-        return RoleVars(self.host, {key: default}).boolean(key)
+    def var(self, key: str) -> Any:
+        """A suite variable of this node as the inventory sets it, else its declared
+        default (None when it has none)."""
+        return self.settings.get(key)
 
-    def numbers(self, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    def flag(self, key: str) -> bool | None:
+        """A boolean suite variable ("yes", "false", 0 ... as roles read them); None when
+        it is unset and has no default."""
+        return None if self.var(key) is None else self.settings.boolean(key)
+
+    def numbers(self, key: str) -> tuple[int, ...]:
         """A list of integers, also written as "48, 79" in INI inventories."""
-        return tuple(int(x) for x in RoleVars(self.host, {key: list(default)}).items(key))
+        return tuple(int(x) for x in self.settings.items(key))
 
     @property
     def conn(self) -> Connection:
@@ -96,9 +109,23 @@ class Node:
                 self._conn = None
 
 
-def facts_request(host: Host) -> FactRequest:
-    """Everything the suites read from facts: the roles' needs and the consistency values."""
-    return fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
+def facts_request(host: Host, suites: Sequence[Suite] = ()) -> FactRequest:
+    """Everything the suites read from facts: the roles' needs, the consistency values and
+    what the selected suites declare."""
+    return (fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
+            | registry.facts_request(host, suites))
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a conformance run was asked for, as the suites read it."""
+
+    suites: tuple[Suite, ...] = ()
+    pairs: str = "auto"
+    with_nccl_tests: bool = False
+    artifacts: Path = Path("reports/conformance-artifacts")
+    fleet: FleetOptions = field(default_factory=FleetOptions)
+    baseline: BaselineStore | None = None
 
 
 @dataclass
@@ -107,17 +134,19 @@ class ConformanceSession:
 
     inventory: Inventory
     nodes: dict[str, Node]
-    options: dict[str, Any] = field(default_factory=dict)
+    options: SessionOptions = field(default_factory=SessionOptions)
     report: dict[str, Any] = field(default_factory=dict)
     _report_lock: threading.Lock = field(default_factory=threading.Lock)
     _once: dict[str, tuple[threading.Lock, list[Any]]] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, inventory: Inventory, hosts: list[Host], fleet: FleetOptions,
-              options: dict[str, Any]) -> ConformanceSession:
+    def start(cls, inventory: Inventory, hosts: list[Host],
+              options: SessionOptions | None = None) -> ConformanceSession:
         """Gather every node's facts in parallel, one round trip each."""
-        outcomes = run_fleet(hosts, lambda h, c: TaskResult(gather_facts(c, facts_request(h))),
-                             fleet)
+        options = options or SessionOptions()
+        fleet = options.fleet
+        outcomes = run_fleet(hosts, lambda h, c: TaskResult(
+            gather_facts(c, facts_request(h, options.suites))), fleet)
         nodes = {}
         for host in hosts:
             outcome = outcomes[host.name]
@@ -132,8 +161,7 @@ class ConformanceSession:
     @property
     def forks(self) -> int:
         """How many nodes a check works on at once (``--forks``)."""
-        fleet = self.options.get("fleet")
-        return fleet.forks if isinstance(fleet, FleetOptions) else DEFAULT_FORKS
+        return self.options.fleet.forks
 
     def ready(self) -> list[Node]:
         """The selected nodes whose facts were gathered, in inventory order."""

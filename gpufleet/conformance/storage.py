@@ -51,9 +51,9 @@ class StorageRun:
 def probe_args(node: Node, trials: int = 1) -> list[str]:
     """The probe's sizes from the node's variables, and its trials."""
     return ["--path", str(node.var("storage_dataset_path")),
-            "--file-gb", str(node.var("storage_file_gb", 1)),
-            "--readers", str(node.var("storage_readers", 4)),
-            "--small-files", str(node.var("storage_small_files", 2000)),
+            "--file-gb", str(node.var("storage_file_gb")),
+            "--readers", str(node.var("storage_readers")),
+            "--small-files", str(node.var("storage_small_files")),
             "--trials", str(trials)]
 
 
@@ -76,7 +76,7 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     workers = max(1, min(forks, len(nodes)))
 
     def prepare(node: Node) -> tuple[Node, str | None]:
-        timeout = float(node.var("storage_timeout_s", 900))
+        timeout = float(node.var("storage_timeout_s"))
         try:
             output = run_script(node, "storage", [*probe_args(node), "--prepare"], timeout)
         except GpufleetError as exc:
@@ -94,7 +94,7 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     start_at = time.time() + START_LEAD_S + START_LEAD_PER_NODE_S * min(workers, len(ready))
 
     def read(node: Node) -> tuple[str, dict[str, Any] | None, str | None]:
-        timeout = float(node.var("storage_timeout_s", 900)) + max(0.0, start_at - time.time())
+        timeout = float(node.var("storage_timeout_s")) + max(0.0, start_at - time.time())
         try:
             output = run_script(node, "storage", [*probe_args(node, trials), "--start-at",
                                                   f"{start_at:.3f}"], timeout)

@@ -10,6 +10,7 @@ password is sent only when sudo asks for it, never on a command line or into a f
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shlex
 import threading
@@ -24,6 +25,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
 
 BACKUP_SUFFIX = ".gpufleet-bak"
+log = logging.getLogger("gpufleet.connect")
 KILL_GRACE_S = 5
 POLL_S = 0.2
 
@@ -320,6 +322,11 @@ class CommandRunner:
             raise HostCancelled(f"{self.budget.reason}; stopped: {_short(command)}")
         duration = time.monotonic() - start
         result = CommandResult(command, rc, _text(out), _text(err), duration)
+        log.info("%s: %s -> exit %d in %.2fs", self.host.name, _short(command, 160), rc,
+                 duration)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: stdout:\n%s", self.host.name, _tail(result.stdout))
+            log.debug("%s: stderr:\n%s", self.host.name, _tail(result.stderr))
         if rc == 124 or (rc == 137 and duration >= limit):
             if clipped:
                 self.budget.cancel(f"host timed out after {self.budget.limit_s:g}s")
@@ -332,7 +339,14 @@ class CommandRunner:
     def put(self, path: str, content: bytes, *, mode: int = 0o644, owner: str = "root:root",
             backup: bool = True) -> None:
         """Write ``content`` to ``path`` atomically, keeping the previous file as a backup."""
+        log.info("%s: put %s (%d bytes, mode %o)", self.host.name, path, len(content), mode)
         self.run(put_script(path, mode, owner, backup), stdin=content).check(f"writing {path}")
+
+
+def _tail(text: str, limit: int = 4000) -> str:
+    """The end of a command's output, for a debug log line."""
+    return text if len(text) <= limit else f"... ({len(text) - limit} characters) " + \
+        text[-limit:]
 
 
 def _short(command: str, limit: int = 80) -> str:

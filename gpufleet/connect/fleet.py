@@ -16,6 +16,7 @@ host ends, so the caller keeps one progress display and one report.
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -35,6 +36,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
 
 T = TypeVar("T")
+log = logging.getLogger("gpufleet.fleet")
 Status = Literal["ok", "changed", "failed", "unreachable", "skipped"]
 DEFAULT_FORKS = 128
 DEFAULT_HOST_TIMEOUT_S = 1800.0
@@ -355,6 +357,8 @@ def _run_batch(pool: ThreadPoolExecutor, batch: list[Host], task: HostTask[T],
 
 
 def _report(progress: ProgressSink | None, outcome: Outcome[T]) -> None:
+    log.info("%s: %s in %.1fs%s", outcome.host, outcome.status, outcome.duration,
+             f": {outcome.error}" if outcome.error else "")
     if progress:
         progress.host_done(outcome)  # type: ignore[arg-type]
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.drift.compare import SCHEMA, HostDrift, Inconsistency
+from gpufleet.drift.compare import SCHEMA
+from gpufleet.drift.run import DriftRun
 from gpufleet.report import junit
 from gpufleet.report.jsonfile import envelope
 from gpufleet.report.prometheus import Metric
@@ -18,35 +18,6 @@ from gpufleet.report.terminal import markup, plain
 
 STATUS_STYLE = {"clean": "green", "drifted": "yellow", "unreachable": "red bold",
                 "error": "red bold"}
-
-
-@dataclass
-class DriftRun:
-    """Everything one drift run found."""
-
-    inventory: str
-    inventory_digest: str
-    hosts: dict[str, HostDrift]
-    inconsistencies: list[Inconsistency]
-    new: list[str]
-    resolved: list[str]
-    started: float
-    duration: float
-    roles_checked: list[str] = field(default_factory=list)
-    remediation: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def count(self, status: str) -> int:
-        return sum(h.status == status for h in self.hosts.values())
-
-    @property
-    def items(self) -> int:
-        return sum(len(h.items) for h in self.hosts.values())
-
-    def summary(self) -> dict[str, int]:
-        return {"hosts": len(self.hosts), "clean": self.count("clean"),
-                "drifted": self.count("drifted"), "unreachable": self.count("unreachable"),
-                "error": self.count("error"), "items": self.items, "new": len(self.new),
-                "resolved": len(self.resolved)}
 
 
 def to_json(run: DriftRun) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +19,14 @@ SYSTEMD_RUNNING = Path("/run/systemd/system")
 
 @dataclass(frozen=True)
 class Schedule:
-    """What to run every night, from where, and when."""
+    """What to run every night (``drift`` with ``drift_args``, by ``program``: the
+    interpreter and ``-m gpufleet`` of the installation that scheduled it), from which
+    directory (relative report paths are read against it), and when."""
 
-    project: Path
-    invoke_args: list[str]
+    workdir: Path
+    drift_args: list[str]
     at: str = "02:30"
+    program: tuple[str, ...] = (sys.executable, "-m", "gpufleet")
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", self.at):
@@ -30,8 +34,7 @@ class Schedule:
 
     @property
     def command(self) -> str:
-        invoke = self.project / ".venv" / "bin" / "invoke"
-        return shlex.join([str(invoke), "-r", str(self.project), "drift", *self.invoke_args])
+        return shlex.join([*self.program, "drift", *self.drift_args])
 
     @property
     def unit_command(self) -> str:
@@ -49,9 +52,10 @@ class Schedule:
             "",
             "[Service]",
             "Type=oneshot",
-            f"WorkingDirectory={str(self.project).replace('%', '%%')}",
+            f"WorkingDirectory={str(self.workdir).replace('%', '%%')}",
             f"ExecStart={self.unit_command}",
-            "# exit 1 = drift found, 3 = unreachable hosts: the run itself succeeded",
+            "# exit 1 = drift found, 3 = unreachable hosts: the run itself succeeded; 2 (bad",
+            "# input) and 70 (internal error) fail the unit",
             "SuccessExitStatus=1 3",
             "",
         ])
@@ -74,8 +78,8 @@ class Schedule:
         """An /etc/cron.d line for machines without systemd. cron ends the command at a
         ``%`` (the rest becomes its stdin), so every ``%`` is escaped as ``\\%``."""
         hour, minute = self.at.split(":")
-        log = shlex.quote(str(self.project / "reports" / "drift" / "cron.log"))
-        command = f"cd {shlex.quote(str(self.project))} && {self.command} >> {log} 2>&1"
+        log = shlex.quote(str(self.workdir / "reports" / "drift" / "cron.log"))
+        command = f"cd {shlex.quote(str(self.workdir))} && {self.command} >> {log} 2>&1"
         return f"{int(minute)} {int(hour)} * * * root {command.replace('%', CRON_PERCENT)}"
 
 

@@ -14,7 +14,15 @@ import copy
 import hashlib
 import os
 import shlex
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import (
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -861,17 +869,21 @@ def _copied(values: dict[str, Any]) -> dict[str, Any]:
 # Public functions ----------------------------------------------------------------------------
 
 
-def resolve_inventory(name: str, base: Path = Path("inventory")) -> Path:
-    """Find inventory ``name``: a bare name as base/name.yml, .yaml, .ini, base/name or
-    ./name; a path (it has a ``/``) exactly as given, or under base."""
+def resolve_inventory(name: str, bases: Sequence[Path] = (Path("inventory"),)) -> Path:
+    """Find inventory ``name``: a bare name as BASE/name.yml, .yaml, .ini or BASE/name in
+    each base in turn, then ./name; a path (it has a ``/``) exactly as given, or under the
+    first base."""
     if not name:
         raise InventoryError("no inventory given")
     check_path_text(name, "inventory")
     path = Path(name)
     if "/" in name or path.is_absolute():
-        tried = [path] if path.is_absolute() else [path, base / name]
+        tried = [path] if path.is_absolute() else [path, bases[0] / name]
     else:
-        tried = [*(base / f"{name}{suffix}" for suffix in _NAME_SUFFIXES), base / name, path]
+        tried = [candidate for base in bases
+                 for candidate in [*(base / f"{name}{suffix}" for suffix in _NAME_SUFFIXES),
+                                   base / name]]
+        tried.append(path)
     tried = list(dict.fromkeys(tried))
     for candidate in tried:
         if candidate.exists():

@@ -1,4 +1,5 @@
-"""Which inventory values are secrets, and the secret values seen in loaded inventories.
+"""Which inventory values are secrets, the secret values seen in loaded inventories, and
+the one redaction every report, diff and log line goes through.
 
 Secrets are recognised by variable name (passwords, passphrases, tokens, keys,
 credentials). The values of such variables are remembered when an inventory is loaded (and
@@ -12,13 +13,31 @@ import functools
 import re
 import threading
 
-__all__ = ["SENSITIVE_NAME", "is_secret_name", "known_secrets", "remember_secret"]
+__all__ = ["MASK", "SENSITIVE_NAME", "is_secret_name", "known_secrets", "redact",
+           "remember_secret"]
 
 SENSITIVE_NAME = (r"(?:password|passwd|passphrase|secret|token|credential|api[_-]?key"
                r"|private[_-]?key|access[_-]?key|(?<![a-z0-9])(?:pass|pat)(?![a-z0-9]))")
 _NAME = re.compile(SENSITIVE_NAME, re.IGNORECASE)
 _NOT_SECRET = re.compile(r"(?i)(?:_file|_path|_dir|_url|_user|_command)$")
 _MIN_LENGTH = 4
+MASK = "********"
+_KEY_VALUE = re.compile(
+    rf"(?im)^(?![^=:\n]*\s-)(?P<key>[^=:\n]*{SENSITIVE_NAME}[^=:\n]*\s*[=:]\s*)(?P<value>.+)$")
+_OPTION = re.compile(
+    rf"(?i)(?P<key>(?<!\S)--?[\w-]*{SENSITIVE_NAME}[\w-]*"
+    r"(?<!-file)(?<!_file)(?<!-path)(?<!_path)(?<!-dir)(?<!_dir)(?:=|[ \t]+))"
+    r"(?P<value>[^\s=]\S*)")
+_SPACED = re.compile(r"(?im)(?P<key>^\s*(?:machine\s+\S+\s+)?(?:login\s+\S+\s+)?"
+                     r"(?:password|passwd|passphrase)[ \t]+)(?P<value>[^\s=:]\S*)")
+_AUTHORIZATION = re.compile(
+    r"(?i)(?P<key>\bauthorization\s*[:=]\s*(?:(?:bearer|basic|token|digest)\s+)?)"
+    r"(?P<value>\S+)")
+_URL_CREDENTIALS = re.compile(
+    r"(?i)(?P<key>\b[a-z][a-z0-9+.-]*://(?:[^\s/@:]+:)?)(?P<value>[^\s/@]+)(?=@)")
+_PRIVATE_KEY = re.compile(
+    r"(?P<key>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?P<value>.*?)(?=-----END [A-Z0-9 ]*"
+    r"PRIVATE KEY-----|\Z)", re.DOTALL)
 
 _lock = threading.Lock()
 _known: set[str] = set()
@@ -45,3 +64,24 @@ def known_secrets() -> frozenset[str]:
     """Every secret value remembered so far."""
     with _lock:
         return frozenset(_known)
+
+
+def _masked(match: re.Match[str]) -> str:
+    return match["key"] + MASK
+
+
+def _masked_block(match: re.Match[str]) -> str:
+    return match["key"] + f"\n{MASK}\n"
+
+
+def redact(text: str) -> str:
+    """Replace secrets with asterisks: values of secret-looking keys (``*_PASS``, ``TOKEN``,
+    ``PASSPHRASE``, ``*_PAT``, ``PRIVATE_KEY``...) and options, ``Authorization`` headers,
+    credentials in URLs (``https://user:token@host``), private key blocks, and every
+    secret value an inventory holds wherever it appears (a bare password on a line)."""
+    text = _PRIVATE_KEY.sub(_masked_block, text)
+    for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
+        text = pattern.sub(_masked, text)
+    for secret in sorted(known_secrets(), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text

@@ -15,13 +15,13 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, VarError
 from gpufleet.facts import parsers
 from gpufleet.facts.gather import Facts
 from gpufleet.provision import debversion
 from gpufleet.provision.managed import HEADER, file_change
 from gpufleet.provision.plan import ApplyContext, Change, Run
-from gpufleet.provision.role import RoleVars, VarError
+from gpufleet.provision.role import RoleVars
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
 

@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import difflib
-import re
 import shlex
 from typing import Any
 
 import jinja2
 
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.secrets import SENSITIVE_NAME, known_secrets
+from gpufleet.inventory.secrets import redact
 from gpufleet.provision.plan import Change, Put, Run
 
 HEADER = "Managed by gpufleet (role {role}); local edits are reported as drift and replaced."
-MASK = "********"
-_KEY_VALUE = re.compile(
-    rf"(?im)^(?![^=:\n]*\s-)(?P<key>[^=:\n]*{SENSITIVE_NAME}[^=:\n]*\s*[=:]\s*)(?P<value>.+)$")
-_OPTION = re.compile(
-    rf"(?i)(?P<key>(?<!\S)--?[\w-]*{SENSITIVE_NAME}[\w-]*"
-    r"(?<!-file)(?<!_file)(?<!-path)(?<!_path)(?<!-dir)(?<!_dir)(?:=|[ \t]+))"
-    r"(?P<value>[^\s=]\S*)")
-_SPACED = re.compile(r"(?im)(?P<key>^\s*(?:machine\s+\S+\s+)?(?:login\s+\S+\s+)?"
-                     r"(?:password|passwd|passphrase)[ \t]+)(?P<value>[^\s=:]\S*)")
-_AUTHORIZATION = re.compile(
-    r"(?i)(?P<key>\bauthorization\s*[:=]\s*(?:(?:bearer|basic|token|digest)\s+)?)"
-    r"(?P<value>\S+)")
-_URL_CREDENTIALS = re.compile(
-    r"(?i)(?P<key>\b[a-z][a-z0-9+.-]*://(?:[^\s/@:]+:)?)(?P<value>[^\s/@]+)(?=@)")
-_PRIVATE_KEY = re.compile(
-    r"(?P<key>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?P<value>.*?)(?=-----END [A-Z0-9 ]*"
-    r"PRIVATE KEY-----|\Z)", re.DOTALL)
-
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("gpufleet", "templates"),
     undefined=jinja2.StrictUndefined,
@@ -46,27 +27,6 @@ _env.filters["shell_quote"] = shlex.quote
 def render(template: str, **values: Any) -> str:
     """Render a template from templates/ with strict undefined variables."""
     return _env.get_template(template).render(**values)
-
-
-def _masked(match: re.Match[str]) -> str:
-    return match["key"] + MASK
-
-
-def _masked_block(match: re.Match[str]) -> str:
-    return match["key"] + f"\n{MASK}\n"
-
-
-def redact(text: str) -> str:
-    """Replace secrets with asterisks: values of secret-looking keys (``*_PASS``, ``TOKEN``,
-    ``PASSPHRASE``, ``*_PAT``, ``PRIVATE_KEY``...) and options, ``Authorization`` headers,
-    credentials in URLs (``https://user:token@host``), private key blocks, and every
-    secret value an inventory holds wherever it appears (a bare password on a line)."""
-    text = _PRIVATE_KEY.sub(_masked_block, text)
-    for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
-        text = pattern.sub(_masked, text)
-    for secret in sorted(known_secrets(), key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return text
 
 
 def unified_diff(path: str, before: str, after: str) -> str:

@@ -14,16 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.plan import Change
 from gpufleet.provision.standins import Standin
-
-
-class VarError(GpufleetError):
-    """A role variable has the wrong type or an impossible value."""
-
 
 KINDS = ("any", "string", "integer", "number", "boolean", "list", "mapping")
 

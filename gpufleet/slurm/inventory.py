@@ -14,6 +14,7 @@ unless the vars inventory sets it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ def parse_source(name: str) -> tuple[str, str | None]:
     return partition, vars_from or None
 
 
-def load(name: str, slurm: Slurm | None = None) -> Inventory:
+def load(name: str, slurm: Slurm | None = None,
+         find: Callable[[str], Path] | None = None) -> Inventory:
     """The inventory for ``slurm:PARTITION[:VARS]`` from slurmctld's answer."""
     partition, vars_from = parse_source(name)
     slurm = slurm or Slurm()
@@ -48,7 +50,8 @@ def load(name: str, slurm: Slurm | None = None) -> Inventory:
         raise InventoryError(f"inventory {name!r}: Slurm has no partition {partition!r} "
                              f"(partitions: {', '.join(known) or 'none'})")
     nodes = [n for n in slurm.nodes() if partition in n.partitions]
-    vars_inventory = load_inventory(vars_from) if vars_from else None
+    vars_inventory = load_inventory(find(vars_from) if find else vars_from) if vars_from \
+        else None
     return build(nodes, vars_inventory, Path(name) if vars_inventory is None
                  else vars_inventory.path)
 

@@ -14,7 +14,7 @@ import pytest
 from gpufleet import app
 from gpufleet.conformance.allreduce import probe_args, run_allreduce
 from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
-from gpufleet.conformance.session import ConformanceSession
+from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.inventory.model import load_inventory
@@ -29,8 +29,8 @@ PORTS = probe_ports(29500, 49152, 65535, 1)
 def session(provisioned: Path) -> Iterator[ConformanceSession]:
     inventory = load_inventory(provisioned)
     state = ConformanceSession.start(
-        inventory, inventory.select(PROVISIONED),
-        FleetOptions(connect=ConnectOptions(known_hosts_base=provisioned)), {"pairs": "all"})
+        inventory, inventory.select(PROVISIONED), SessionOptions(
+            pairs="all", fleet=FleetOptions(connect=ConnectOptions(known_hosts_base=provisioned))))
     yield state
     state.close()
 

@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance.reachability import PortSpec, run_matrix, source_band
-from gpufleet.conformance.session import ConformanceSession
+from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.inventory.model import load_inventory
@@ -58,7 +58,7 @@ def session16(lab: Lab, inventory_path: Path) -> ConformanceSession:
     inventory = load_inventory(inventory_path)
     return ConformanceSession.start(
         inventory, inventory.select("all"),
-        FleetOptions(connect=ConnectOptions(known_hosts_base=inventory_path)), {})
+        SessionOptions(fleet=FleetOptions(connect=ConnectOptions(known_hosts_base=inventory_path))))
 
 
 @pytest.mark.parametrize("mode", ["auto", "ring", "sample:3"])

@@ -1,81 +1,99 @@
 """Bootstrap's certify verdict: a node is certified only when every conformance run completed,
-nothing failed and each required suite passed at least one check."""
+nothing failed and each required suite passed at least one check. The runner is replaced by
+one that answers with typed reports; what bootstrap asked it for is checked too."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpufleet.bootstrap import Certifier, certify, required_suites
+from gpufleet.conformance import registry
+from gpufleet.conformance.results import ConformanceReport, Result
+from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete
+from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import Host
+from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.target import Target
 
 
-def result(suite: str, outcome: str, host: str = "gpu17", check: str = "test_x") -> dict[str, Any]:
-    return {"suite": suite, "check": check, "host": host, "outcome": outcome, "message": ""}
+def result(suite: str, outcome: str, host: str = "gpu17", check: str = "test_x") -> Result:
+    return Result(suite, check, host, outcome, "", 0.1, {})
 
 
-class FakeConformance:
-    """Answers each run with an exit code and the results it writes (None: no report)."""
+class FakeRunner:
+    """Answers each run with the results given (an exception is raised instead)."""
 
-    def __init__(self, *answers: tuple[int, list[dict[str, Any]] | None]) -> None:
+    def __init__(self, *answers: list[Result] | Exception) -> None:
         self.answers = list(answers)
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[tuple[list[str], ConformanceOptions]] = []
 
-    def __call__(self, inventory: str, **kwargs: Any) -> int:
-        self.calls.append(kwargs)
-        code, results = self.answers.pop(0)
-        if results is not None:
-            Path(kwargs["json_path"]).write_text(json.dumps({"hosts": {}, "results": results}))
-        return code
+    def __call__(self, target: Target, options: ConformanceOptions) -> ConformanceReport:
+        self.calls.append(([h.name for h in target.hosts], options))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return ConformanceReport("inv", "0" * 64, 0.0, 1.0, answer)
 
 
-def certifier(tmp_path: Path, fake: FakeConformance) -> Certifier:
-    return Certifier(fake, "lab", tmp_path)
+def certifier(tmp_path: Path, fake: FakeRunner) -> Certifier:
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text("all:\n  hosts:\n    gpu03:\n    gpu17:\n")
+    return Certifier(load_inventory(hosts), FleetOptions(), "lab", run_suites=fake)
 
 
 def test_every_required_suite_passing_certifies(tmp_path: Path) -> None:
-    fake = FakeConformance(
-        (0, [result("stack", "pass"), result("allreduce", "pass"), result("gpu", "skip")]),
-        (0, [result("storage", "pass"), result("thermal", "skip")]),
-        (0, [result("reachability", "pass"), result("allreduce", "pass")]))
+    fake = FakeRunner(
+        [result("stack", "pass"), result("allreduce", "pass"), result("gpu", "skip"),
+         result("storage", "pass"), result("thermal", "skip")],
+        [result("reachability", "pass"), result("allreduce", "pass")])
     detail, data = certify(certifier(tmp_path, fake), "gpu17", "gpu03", ["stack", "allreduce"])
     assert detail == "5 checks passed with peer gpu03"
-    assert data["conformance"]["local"] == {"pass": 2, "fail": 0, "skip": 1}
-    assert data["conformance"]["baseline"] == {"pass": 1, "fail": 0, "skip": 1}
-    assert [c["limit"] for c in fake.calls] == ["gpu17", "gpu17", "gpu03:gpu17"]
-    # the node-local and the performance suites record the node's baseline; the pair does not
-    assert [c["suites"] for c in fake.calls] == ["stack,firewall,gpu,rdma,allreduce",
-                                                 "ddp,p2p,storage,thermal",
-                                                 "reachability,allreduce"]
-    assert [c.get("record_baseline", False) for c in fake.calls] == [True, True, False]
+    assert data["conformance"]["node"] == {"pass": 3, "fail": 0, "skip": 2}
+    assert data["conformance"]["pair"] == {"pass": 2, "fail": 0, "skip": 0}
+    (alone, node_run), (pair, pair_run) = fake.calls
+    assert (alone, pair) == (["gpu17"], ["gpu03", "gpu17"])
+    # every suite bootstrap runs comes from the registry, with the node's baseline recorded
+    assert node_run.suites == ("stack", "firewall", "allreduce", "rdma", "gpu", "ddp",
+                               "thermal", "storage", "p2p")
+    assert pair_run.suites == ("reachability", "allreduce")
+    assert (node_run.record_baseline, pair_run.record_baseline) == (True, False)
+    assert (node_run.source, node_run.fleet) == ("lab", FleetOptions())
 
 
-def test_a_collection_error_never_certifies(tmp_path: Path) -> None:
-    fake = FakeConformance((2, None))
-    with pytest.raises(GpufleetError, match=r"^the stack,firewall,gpu,rdma,allreduce suites did "
-                                            r"not run \(conformance exit 2\)$"):
-        certify(certifier(tmp_path, fake), "gpu17", None, ["stack"])
+def test_the_node_run_keeps_node_local_checks_and_the_pair_run_the_peer_checks(
+        tmp_path: Path) -> None:
+    fake = FakeRunner([result("stack", "pass")], [result("reachability", "pass"),
+                                                 result("allreduce", "pass")])
+    certify(certifier(tmp_path, fake), "gpu17", "gpu03", ["stack"])
+    (_, node_run), (_, pair_run) = fake.calls
+    assert node_run.only is not None and pair_run.only is not None
+    allreduce, stack = registry.suite("allreduce"), registry.suite("stack")
+    assert node_run.only(allreduce, "test_each_node_alone")
+    assert not node_run.only(allreduce, "test_all_nodes_together")
+    assert not node_run.only(stack, "test_versions_agree_within_each_group")
+    assert pair_run.only(allreduce, "test_all_nodes_together")
+    assert not pair_run.only(allreduce, "test_each_node_alone")
+    assert pair_run.only(registry.suite("reachability"), "test_reachable_from_the_cluster")
 
 
 def test_a_run_that_did_not_complete_never_certifies(tmp_path: Path) -> None:
-    fake = FakeConformance((3, [result("stack", "pass")]))
-    with pytest.raises(GpufleetError, match=r"did not complete \(conformance exit 3\)"):
+    fake = FakeRunner(RunIncomplete("the conformance run could not complete (pytest exit 2)"))
+    with pytest.raises(GpufleetError, match=r"^the stack,firewall,.* suites did not complete: "
+                                            r"the conformance run could not complete"):
         certify(certifier(tmp_path, fake), "gpu17", None, ["stack"])
 
 
 def test_zero_checks_passed_never_certifies(tmp_path: Path) -> None:
-    fake = FakeConformance((0, [result("stack", "skip"), result("allreduce", "pass")]))
+    fake = FakeRunner([result("stack", "skip"), result("allreduce", "pass")])
     with pytest.raises(GpufleetError, match=r"^required suite\(s\) stack passed no check"):
         certify(certifier(tmp_path, fake), "gpu17", None, ["stack", "allreduce"])
 
 
 def test_a_failed_check_is_named(tmp_path: Path) -> None:
-    fake = FakeConformance((1, [result("gpu", "fail", check="test_health")]))
+    fake = FakeRunner([result("gpu", "fail", check="test_health")])
     with pytest.raises(GpufleetError, match=r"^gpu/test_health on gpu17: $"):
         certify(certifier(tmp_path, fake), "gpu17", None, [])
 
@@ -84,10 +102,11 @@ def test_required_suites_follow_the_hardware_and_the_inventory() -> None:
     plain = Host("gpu17", {}, frozenset({"all"}))
     facts = Facts("gpu17", values={"pci_gpus": [{"slot": "0000:01:00.0"}], "rdma": [{}]})
     assert required_suites(plain, None) == ["stack", "firewall", "allreduce"]
-    assert required_suites(plain, facts) == ["stack", "firewall", "allreduce", "gpu", "rdma"]
+    assert required_suites(plain, facts) == ["stack", "firewall", "allreduce", "rdma", "gpu"]
     pinned = Host("gpu17", {"bootstrap_required_suites": "stack,gpu"}, frozenset({"all"}))
     assert required_suites(pinned, None) == ["stack", "gpu"]
     wrong = Host("gpu17", {"bootstrap_required_suites": ["stack", "ddp"]}, frozenset({"all"}))
     with pytest.raises(GpufleetError, match=r"bootstrap_required_suites names ddp; the "
-                                            "node-local suites are"):
+                                            "suites bootstrap can require are stack, firewall, "
+                                            "allreduce, rdma, gpu"):
         required_suites(wrong, None)

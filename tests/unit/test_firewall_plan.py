@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from gpufleet.errors import VarError
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, parse_live
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.provision.managed import render
 from gpufleet.provision.plan import Change, Put, Run
-from gpufleet.provision.role import PlanContext, RoleVars, VarError
+from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import firewall
 from gpufleet.roles.firewall import STATE_FILE, UNIT_LINK, UNIT_PATH, GuardedLoad
 

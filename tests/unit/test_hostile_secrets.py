@@ -10,8 +10,8 @@ import pytest
 from gpufleet.drift import schedule
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import load_inventory
-from gpufleet.inventory.secrets import is_secret_name
-from gpufleet.provision.managed import redact, unified_diff
+from gpufleet.inventory.secrets import is_secret_name, redact
+from gpufleet.provision.managed import unified_diff
 from gpufleet.provision.role import RoleVars
 from gpufleet.roles import pytorch
 
@@ -120,13 +120,14 @@ def cron_command(line: str) -> tuple[str, str]:
 
 def test_percent_signs_survive_cron_and_systemd() -> None:
     args = ["--limit", "gpu%01", "--json", "/srv/reports/drift-$(date +%F).json"]
-    plan = schedule.Schedule(Path("/srv/pro%ject"), args, "04:00")
+    plan = schedule.Schedule(Path("/srv/pro%ject"), args, "04:00",
+                             ("/srv/pro%ject/venv/bin/python", "-m", "gpufleet"))
     command, stdin = cron_command(plan.cron_line())
     assert stdin == ""
     assert shlex.split(command) == [
-        "cd", "/srv/pro%ject", "&&", "/srv/pro%ject/.venv/bin/invoke", "-r", "/srv/pro%ject",
+        "cd", "/srv/pro%ject", "&&", "/srv/pro%ject/venv/bin/python", "-m", "gpufleet",
         "drift", *args, ">>", "/srv/pro%ject/reports/drift/cron.log", "2>&1"]
     service = plan.units()["gpufleet-drift.service"]
     assert "WorkingDirectory=/srv/pro%%ject\n" in service
-    assert ("ExecStart=/srv/pro%%ject/.venv/bin/invoke -r /srv/pro%%ject drift --limit gpu%%01 "
+    assert ("ExecStart=/srv/pro%%ject/venv/bin/python -m gpufleet drift --limit gpu%%01 "
             "--json '/srv/reports/drift-$$(date +%%F).json'\n") in service

@@ -14,8 +14,8 @@ import pytest
 
 from gpufleet.errors import InventoryError
 from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.secrets import redact
 from gpufleet.inventory.templating import TemplateError
-from gpufleet.provision.managed import redact
 
 
 def host_of(tmp_path: Path, variables: str, name: str = "n1") -> tuple[Host, Path]:

@@ -46,23 +46,23 @@ def load_error(path: Path) -> str:
 def test_resolve_tries_yml_yaml_ini_then_directory(tmp_path: Path) -> None:
     write(tmp_path, "prod.ini", "gpu01\n")
     write(tmp_path, "prod/hosts.ini", "gpu01\n")
-    assert resolve_inventory("prod", tmp_path) == tmp_path / "prod.ini"
+    assert resolve_inventory("prod", [tmp_path]) == tmp_path / "prod.ini"
     write(tmp_path, "prod.yaml", "all:\n")
-    assert resolve_inventory("prod", tmp_path) == tmp_path / "prod.yaml"
+    assert resolve_inventory("prod", [tmp_path]) == tmp_path / "prod.yaml"
     write(tmp_path, "prod.yml", "all:\n")
-    assert resolve_inventory("prod", tmp_path) == tmp_path / "prod.yml"
+    assert resolve_inventory("prod", [tmp_path]) == tmp_path / "prod.yml"
     write(tmp_path, "lab/hosts.yml", "all:\n")
-    assert resolve_inventory("lab", tmp_path) == tmp_path / "lab"
+    assert resolve_inventory("lab", [tmp_path]) == tmp_path / "lab"
 
 
 def test_resolve_returns_an_existing_path_as_given(tmp_path: Path) -> None:
-    assert resolve_inventory(str(ATLAS_INI), tmp_path) == ATLAS_INI
-    assert resolve_inventory(str(ATLAS), tmp_path) == ATLAS
+    assert resolve_inventory(str(ATLAS_INI), [tmp_path]) == ATLAS_INI
+    assert resolve_inventory(str(ATLAS), [tmp_path]) == ATLAS
 
 
 def test_resolve_names_everything_it_tried(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as caught:
-        resolve_inventory("staging", tmp_path)
+        resolve_inventory("staging", [tmp_path])
     tried = ", ".join(
         str(path)
         for path in (

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
+from gpufleet.conformance import registry
 from gpufleet.conformance.allreduce import (
     nccl_log_args,
     probe_args,
@@ -21,7 +22,7 @@ from gpufleet.conformance.allreduce import (
     transport_problem,
     transport_summary,
 )
-from gpufleet.conformance.allreduce_vars import check_variables, expected_transports
+from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.launch import ProbeRun, _command, _parse
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
@@ -193,7 +194,7 @@ def test_a_bad_value_names_host_variable_and_line(tmp_path: Path, line: str,
                                                   message: str) -> None:
     hosts = [n.host for n in nodes(tmp_path, f"    {line}\n")]
     with pytest.raises(BadVariables) as caught:
-        check_variables(hosts)
+        registry.validate(hosts, [registry.suite("allreduce")])
     assert str(caught.value) == f"host node01: {message} ({tmp_path / 'hosts.yml'}:4)"
 
 

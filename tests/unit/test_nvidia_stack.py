@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance.checks.gpu import fabric_problems, fabricmanager_problem
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, VarError
 from gpufleet.facts import parsers
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
@@ -22,7 +22,7 @@ from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail, Run
-from gpufleet.provision.role import PlanContext, RoleVars, VarError
+from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import (
     cuda,
     dcgm,

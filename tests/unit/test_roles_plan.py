@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.errors import VarError
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Inventory, load_inventory
@@ -18,7 +19,7 @@ from gpufleet.provision import apt
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 from gpufleet.provision.plan import Change, Run
 from gpufleet.provision.reboot import Reboot
-from gpufleet.provision.role import PlanContext, Role, RoleVars, VarError
+from gpufleet.provision.role import PlanContext, Role, RoleVars
 from gpufleet.roles import ALL, cuda, driver, nccl, nccl_env, pytorch, select
 
 Row = tuple[str, str, str | None, str | None]

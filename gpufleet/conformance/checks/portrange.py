@@ -1,5 +1,5 @@
-"""The TCP ports a gpufleet ruleset opens (nftables or iptables, as roles/firewall.py renders
-them), compared with the node's ephemeral port range: every port the kernel may hand NCCL
+"""The TCP ports a gpufleet ruleset opens (nftables or iptables, as the firewall role renders
+them), to compare with the node's ephemeral port range: every port the kernel may hand NCCL
 must be open, over the whole range, not only at the ports a live probe happens to try."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 
 from gpufleet.errors import ParseError
+from gpufleet.ports import Interval, merge
 
 _NFT_RULE = re.compile(r"^\s*tcp dport (\{[^}]*\}|\S+) .*\baccept\s*$")
 _IPT_RULE = re.compile(r"^-A \S+ .*--dport (\d+(?::\d+)?) .*-j ACCEPT\s*$")
-Interval = tuple[int, int]
 
 
 def _interval(text: str, line: str) -> Interval:
@@ -22,17 +22,6 @@ def _interval(text: str, line: str) -> Interval:
     if not 0 < low <= high <= 65535 or len(parts) > 2:
         raise ParseError(f"not a port or port range {text!r} in {line.strip()!r}")
     return low, high
-
-
-def merge(intervals: list[Interval]) -> list[Interval]:
-    """Sorted, with overlapping and adjacent intervals joined."""
-    joined: list[Interval] = []
-    for low, high in sorted(intervals):
-        if joined and low <= joined[-1][1] + 1:
-            joined[-1] = (joined[-1][0], max(high, joined[-1][1]))
-        else:
-            joined.append((low, high))
-    return joined
 
 
 def opened_ports(ruleset: str) -> list[Interval]:
@@ -49,25 +38,3 @@ def opened_ports(ruleset: str) -> list[Interval]:
         if ipt:
             found.append(_interval(ipt.group(1), line))
     return merge(found)
-
-
-def closed_within(opened: list[Interval], low: int, high: int) -> list[Interval]:
-    """The stretches of ``low``-``high`` that no opened interval covers."""
-    closed: list[Interval] = []
-    cursor = low
-    for first, last in merge(opened):
-        if last < cursor:
-            continue
-        if first > high:
-            break
-        if first > cursor:
-            closed.append((cursor, first - 1))
-        cursor = max(cursor, last + 1)
-    if cursor <= high:
-        closed.append((cursor, high))
-    return closed
-
-
-def describe(intervals: list[Interval]) -> str:
-    """``29500, 49152-65535``."""
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in intervals) or "none"

@@ -1,0 +1,169 @@
+"""The conformance runner: ``run_suites`` takes a loaded target and typed options, checks
+every variable the run reads, gathers the nodes' facts once, runs the selected suites'
+checks through the pytest plugin and returns a typed :class:`ConformanceReport`. It is the
+only caller of ``pytest.main``; the conformance command, bootstrap and the drains read
+its report, never a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import pytest
+
+from gpufleet import roles as role_registry
+from gpufleet.conformance import plugin, registry
+from gpufleet.conformance.launch import cleanup_active
+from gpufleet.conformance.plugin import (
+    RunState,
+    Supplied,
+    baseline_store,
+    describe_allocation,
+    open_allocation,
+    report_of,
+)
+from gpufleet.conformance.registry import Suite
+from gpufleet.conformance.results import ConformanceReport
+from gpufleet.conformance.session import ConformanceSession, SessionOptions
+from gpufleet.connect.fleet import FleetOptions
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory.target import Target
+from gpufleet.provision.engine import validate
+from gpufleet.slurm import inventory as slurm_inventory
+
+LAUNCHERS = ("ssh", "slurm")
+AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+PAIRS = ("auto", "all", "ring")
+Selection = Callable[[Suite, str], bool]
+
+
+class RunIncomplete(GpufleetError):
+    """pytest stopped before every selected check had an outcome."""
+
+    exit_code = 70
+
+
+@dataclass(frozen=True)
+class ConformanceOptions:
+    """What a conformance run checks and how.
+
+    ``only(suite, check)`` keeps a check (all when None); ``source`` is the inventory as
+    named (``slurm:gpu`` gives the launcher its partition); ``console`` receives pytest's
+    progress and the summary; ``pytest_args`` are passed on to pytest as they are.
+    """
+
+    suites: tuple[str, ...] = ("conformance",)
+    pairs: str = "auto"
+    with_nccl_tests: bool = False
+    record_baseline: bool = False
+    compare_baseline: bool = False
+    launcher: str = "ssh"
+    partition: str | None = None
+    source: str | None = None
+    fleet: FleetOptions = field(default_factory=FleetOptions)
+    artifacts: Path = Path("reports/conformance-artifacts")
+    only: Selection | None = None
+    junit_path: str | None = None
+    console: TextIO | None = None
+    pytest_args: tuple[str, ...] = ()
+
+
+def check_options(target: Target, options: ConformanceOptions) -> list[Suite]:
+    """Everything the run reads, checked before any host is contacted: suites, pairs,
+    launcher, and every role and suite variable of every selected host."""
+    suites = registry.select(options.suites)
+    if options.launcher not in LAUNCHERS:
+        raise GpufleetError(f"--launcher must be ssh or slurm, got {options.launcher!r}")
+    if options.pairs not in PAIRS and not _sample(options.pairs):
+        raise GpufleetError(f"--pairs must be auto, all, ring or sample:K, got "
+                            f"{options.pairs!r}")
+    validate(target.hosts, role_registry.ALL)
+    registry.validate(target.hosts, suites)
+    return suites
+
+
+def _sample(pairs: str) -> bool:
+    kind, _, count = pairs.partition(":")
+    return kind == "sample" and count.isdigit() and int(count) > 0
+
+
+def _keep(suites: Sequence[Suite], only: Selection | None) -> Callable[[str, str], bool]:
+    by_name = {s.name: s for s in suites}
+
+    def keep(suite: str, check: str) -> bool:
+        entry = by_name.get(suite)
+        return entry is None or only is None or only(entry, check)
+
+    return keep
+
+
+def _partition(options: ConformanceOptions) -> str | None:
+    if options.partition:
+        return options.partition
+    source = options.source or ""
+    return slurm_inventory.parse_source(source)[0] if slurm_inventory.is_slurm_source(
+        source) else None
+
+
+def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport:
+    """Run the selected suites on the target's hosts; every node ends with a result for
+    every check it was selected for (an unreachable node fails each)."""
+    suites = check_options(target, options)
+    fleet = options.fleet
+    session_options = SessionOptions(
+        tuple(suites), options.pairs, options.with_nccl_tests, options.artifacts, fleet,
+        baseline_store(options.record_baseline, options.compare_baseline))
+    allocation = None
+    if options.launcher == "slurm":
+        try:
+            allocation = open_allocation(target.hosts, fleet, _partition(options))
+        except GpufleetError as exc:
+            raise GpufleetError(f"--launcher slurm: {exc}") from None
+    session: ConformanceSession | None = None
+    try:
+        session = ConformanceSession.start(target.inventory, target.hosts, session_options)
+        if allocation is not None:
+            describe_allocation(session, allocation)
+        state = RunState(session, only=_keep(suites, options.only), allocation=allocation)
+        code = _pytest(suites, options, state)
+        if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            raise RunIncomplete(f"the conformance run could not complete (pytest exit "
+                                f"{int(code)})")
+        return report_of(state, True)
+    finally:
+        cleanup_active()
+        if session is not None:
+            session.close()
+        if allocation is not None:
+            allocation.release()
+
+
+def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunState) -> int:
+    # Only gpufleet's plugin runs (no plugin pytest would load from whatever else is
+    # installed, testinfra's included: nodes bring a testinfra host over gpufleet's own
+    # connection); it goes in as the module object it is.
+    # No configuration file either: a pytest.ini or pyproject.toml above the suites or in
+    # the working directory is not gpufleet's.
+    args = [*(str(s.path()) for s in suites), "-c", os.devnull, "-p", "no:cacheprovider",
+            "--rootdir", str(registry.suites_dir()), "-q", "--tb=no", "--no-header", "-rN"]
+    if options.junit_path:
+        args += [f"--junitxml={options.junit_path}", "-o", "junit_family=xunit1",
+                 "-o", "junit_suite_name=gpufleet.conformance"]
+    console = options.console or sys.stdout
+    autoload = os.environ.get(AUTOLOAD)
+    os.environ[AUTOLOAD] = "1"
+    try:
+        with contextlib.redirect_stdout(console):
+            return int(pytest.main([*args, *options.pytest_args],
+                                   plugins=[plugin, Supplied(state)]))
+    finally:
+        if autoload is None:
+            os.environ.pop(AUTOLOAD, None)
+        else:
+            os.environ[AUTOLOAD] = autoload
