@@ -1,15 +1,18 @@
 """host sizing: system memory at least a multiple of the GPUs' total memory, CPU cores per
-GPU, the GPUs' NUMA affinity, and their PCIe link (generation and width) as expected.
+GPU, /dev/shm large enough for NCCL and data loading, the GPUs' NUMA affinity, and their
+PCIe link (generation and width) as expected.
 
 Variables: host_memory_multiple (1.5), host_min_memory_gb (none), host_min_cpus (none),
-host_min_cpus_per_gpu (4), host_gpu_numa ({GPU0: 0, ...}; default: every GPU has an
-affinity when the host has several NUMA nodes), gpu_pcie_gen, gpu_pcie_width.
+host_min_cpus_per_gpu (4), host_min_shm_gb (1), host_gpu_numa ({GPU0: 0, ...}; default:
+every GPU has an affinity when the host has several NUMA nodes), gpu_pcie_gen,
+gpu_pcie_width.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from gpufleet.conformance.checks.host_sizing import SHM, shm_problem
 from gpufleet.conformance.session import Node, RecordProperty
 from gpufleet.facts.gather import Facts
 
@@ -55,6 +58,16 @@ def test_cpus(node: Node, record_property: RecordProperty) -> None:
     if gpus and cpus < per_gpu * gpus:
         problems.append(f"{cpus} CPUs for {gpus} GPUs: fewer than {per_gpu} per GPU")
     assert not problems, "; ".join(problems)
+
+
+def test_shared_memory(node: Node, record_property: RecordProperty) -> None:
+    facts = _facts(node)
+    size = facts.get(SHM.name)
+    if size is None:
+        pytest.fail(f"unknown: {facts.why_absent(SHM.name)}")
+    record_property("shm_gb", round(size / 1e9, 2))
+    problem = shm_problem(size, float(node.var("host_min_shm_gb")))
+    assert problem is None, problem
 
 
 def test_gpu_numa_affinity(node: Node, record_property: RecordProperty) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpufleet.conformance import verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
+from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
@@ -223,15 +224,17 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
           cross_node=frozenset({"storage_aggregate"}), records_baseline=True,
           check=_check_performance),
     Suite("host_sizing", ("acceptance",),
-          "memory, CPUs, NUMA affinity and PCIe links sized for the GPUs",
+          "memory, CPUs, /dev/shm, NUMA affinity and PCIe links sized for the GPUs",
           variables={"host_memory_multiple": Var(1.5, "number",
                                                  "memory per total GPU memory"),
                      "host_min_memory_gb": Var(None, "number", "memory floor"),
                      "host_min_cpus": Var(None, "integer", "CPU floor"),
                      "host_min_cpus_per_gpu": Var(4, "number", "CPUs per GPU"),
                      "host_gpu_numa": Var(None, "mapping", "{GPU0: NUMA node, ...}"),
+                     "host_min_shm_gb": Var(1, "number", "size of /dev/shm"),
                      "gpu_pcie_gen": _GPU["gpu_pcie_gen"],
-                     "gpu_pcie_width": _GPU["gpu_pcie_width"]}),
+                     "gpu_pcie_width": _GPU["gpu_pcie_width"]},
+          facts=lambda host: FactRequest(custom=frozenset({host_sizing_checks.SHM}))),
     Suite("p2p", ("acceptance",),
           "GPU-to-GPU and host-to-GPU copy bandwidth",
           variables={**PERFORMANCE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.conformance import rdma
-from gpufleet.conformance.checks import gpu
+from gpufleet.conformance.checks import gpu, host_sizing
 from gpufleet.conformance.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import parsers, script, xids
@@ -139,3 +139,25 @@ def test_reachability_pairs_and_ports() -> None:
     with pytest.raises(GpufleetError, match="--pairs must be auto, all, ring or sample:K"):
         pairs(names, "some")
     assert probe_ports(29500, 49152, 65535, 3) == [29500, 49152, 53247, 57343, 61439, 65535]
+
+
+# df -P -B1 /dev/shm as captured on a Debian 12 machine: its tmpfs (as large as its memory),
+# and, in a mount namespace of its own, a 64 MiB one (``mount -t tmpfs -o size=64m``, the
+# size a container runtime gives by default)
+DF_SHM = ("Filesystem        1-blocks  Used   Available Capacity Mounted on\n"
+          "tmpfs          25275990016     0 25275990016       0% /dev/shm\n")
+DF_SHM_64M = ("Filesystem     1-blocks  Used Available Capacity Mounted on\n"
+              "tmpfs          67108864     0  67108864       0% /dev/shm\n")
+
+
+def test_shared_memory_is_read_from_df_and_judged_against_the_floor() -> None:
+    size = host_sizing.parse_shm(DF_SHM)
+    assert size == 25275990016
+    assert host_sizing.shm_problem(size, 1) is None
+    small = host_sizing.parse_shm(DF_SHM_64M)
+    assert small == 64 * 2**20
+    assert host_sizing.shm_problem(small, 1) == (
+        "/dev/shm is 0.07 GB, below host_min_shm_gb 1: NCCL's shared-memory transport and "
+        "DataLoader workers run out of it")
+    with pytest.raises(GpufleetError, match="no /dev/shm in df output"):
+        host_sizing.parse_shm("df: /dev/shm: No such file or directory\n")
