@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from gpufleet.facts import parsers
-from gpufleet.facts.catalog import Fact
+from gpufleet.facts.catalog import NO_SYSTEMD, Fact
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail, Run
@@ -34,8 +34,8 @@ FM_VERSION = Fact(
     lambda text: parsers.nvidia_version_from_package(text) if text.strip() else None)
 SERVICE_STATE = Fact(
     "fabricmanager_service",
-    "[ -d /run/systemd/system ] || { echo 'no systemd on this host'; exit 127; }; "
-    f"echo \"$(systemctl is-enabled {SERVICE} 2>&1) $(systemctl is-active {SERVICE} 2>&1)\"",
+    f"{NO_SYSTEMD}echo \"$(systemctl is-enabled {SERVICE} 2>&1) "
+    f"$(systemctl is-active {SERVICE} 2>&1)\"",
     lambda text: dict(zip(("enabled", "active"), text.split()[:2], strict=False)), "systemctl")
 
 

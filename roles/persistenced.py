@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet.facts.catalog import Fact
+from gpufleet.facts.catalog import SYSTEMD
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision.plan import Change, Fail, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
-
-SYSTEMD = Fact("systemd", "[ -d /run/systemd/system ] && echo yes || echo no",
-               lambda text: text.strip() == "yes")
 
 
 class PersistencedRole(RoleBase):

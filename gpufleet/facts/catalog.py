@@ -27,10 +27,23 @@ class Fact:
     guard: str | None = None
 
 
+SYSTEMD_RUNS = "[ -d /run/systemd/system ]"
+"""Shell test: systemd is the init system of the host (what sd_booted(3) checks)."""
+NO_SYSTEMD = f"{SYSTEMD_RUNS} || {{ echo 'no systemd on this host'; exit 127; }}; "
+"""Snippet prefix: the fact is absent, saying why, on a host without systemd."""
+
+
+def _yes(text: str) -> bool:
+    return text.strip() == "yes"
+
+
 def needs(tool: str, reason: str) -> str:
     """Snippet prefix: exit 127 with ``reason`` when ``tool`` is missing."""
     return f"command -v {tool} >/dev/null 2>&1 || {{ echo {shlex.quote(reason)}; exit 127; }}; "
 
+
+SYSTEMD = Fact("systemd", f"{SYSTEMD_RUNS} && echo yes || echo no", _yes)
+"""Whether systemd runs on the host: the one fact every role that manages a unit reads."""
 
 GPU_QUERY = ",".join([
     "index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
