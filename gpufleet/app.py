@@ -304,7 +304,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                    prometheus=outputs.prometheus_path)
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
-        scheduler.check(target.hosts)
+        scheduler.check(target.hosts, "--drain-drifted")
     history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
     options = DriftOptions(selected, fleet.options(target, "drift"), history)
     remediation = fleet.options(target, "provision") if remediate else None
@@ -385,7 +385,7 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     fleet = fleet or FleetArgs()
     _check_outputs(json=json_path, junit=junit_path)
     if drain_failed:
-        scheduler.check(target.hosts)
+        scheduler.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
                  if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
     console = (out or sys.stderr) if to_stdout(json_path, junit_path) else out

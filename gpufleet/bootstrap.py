@@ -41,6 +41,7 @@ from gpufleet.provision.engine import (
 )
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.provision.role import Role, RoleVars, Var
+from gpufleet.report.jsonfile import BadJson, read_json
 from gpufleet.roles import comparable, consistency_request
 from gpufleet.slurm import drain as scheduler
 
@@ -415,10 +416,11 @@ def node_state(host: Host, inventory: Inventory, facts: Facts | None, *, ready: 
 def read_state(conn: Connection) -> dict[str, Any] | None:
     result = conn.run(f"cat {STATE_FILE} 2>/dev/null", timeout=30)
     try:
-        state: dict[str, Any] = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        return None
-    return state
+        state = read_json(result.stdout.encode(), f"{conn.host.name}:{STATE_FILE}",
+                          max_bytes=2**20)
+    except BadJson:
+        return None  # unusable: the node is certified again and the file rewritten
+    return state if isinstance(state, dict) else None
 
 
 def same_state(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:

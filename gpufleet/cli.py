@@ -104,21 +104,22 @@ class _Redacting(logging.Filter):
 
 
 def configure_logging(verbose: int) -> None:
-    """-v: INFO from gpufleet; -vv: DEBUG from gpufleet; -vvv: DEBUG from paramiko and
-    Fabric too. Log lines go to standard error, secrets redacted."""
+    """Warnings always, as ``warning: ...`` lines; -v: INFO from gpufleet; -vv: DEBUG from
+    gpufleet; -vvv: DEBUG from paramiko and Fabric too. Everything goes to standard error,
+    secrets redacted."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "gpufleet", False):
             root.removeHandler(handler)
-    if verbose <= 0:
-        log.setLevel(logging.WARNING)
-        return
     handler = logging.StreamHandler(sys.stderr)
     handler.gpufleet = True  # type: ignore[attr-defined]
     handler.addFilter(_Redacting())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(
+        "warning: %(message)s" if verbose <= 0 else
+        "%(asctime)s %(name)s %(levelname)s %(message)s"))
     root.addHandler(handler)
-    log.setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+    log.setLevel(logging.WARNING if verbose <= 0 else
+                 logging.INFO if verbose == 1 else logging.DEBUG)
     for name in ("paramiko", "fabric", "invoke"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
     root.setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)

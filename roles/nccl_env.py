@@ -60,7 +60,9 @@ class NcclEnvRole(RoleBase):
         self.port_range(v)
 
     def settings(self, v: RoleVars) -> dict[str, str]:
-        """NCCL_* settings exactly as the inventory sets them, validated."""
+        """NCCL_* settings as the inventory sets them, validated, sorted by name: the
+        rendered files never depend on the order of the source (``ansible-inventory
+        --list`` sorts mapping keys; a YAML file keeps its own)."""
         settings = {}
         for key, value in v.mapping("nccl_env").items():
             if value is None or isinstance(value, (dict, list)):
@@ -73,7 +75,7 @@ class NcclEnvRole(RoleBase):
             if any(ch in text for ch in "\n\r\0"):
                 raise VarError(f"host {v.host.name}: nccl_env {key} contains a line break")
             settings[str(key)] = text
-        return settings
+        return dict(sorted(settings.items()))
 
     def port_range(self, v: RoleVars) -> str:
         """The local port range: the inventory's, else the firewall's open range."""
@@ -100,6 +102,7 @@ class NcclEnvRole(RoleBase):
         gloo = v.opt_string("gloo_socket_ifname") or settings.get("NCCL_SOCKET_IFNAME")
         if gloo:
             env["GLOO_SOCKET_IFNAME"] = gloo
+        env = dict(sorted(env.items()))
         port_range = self.port_range(v)
         env_file = v.string("nccl_env_file")
         files = [

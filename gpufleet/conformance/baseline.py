@@ -20,11 +20,13 @@ from typing import Any, Protocol
 from gpufleet.conformance.verdict import Figure, Measure, Verdict, judge, settings
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.inventory.model import Host
+from gpufleet.report.jsonfile import BadJson, read_json
 
 BASELINE_FILE = "/etc/gpufleet/baseline.json"
 SCHEMA = "gpufleet.baseline/1"
 ABSENT = "@@gpufleet-no-baseline@@"
 READ_TIMEOUT_S = 30.0
+MAX_BYTES = 4 * 2**20
 
 
 class BaselineNode(Protocol):
@@ -43,9 +45,9 @@ def parse(text: str, where: str) -> dict[str, dict[str, Any]]:
     """The figures of a baseline document (``{name: {"value": x, "unit": u, ...}}``); raises
     ParseError naming ``where`` when it is not one."""
     try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ParseError(f"{where}: not JSON ({exc})") from None
+        doc = read_json(text.encode(), where, max_bytes=MAX_BYTES)
+    except BadJson as exc:
+        raise ParseError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ParseError(f"{where}: not a {SCHEMA} document")
     figures = doc.get("figures")

@@ -182,8 +182,8 @@ def _parse(stdout: str, stderr: str) -> NodeOutput:
         elif line.startswith("{"):
             try:
                 events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+            except (json.JSONDecodeError, RecursionError):
+                continue  # not one of the probe's lines
     tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
     nccl = [line.strip() for line in (stdout + "\n" + stderr).splitlines()
             if " NCCL INFO " in line or " NCCL WARN " in line]

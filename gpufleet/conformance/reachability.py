@@ -24,11 +24,12 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpufleet.conformance.launch import PROBES
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import GpufleetError
+from gpufleet.report.jsonfile import BadJson, read_json
 
 PROBE = PROBES / "reachability.py"
 CONNECT_TIMEOUT_S = 2.0
@@ -175,8 +176,21 @@ def start_listener(node: Node, ports: list[int], lifetime_s: float
     if not result.ok:
         raise GpufleetError(f"listener on {node.name} failed: "
                             f"{(result.stderr or result.stdout).strip()[-200:]}")
-    info = json.loads(result.stdout.strip().splitlines()[-1])
-    return str(info["pid"]), list(info["bound"]), list(info["busy"])
+    info = _last_line(result.stdout, f"the listener on {node.name}")
+    try:
+        return str(info["pid"]), list(info["bound"]), list(info["busy"])
+    except (KeyError, TypeError) as exc:
+        raise GpufleetError(f"the listener on {node.name} answered {info!r}: {exc}") from None
+
+
+def _last_line(stdout: str, what: str) -> Any:
+    """The JSON document on the last line a probe printed; GpufleetError when there is none
+    (the node's answer fails that node's check, never the run)."""
+    lines = stdout.strip().splitlines()
+    try:
+        return read_json(lines[-1].encode(), what) if lines else read_json(b"", what)
+    except BadJson as exc:
+        raise GpufleetError(f"unreadable answer: {exc}") from None
 
 
 def run_matrix(session: ConformanceSession, ports: list[int] | PortSpec, mode: str,
@@ -235,7 +249,9 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
             if not result.ok:
                 raise GpufleetError(f"connect probe on {source} failed: "
                                     f"{(result.stderr or result.stdout).strip()[-200:]}")
-            states: dict[str, str] = json.loads(result.stdout.strip().splitlines()[-1])
+            states = _last_line(result.stdout, f"the connect probe on {source}")
+            if not isinstance(states, dict):
+                raise GpufleetError(f"the connect probe on {source} answered {states!r}")
             return states
 
         sources = sorted(targets_of)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.report.jsonfile import write_json
+from gpufleet.errors import GpufleetError
+from gpufleet.report.jsonfile import read_json, write_json
+
+MAX_RUN_BYTES = 64 * 2**20
+log = logging.getLogger("gpufleet.drift")
 
 
 class History:
@@ -31,12 +35,11 @@ class History:
         found: dict[str, set[str]] = {}
         covered: dict[str, set[str] | None] = {}  # None: every role is accounted for
         for path in reversed(self.runs()):
-            try:
-                document = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
+            document = self._read(path)
+            if document is None:
                 continue
             roles = document.get("roles_checked")
-            for host, entry in document.get("hosts", {}).items():
+            for host, entry in document["hosts"].items():
                 done = covered.setdefault(host, set())
                 if done is None or entry.get("status") not in checked_statuses:
                     continue
@@ -51,6 +54,28 @@ class History:
                     i for i in items if i.split("/", 1)[0] in fresh)
                 done.update(fresh)
         return found
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        """A past run, or None (with a warning naming the file and why) when it is not a
+        drift report gpufleet wrote: one bad file costs its own run's history, never the
+        drift run reading it."""
+        try:
+            document = read_json(path.read_bytes(), str(path), max_bytes=MAX_RUN_BYTES)
+            if not isinstance(document, dict) or not isinstance(document.get("hosts"), dict):
+                raise ValueError("not a drift report (no 'hosts' mapping)")
+            roles = document.get("roles_checked")
+            if roles is not None and not (isinstance(roles, list)
+                                          and all(isinstance(r, str) for r in roles)):
+                raise ValueError("'roles_checked' is not a list of role names")
+            for host, entry in document["hosts"].items():
+                items = entry.get("items", []) if isinstance(entry, dict) else None
+                if not isinstance(items, list) or not all(
+                        isinstance(i, dict) and isinstance(i.get("item"), str) for i in items):
+                    raise ValueError(f"host {host!r} has no list of items")
+        except (OSError, ValueError, GpufleetError) as exc:
+            log.warning("drift history %s is unusable and was left out: %s", path, exc)
+            return None
+        return document
 
     def save(self, document: dict[str, Any]) -> Path:
         """Write ``document`` as the newest run and drop the oldest beyond ``keep``."""

@@ -108,7 +108,7 @@ def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "[")
     for index in candidates:
         try:
             value, _ = json.JSONDecoder().raw_decode("\n".join(lines[index:]).lstrip())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         return value
     if candidates:
@@ -134,10 +134,12 @@ def mlnx_qos(text: str) -> dict[str, Any]:
 
     Returns ``trust`` ("pcp" or "dscp"), ``pfc_enabled`` (sorted priorities with PFC on),
     ``dscp2prio`` (dscp -> priority, empty under pcp trust) and ``tc`` (tc -> ``tsa``,
-    ``bw`` percent or None, ``priorities``). Old and current layouts are accepted; when
-    the text holds several reports (e.g. a script that ran mlnx_qos twice) the last wins.
+    ``bw`` percent or None, ``priorities``). Old and current layouts are accepted, with or
+    without blank lines between a ``tc:`` line and its ``priority:`` lines; when the text
+    holds several reports (e.g. a script that ran mlnx_qos twice) the last wins.
     """
-    lines = _lines(text)
+    # ConnectX NICs print blank lines between a tc and its priorities: they mean nothing
+    lines = [line for line in _lines(text) if line.strip()]
     starts = [index for index, line in enumerate(lines) if _QOS_START.match(line)]
     if starts:
         lines = lines[starts[-1] :]

@@ -89,6 +89,8 @@ def parse_nft(ruleset_json: str, iptables_save: str | None = None,
     except json.JSONDecodeError as exc:
         raise ParseError(f"{WHAT}: not JSON (line {exc.lineno} column {exc.colno}: "
                          f"{exc.msg})") from None
+    except RecursionError:
+        raise ParseError(f"{WHAT}: nested too deep to be a ruleset") from None
     items = doc.get("nftables") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise ParseError(f"{WHAT}: no \"nftables\" list at the top level")

@@ -118,13 +118,17 @@ def read_bytes(file: Path) -> bytes:
 
 
 def read_text(file: Path) -> str:
-    """A regular file's text (UTF-8, with or without a byte order mark)."""
+    """A regular file's text (UTF-8, with or without a byte order mark, without NUL)."""
     data = read_bytes(file)
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise Where(file, line).error("not UTF-8 text") from None
+    if "\x00" in text:  # no inventory format can hold one; a host name with it is no name
+        raise Where(file, text.count("\n", 0, text.index("\x00")) + 1).error(
+            "contains a NUL byte")
+    return text
 
 
 def list_dir(directory: Path) -> list[Path]:

@@ -155,9 +155,10 @@ def _check_expanded(root: yaml.Node, bounds: Limits) -> None:
 
 def parse_yaml(text: str, where: Where, bounds: Limits) -> Any:
     """The document in ``text``; every problem becomes an InventoryError at its line."""
-    loader = _Loader(text)
-    loader.max_depth = bounds.max_depth
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # the reader refuses characters YAML forbids (a NUL) here
+        loader.max_depth = bounds.max_depth
         node = loader.get_single_node()
         if node is None:
             return None
@@ -177,7 +178,8 @@ def parse_yaml(text: str, where: Where, bounds: Limits) -> Any:
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         raise where.error(f"invalid YAML: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def plain(value: Any) -> Any:

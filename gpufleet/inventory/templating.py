@@ -9,15 +9,28 @@ are errors. Lookups, ``hostvars``, ``groups``, other function calls, unknown fil
 undefined variables and reference cycles are refused with one line naming the host, the
 variable and where it is set. ``!unsafe`` values (``Unsafe``) are never templated, and a
 template's output is not templated again.
+
+One render is bounded before it allocates or loops: every ``{% for %}`` counts its
+iterations against one budget (``MAX_ITERATIONS``, loops nested at most
+``MAX_LOOP_DEPTH`` deep; a loop cannot recurse, for ``loop()`` is a call), ``~``, ``+``,
+``*``, ``%`` and the ``replace`` and ``join`` filters compute the size of their result
+first (``MAX_RESULT``), method calls are limited to an allow-list of ones that cannot grow a
+value (``.ljust(10**10)`` is refused, not attempted), and the whole render has a deadline
+(``MAX_RENDER_S``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
+import itertools
 import math
+import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -35,6 +48,18 @@ __all__ = ["FILTERS", "HostVars", "TemplateError", "is_template"]
 
 MAX_RESULT = 1024 * 1024
 MAX_REFERENCE_DEPTH = 40
+MAX_ITERATIONS = 100_000
+MAX_LOOP_DEPTH = 3
+MAX_RENDER_S = 2.0
+# Methods a template may call: none of them makes a value larger than the ones it has.
+ALLOWED_METHODS = {
+    str: frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "split", "rsplit",
+                    "splitlines", "startswith", "endswith", "title", "capitalize", "count",
+                    "find", "rfind", "isdigit", "isalpha", "isalnum", "isspace", "replace"}),
+    dict: frozenset({"items", "keys", "values", "get"}),
+    list: frozenset({"index", "count"}),
+}
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _LOOKUPS = frozenset({"lookup", "query", "q"})
 _UNSUPPORTED_NAMES = {
     "hostvars": "other hosts' variables (hostvars)",
@@ -94,16 +119,103 @@ def _defined(value: Any) -> Any:
     return value
 
 
+@dataclass
+class _Budget:
+    """What one render (with the variables it renders on the way) may still spend."""
+
+    iterations: int = MAX_ITERATIONS
+    deadline: float = 0.0
+
+    def spend(self, iterations: int = 0) -> None:
+        self.iterations -= iterations
+        if self.iterations < 0:
+            raise _Problem(f"loops more than {MAX_ITERATIONS} times")
+        if time.monotonic() > self.deadline:
+            raise _Problem(f"takes more than {MAX_RENDER_S:g}s to render")
+
+
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("budget", default=None)
+
+
+def _spend(iterations: int = 0) -> None:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.spend(iterations)
+
+
+def _too_large() -> _Problem:
+    return _Problem(f"renders to more than {MAX_RESULT} characters")
+
+
+def _loop(value: Any) -> list[Any]:
+    """The items a ``{% for %}`` goes over, counted against the render's budget before the
+    loop runs (``| _gf_loop`` is put on every loop's iterable when a template is compiled)."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)
+    items = list(itertools.islice(iter(value), MAX_ITERATIONS + 1))
+    _spend(len(items))
+    return items
+
+
+def _text_of(parts: Iterable[Any]) -> str:
+    """The parts joined as text, refused once longer than ``MAX_RESULT``, before joining."""
+    pieces, total = [], 0
+    for part in parts:
+        piece = str(_defined(part))
+        total += len(piece)
+        if total > MAX_RESULT:
+            raise _too_large()
+        pieces.append(piece)
+    _spend()
+    return "".join(pieces)
+
+
+def _joined(items: Any, separator: str = "", attribute: Any = None) -> str:
+    """The ``join`` filter, its result's size known before it is built."""
+    values = [_defined(item) for item in _loop(items)]
+    if attribute is not None:
+        values = [v[attribute] if isinstance(v, dict) else getattr(v, str(attribute))
+                  for v in values]
+    texts = [str(v) for v in values]
+    if sum(map(len, texts)) + len(str(separator)) * max(0, len(texts) - 1) > MAX_RESULT:
+        raise _too_large()
+    return str(separator).join(texts)
+
+
+def _replaced(value: Any, old: Any, new: Any, count: int | None = None) -> str:
+    """``str.replace`` (and the ``replace`` filter), its result's size known before it is
+    built."""
+    text, old, new = str(_defined(value)), str(old), str(new)
+    found = text.count(old) if old else len(text) + 1
+    if count is not None and count >= 0:
+        found = min(found, count)
+    if len(text) + found * (len(new) - len(old)) > MAX_RESULT:
+        raise _too_large()
+    return text.replace(old, new, -1 if count is None else count)
+
+
+def _percent_bound(fmt: str, args: Any) -> None:
+    """``fmt % args`` refused before it runs when its result could exceed ``MAX_RESULT``:
+    a width or precision that large (``'%0100000000d' % 1``), or the arguments' text."""
+    widths = 0
+    for match in _PERCENT_SPEC.finditer(fmt):
+        for size in match.groups():
+            if size == "*":
+                raise _Problem("uses a '*' width, which gpufleet does not render")
+            widths += int(size or 0)
+    values = args.values() if isinstance(args, dict) else \
+        args if isinstance(args, tuple) else (args,)
+    if len(fmt) + widths + sum(len(str(v)) for v in values) > MAX_RESULT:
+        raise _too_large()
+
+
 def _concat(chunks: Iterator[Any]) -> Any:
     """A template that is one expression gives that value (an int stays an int); otherwise
     the text of every piece."""
     parts = [_defined(part) for part in chunks]
     if len(parts) == 1:
         return parts[0]
-    text = "".join(str(part) for part in parts)
-    if len(text) > MAX_RESULT:
-        raise _Problem(f"renders to more than {MAX_RESULT} characters")
-    return text
+    return _text_of(parts)
 
 
 class _CodeGenerator(NativeCodeGenerator):
@@ -117,28 +229,50 @@ class _CodeGenerator(NativeCodeGenerator):
 
 
 class _Environment(ImmutableSandboxedEnvironment):
-    """A sandbox with native result types and bounded ``*`` and ``**``."""
+    """A sandbox with native result types, and ``+``, ``*``, ``**``, ``%`` and method calls
+    bounded before they run."""
 
     code_generator_class = _CodeGenerator
     concat = staticmethod(_concat)  # type: ignore[assignment]
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.intercepted_binops = frozenset({"*", "**"})
+        self.intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        _spend()
         if operator == "*":
             count = right if isinstance(right, int) else left if isinstance(left, int) else 1
             if max(_size(left), _size(right)) * abs(count) > MAX_RESULT:
-                raise _Problem(f"renders to more than {MAX_RESULT} characters")
+                raise _too_large()
+        if operator == "+" and _size(left) + _size(right) > MAX_RESULT:
+            raise _too_large()
+        if operator == "%" and isinstance(left, str):
+            _percent_bound(left, right)
         if operator == "**" and isinstance(left, int) and isinstance(right, int) \
                 and abs(left) > 1 and right * math.log2(abs(left)) > 4096:
             raise _Problem("computes a number too large to use")
         return super().call_binop(context, operator, left, right)
 
+    def call(__self, __context: Context, __obj: Any, *args: Any,
+             **kwargs: Any) -> Any:
+        """A method call from a template: only the allowed ones, ``replace`` bounded."""
+        _spend()
+        owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "?")
+        allowed = next((names for kind, names in ALLOWED_METHODS.items()
+                        if isinstance(owner, kind)), None)
+        if allowed is None or name not in allowed:
+            kind = f"{type(owner).__name__}." if owner is not None else ""
+            raise _Problem(f"calls {kind}{name}(), which gpufleet does not render")
+        if name == "replace":  # Jinja passes its own scope along; replace takes none of it
+            return _replaced(owner, *args, **{k: v for k, v in kwargs.items()
+                                              if k not in ("_loop_vars", "_block_vars")})
+        return super().call(__context, __obj, *args, **kwargs)
+
 
 _ENV = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
-_ENV.filters = dict(FILTERS)
+_ENV.filters = {**FILTERS, "replace": _replaced, "join": _joined, "_gf_loop": _loop,
+                "_gf_concat": _text_of}
 _ENV.globals = {}
 
 
@@ -162,6 +296,25 @@ def _check(template: nodes.Template) -> None:
         if isinstance(node, nodes.Filter) and node.name not in FILTERS:
             raise _Problem(f"uses the filter '{node.name}', which gpufleet does not provide "
                            f"(it renders {', '.join(sorted(FILTERS))})")
+    if _loop_depth(template) > MAX_LOOP_DEPTH:
+        raise _Problem(f"nests loops more than {MAX_LOOP_DEPTH} deep")
+
+
+def _loop_depth(node: nodes.Node) -> int:
+    inner = max((_loop_depth(child) for child in node.iter_child_nodes()), default=0)
+    return inner + isinstance(node, nodes.For)
+
+
+def _bound(template: nodes.Template) -> nodes.Template:
+    """Every loop's iterable through ``_gf_loop`` and every ``~`` through ``_gf_concat``,
+    so both are counted and sized before they run."""
+    for loop in template.find_all(nodes.For):
+        loop.iter = nodes.Filter(loop.iter, "_gf_loop", [], [], None, None, lineno=loop.lineno)
+    for concat in list(template.find_all(nodes.Concat)):
+        parts = nodes.List(list(concat.nodes), lineno=concat.lineno)
+        bounded = nodes.Filter(parts, "_gf_concat", [], [], None, None, lineno=concat.lineno)
+        concat.nodes = [bounded]
+    return template
 
 
 class _Scope(Mapping[str, Any]):
@@ -287,9 +440,16 @@ class HostVars(MutableMapping[str, Any]):
     def _render_text(self, text: str) -> Any:
         template = _compiled(text)
         context = template.new_context(_Scope(self), shared=True)  # type: ignore[arg-type]
-        result = _ENV.concat(template.root_render_func(context))
+        owner = _BUDGET.get() is None  # the outermost render: the variables it renders share
+        token = _BUDGET.set(_Budget(deadline=time.monotonic() + MAX_RENDER_S)) if owner \
+            else None
+        try:
+            result = _ENV.concat(template.root_render_func(context))
+        finally:
+            if token is not None:
+                _BUDGET.reset(token)
         if isinstance(result, str) and len(result) > MAX_RESULT:
-            raise _Problem(f"renders to more than {MAX_RESULT} characters")
+            raise _too_large()
         return result
 
     def _error(self, key: str, problem: str) -> TemplateError:
@@ -302,8 +462,10 @@ class HostVars(MutableMapping[str, Any]):
 
 @functools.lru_cache(maxsize=4096)
 def _compiled(text: str) -> jinja2.Template:
-    _check(_ENV.parse(text))
-    return _ENV.from_string(text)
+    tree = _ENV.parse(text)
+    _check(tree)
+    code = _ENV.compile(_bound(tree))
+    return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
 
 
 def _needs_render(value: Any) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.errors import GpufleetError
 from gpufleet.report.outputs import local_put
 
 
@@ -21,3 +22,23 @@ def write_json(path: str | Path, document: dict[str, Any]) -> None:
     """Write ``document`` as indented JSON to ``path`` atomically."""
     local_put(str(path), (json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
               .encode())
+
+
+class BadJson(GpufleetError):
+    """A JSON file gpufleet reads (from a node, or from its own history) is unusable."""
+
+
+def read_json(data: bytes, what: str, *, max_bytes: int = 16 * 2**20) -> Any:
+    """The JSON document in ``data`` read from ``what`` (a file on a node or in the
+    history), bounded in size: BadJson names ``what`` and the problem instead of a decoder's
+    exception or a RecursionError (a document nested thousands of levels deep)."""
+    if len(data) > max_bytes:
+        raise BadJson(f"{what}: {len(data)} bytes, more than {max_bytes}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadJson(f"{what}: not UTF-8 text") from None
+    except RecursionError:
+        raise BadJson(f"{what}: nested too deep to be a document gpufleet wrote") from None
+    except ValueError as exc:
+        raise BadJson(f"{what}: not JSON ({exc})") from None

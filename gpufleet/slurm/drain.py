@@ -38,10 +38,17 @@ def slurm_client(host: Host) -> Slurm:
     return Slurm(conf=Path(str(conf)) if conf else None)
 
 
-def check(hosts: Sequence[Host]) -> None:
-    """Refuse, before anything runs, a scheduler variable that is not understood."""
-    for host in hosts:
-        slurm_of(host)
+def check(hosts: Sequence[Host], flag: str | None = None) -> None:
+    """Refuse, before anything runs, a scheduler variable that is not understood; with
+    ``flag`` (``--drain-failed`` ...), also a selected host that names no scheduler, for the
+    flag could not act on it."""
+    missing = [host.name for host in hosts if slurm_of(host) is None]
+    if flag and missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more"
+                                          if len(missing) > 5 else "")
+        raise GpufleetError(f"{flag}: {shown} name{'s' if len(missing) == 1 else ''} no "
+                            f"scheduler, so nothing could be drained there; set "
+                            f"{SCHEDULER_VAR}: slurm, or leave them out with --limit")
 
 
 def slurm_name(host: Host) -> str:

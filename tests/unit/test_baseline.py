@@ -105,6 +105,24 @@ def test_an_unreadable_baseline_is_reported_not_trusted(tmp_path: Path) -> None:
     node.close()
 
 
+def test_a_deeply_nested_baseline_costs_that_node_its_baseline_not_the_run(
+        tmp_path: Path) -> None:
+    """A hostile or broken /etc/gpufleet/baseline.json (nested 100,000 deep) is no
+    RecursionError: the node is gated at its floors, says why, and can record afresh."""
+    path = tmp_path / "baseline.json"
+    path.write_text("[" * 100_000)
+    node = local_node()
+    store = BaselineStore(record=True, compare=True, path=str(path))
+    verdict = judge_node(node, store, [SEQ], series([500.0] * 5))[SEQ.name]
+    assert verdict.passed and verdict.gate.source == "floor"
+    assert (f"baseline unusable: gpu01:{path}: nested too deep to be a document gpufleet "
+            "wrote") in verdict.note
+    assert store.trend(node)["fallback"].startswith("baseline unusable: ")
+    assert store.write(node, node.conn.put) == f"recorded 1 figures in {path}"
+    assert parse(path.read_text(), str(path))[SEQ.name]["value"] == 500.0
+    node.close()
+
+
 def test_the_node_settings_set_trials_and_fraction(tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
     path.write_text(render("gpu01", {SEQ.name: {"value": 1000.0, "unit": "MB/s"}}).decode())

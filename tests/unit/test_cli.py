@@ -73,6 +73,11 @@ def test_help_lists_the_commands_from_any_directory(outside: Path) -> None:
      "error: --pairs must be auto, all, ring or sample:K, got 'some'"),
     (["inventory", "-i", "../hosts.yml"],
      "error: inventory: give exactly one of --list, --graph or --host HOST"),
+    # a drain flag that could not act on a host (no gpufleet_scheduler) is bad usage
+    (["conformance", "-i", "../hosts.yml", "--drain-failed"],
+     "error: --drain-failed: here names no scheduler, so nothing could be drained there; set "
+     "gpufleet_scheduler: slurm, or leave them out with --limit"),
+    (["drift", "-i", "../hosts.yml", "--drain-drifted"], "error: --drain-drifted: here names no "),
 ])
 def test_bad_usage_exits_2_with_one_line(outside: Path, args: list[str], message: str) -> None:
     done = gpufleet(*args, cwd=outside)
@@ -229,3 +234,15 @@ def test_inventory_renders_templates_and_redacts_secrets(tmp_path: Path) -> None
     assert shown["mirror"]["value"] == "https://ops:********@mirror.example.net/"
     graph = gpufleet("inventory", "-i", "hosts.yml", "--graph", cwd=tmp_path)
     assert graph.stdout == "@all:\n  |--@ungrouped:\n  |--@gpu:\n  |  |--gpu01\n"
+
+
+def test_a_warning_reaches_the_terminal_as_one_line(outside: Path, tmp_path: Path) -> None:
+    reports = tmp_path / "history"
+    first = gpufleet("drift", "-i", "../hosts.yml", "--report-dir", str(reports), cwd=outside)
+    assert first.returncode == 0, first.stderr
+    [run] = reports.glob("*/drift-*.json")
+    (run.parent / "drift-29991231T000000.000000Z.json").write_text("[]")
+    done = gpufleet("drift", "-i", "../hosts.yml", "--report-dir", str(reports), cwd=outside)
+    assert done.returncode == 0, done.stderr
+    assert "warning: drift history " in done.stderr
+    assert "is unusable and was left out: not a drift report (no 'hosts' mapping)" in done.stderr

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpufleet.drift.compare import DriftItem, HostDrift, mark_new
 from gpufleet.drift.history import History
@@ -71,3 +74,27 @@ def test_history_is_bounded_and_skips_unreadable_runs(tmp_path: Path) -> None:
     history.runs()[-1].write_text("{not json")
     assert history.last_items() == {"a": {"nccl/item 2"}}
     assert json.loads(history.runs()[0].read_text())["hosts"]["a"]["status"] == "drifted"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("[1, 2, 3]", "not a drift report (no 'hosts' mapping)"),
+    ('{"hosts": []}', "not a drift report (no 'hosts' mapping)"),
+    ('{"hosts": {"a": {"status": "clean", "items": "x"}}}', "host 'a' has no list of items"),
+    ('{"hosts": {"a": {"status": "clean", "items": [{"no": 1}]}}}',
+     "host 'a' has no list of items"),
+    ('{"hosts": {}, "roles_checked": "nccl"}', "'roles_checked' is not a list of role names"),
+    ("{not json", "not JSON"),
+    ("[" * 50_000, "nested too deep"),
+])
+def test_a_malformed_run_file_is_left_out_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, why: str) -> None:
+    history = History(tmp_path, "drift")
+    history.save(doc({"a": ("drifted", [NCCL])}))
+    bad = tmp_path / "drift-29991231T235959.000000Z.json"  # the newest
+    bad.write_text(text)
+    with caplog.at_level(logging.WARNING, logger="gpufleet.drift"):
+        assert history.last_items() == {"a": {NCCL}}
+    [warning] = caplog.messages
+    assert warning.startswith(f"drift history {bad} is unusable and was left out: ")
+    assert why in warning
+

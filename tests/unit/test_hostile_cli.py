@@ -8,8 +8,11 @@ import pytest
 
 from gpufleet import app, exitcodes
 from gpufleet.connect.connection import Connection
+from gpufleet.drift.run import history_dir
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.target import Target
 
 
 def test_an_empty_inventory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,3 +54,20 @@ def test_a_bad_jump_host_is_bad_input_not_an_internal_error(
     assert capsys.readouterr().err == (
         f"error: {inventory}:2: invalid ansible_ssh_common_args '-J ops@bastion:22x': "
         "ProxyJump 'ops@bastion:22x': expected a number from 1 to 65535\n")
+
+
+def test_a_malformed_history_file_does_not_end_the_drift_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("gpu01 ansible_connection=local\n")
+    reports = tmp_path / "reports"
+    history = history_dir(reports, Target.select(load_inventory(inventory)))
+    history.mkdir(parents=True)
+    (history / "drift-20261130T020000.000000Z.json").write_text('[{"hosts": "x"}]')
+    code = app.drift_cmd(str(inventory), outputs=app.DriftOutputs(report_dir=str(reports)))
+    assert code == exitcodes.OK
+    assert "Traceback" not in capsys.readouterr().err
+    [warning] = caplog.messages
+    assert "is unusable and was left out: not a drift report" in warning
+    assert len(list(history.glob("drift-*.json"))) == 2  # the new run was kept beside it

@@ -344,3 +344,26 @@ def test_a_real_listing_with_an_inline_vault_value_is_refused() -> None:
     assert fails_fast(lambda: load_inventory(path)).startswith(
         f"vault-encrypted value in {path} (variable ansible_become_password): "
         "ansible-inventory keeps inline !vault values encrypted")
+
+
+@pytest.mark.parametrize(("name", "text", "line"), [
+    ("hosts.yml", "all:\n  hosts:\n    a\x00b:\n", 3),
+    ("hosts.ini", "[gpu]\ngpu01\ngpu\x0002\n", 3),
+    ("listing.json", '{"_meta": {"hostvars": {}}, "all": {"hosts": ["a\x00"]}}', 1),
+    ("group_vars/all.yml", "x: 1\ny: \"a\x00b\"\n", 2),
+])
+def test_a_nul_byte_in_any_inventory_file_names_the_file_and_line(
+        tmp_path: Path, name: str, text: str, line: int) -> None:
+    (tmp_path / "group_vars").mkdir()
+    if name.startswith("group_vars"):
+        write(tmp_path, "hosts.yml", "all:\n  hosts:\n    a:\n")
+    (tmp_path / name).write_text(text)
+    source = tmp_path if name.startswith("group_vars") else tmp_path / name
+    assert fails_fast(lambda: load_inventory(source)) == \
+        f"{tmp_path / name}:{line}: contains a NUL byte"
+
+
+def test_a_character_yaml_forbids_is_an_error_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts.yml", "all:\n  vars:\n    x: \"a\x01b\"\n")
+    assert fails_fast(lambda: load_inventory(path)) == \
+        f"{path}:3: invalid YAML: special characters are not allowed"

@@ -4,6 +4,9 @@ host's variables; anything else fails with host, variable and place, and only wh
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -203,3 +206,84 @@ def test_host_variables_copy_deeply(tmp_path: Path) -> None:
     copied = copy.deepcopy(host.vars)
     copied["servers"].append("c")
     assert (host.vars["line"], copied["line"]) == ("a,b", "a,b,c")
+
+
+# Bounded work and allocation: refused before it happens --------------------------------------
+
+BIG = "big: \"{{ 'a' * 1000000 }}\"\nsmall: \"{{ 'x' * 30000 }}\"\n"
+TOO_LARGE = "renders to more than 1048576 characters"
+BOUND_CASES = [
+    ("{% for a in big %}{% for b in big %}{% endfor %}{% endfor %}",
+     "loops more than 100000 times"),
+    ("{% for a in 'ab' %}{% for b in 'ab' %}{% for c in 'ab' %}{% for d in 'ab' %}{{ d }}"
+     "{% endfor %}{% endfor %}{% endfor %}{% endfor %}", "nests loops more than 3 deep"),
+    ("{% for a in 'ab' recursive %}{{ loop(a) }}{% endfor %}",
+     "calls loop(), which gpufleet does not provide"),
+    ("{{ 'a'.ljust(10000000000) }}", "calls str.ljust(), which gpufleet does not render"),
+    ("{{ 'a'.center(10000000000) }}", "calls str.center(), which gpufleet does not render"),
+    ("{{ '1'.zfill(10000000000) }}", "calls str.zfill(), which gpufleet does not render"),
+    ("{{ '{:>10000000000}'.format(1) }}", "calls format(), which gpufleet does not render"),
+    ("{{ '%010000000000d' % 1 }}", TOO_LARGE),
+    ("{{ '%s%s' % (big, big) }}", TOO_LARGE),
+    ("{{ big | replace('a', big) }}", TOO_LARGE),
+    ("{{ big.replace('a', 'aa') }}", TOO_LARGE),
+    ("{{ big | replace('', 'x') }}", TOO_LARGE),
+    ("{{ big ~ big }}", TOO_LARGE),
+    ("{{ big + big }}", TOO_LARGE),
+    ("{{ [big, big] | join(big) }}", TOO_LARGE),
+    ("{% for c in small %}{{ big.replace('a', 'b')[0] }}{% endfor %}",
+     "takes more than 2s to render"),
+]
+
+
+@pytest.mark.parametrize(("template", "problem"), BOUND_CASES,
+                         ids=[f"case{i}" for i in range(len(BOUND_CASES))])
+def test_unbounded_work_is_refused_before_it_runs(tmp_path: Path, template: str,
+                                                  problem: str) -> None:
+    host, path = host_of(tmp_path, BIG + f"bomb: {json.dumps(template)}\n")
+    start = time.process_time()
+    message = error_of(host, "bomb")
+    assert time.process_time() - start < 3.0
+    assert message.startswith(f"host 'n1': variable 'bomb' ({path}:6) {problem}: ")
+
+
+def test_refusals_allocate_nothing_like_their_result(tmp_path: Path) -> None:
+    """In a process of its own, every case above is refused with the process's peak memory
+    far below a single refused result (10 GB for the ljust case)."""
+    body = "".join(f"    b{i}: {json.dumps(t)}\n" for i, (t, _) in enumerate(BOUND_CASES[:-1]))
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    n1:\n" + textwrap.indent(BIG, " " * 6)
+                    + textwrap.indent(body, "  "))
+    code = (
+        "import resource, sys\n"
+        "from gpufleet.inventory.model import load_inventory\n"
+        "from gpufleet.inventory.templating import TemplateError\n"
+        "host = load_inventory(sys.argv[1]).hosts['n1']\n"
+        f"for i in range({len(BOUND_CASES) - 1}):\n"
+        "    try:\n"
+        "        host.vars[f'b{i}']\n"
+        "    except TemplateError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise SystemExit(f'b{i} was rendered')\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 300 * 1024  # KiB: under 300 MB
+
+
+def test_loops_and_methods_inventories_use_still_render(tmp_path: Path) -> None:
+    host, _ = host_of(tmp_path, """
+        servers: [a, b, c]
+        line: "{% for s in servers %}{{ s | upper }}{% if not loop.last %},{% endif %}{% endfor %}"
+        pairs: "{% for k, v in {'x': 1, 'y': 2}.items() %}{{ k }}={{ v }};{% endfor %}"
+        parts: "{{ 'a.b.c'.split('.') | join('-') }}"
+        cased: "{{ 'Atlas'.lower() ~ '-' ~ 'x'.upper() }}"
+        padded: "{{ '%-6s|' % 'ab' }}"
+    """)
+    assert host.vars["line"] == "A,B,C"
+    assert host.vars["pairs"] == "x=1;y=2;"
+    assert host.vars["parts"] == "a-b-c"
+    assert host.vars["cased"] == "atlas-X"
+    assert host.vars["padded"] == "ab    |"

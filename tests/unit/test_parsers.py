@@ -44,6 +44,17 @@ def test_mlnx_qos_real_dscp_trust() -> None:
     }
 
 
+def test_mlnx_qos_with_blank_lines_between_a_tc_and_its_priorities() -> None:
+    """The layout ConnectX NICs print (Mellanox's published mlnx_qos sample): every tc keeps
+    its priorities, so the ETS checks judge the real map, not an empty one."""
+    qos = parsers.mlnx_qos(sample("mlnx_qos_blank_lines.txt"))
+    assert (qos["trust"], qos["pfc_enabled"]) == ("dscp", [0, 2, 6, 7])
+    assert {tc: entry["priorities"] for tc, entry in qos["tc"].items()} == {
+        0: [1], 1: [0], 2: [2], 3: [3], 4: [4], 5: [5], 6: [6], 7: [7]}
+    assert qos["tc"][6] == {"tsa": "strict", "bw": None, "priorities": [6]}
+    assert [qos["tc"][tc]["bw"] for tc in range(8)] == [10, 10, 10, 10, 10, 10, None, 40]
+
+
 def test_mlnx_qos_last_report_wins() -> None:
     text = sample(MLNX_QOS_REAL)
     head, sep, tail = text.rpartition("enabled     0   0   0   1")

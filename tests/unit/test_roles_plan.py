@@ -5,6 +5,7 @@ Each test states the exact (item, action, before, after) list a role returns.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -534,12 +535,13 @@ nccl_env:
   NCCL_IB_DISABLE: 1
   NCCL_NVLS_ENABLE: false
 """
-NCCL_CONF_TEXT = (f"# {header('nccl_env')}\nNCCL_SOCKET_IFNAME=^docker,lo\nNCCL_IB_DISABLE=1\n"
-                  "NCCL_NVLS_ENABLE=false\n")
+# rendered sorted by name, whatever the inventory's order
+NCCL_CONF_TEXT = (f"# {header('nccl_env')}\nNCCL_IB_DISABLE=1\nNCCL_NVLS_ENABLE=false\n"
+                  "NCCL_SOCKET_IFNAME=^docker,lo\n")
 ENV_TEXT = (f"# {header('nccl_env')}\n"
             "# NCCL and Gloo settings for launchers (systemd EnvironmentFile, torchrun wrappers).\n"
-            "NCCL_SOCKET_IFNAME='^docker,lo'\nNCCL_IB_DISABLE=1\nNCCL_NVLS_ENABLE=false\n"
-            "GLOO_SOCKET_IFNAME='^docker,lo'\n")
+            "GLOO_SOCKET_IFNAME='^docker,lo'\nNCCL_IB_DISABLE=1\nNCCL_NVLS_ENABLE=false\n"
+            "NCCL_SOCKET_IFNAME='^docker,lo'\n")
 PROFILE_TEXT = (f"# {header('nccl_env')}\n"
                 "# Exports the NCCL and Gloo settings of /etc/default/gpufleet-nccl into login "
                 "shells.\nif [ -r /etc/default/gpufleet-nccl ]; then\n    set -a\n"
@@ -590,6 +592,28 @@ def test_nccl_env_fresh_host(tmp_path: Path) -> None:
     [sysctl] = changes[4].steps
     assert isinstance(sysctl, Run)
     assert sysctl.command == "sysctl -q -w net.ipv4.ip_local_port_range='49152 65535'"
+
+
+def test_nccl_env_files_do_not_depend_on_the_order_of_the_source(tmp_path: Path) -> None:
+    """The vault route: ``ansible-inventory --list`` JSON has its mapping keys sorted, a YAML
+    inventory keeps its own order; both render the same files, so neither is drift."""
+    listing = tmp_path / "listing.json"
+    listing.write_text(json.dumps({
+        "_meta": {"hostvars": {"gpu01": {"nccl_env": {
+            "NCCL_IB_DISABLE": 1, "NCCL_NVLS_ENABLE": False,
+            "NCCL_SOCKET_IFNAME": "^docker,lo"}}}},
+        "all": {"children": ["ungrouped"]}, "ungrouped": {"hosts": ["gpu01"]}}, sort_keys=True))
+    from_json = load_inventory(listing)
+    (tmp_path / "yaml").mkdir()
+    from_yaml = inventory(tmp_path / "yaml", NCCL_ENV_VARS)
+    facts = env_facts(conf=missing(CONF), env=missing(ENV))
+
+    def rendered(inv: Inventory) -> list[str]:
+        changes = plan(nccl_env.ROLE, inv, facts)
+        return [c.steps[0].content.decode() for c in changes[:2]]  # type: ignore[attr-defined]
+
+    assert rendered(from_json) == rendered(from_yaml) == [NCCL_CONF_TEXT, ENV_TEXT]
+    assert plan(nccl_env.ROLE, from_json, env_facts()) == []
 
 
 def test_nccl_env_sysctl_only_when_live_value_differs(tmp_path: Path) -> None:
@@ -665,10 +689,12 @@ def test_nccl_env_gloo_ifname_explicit_wins(tmp_path: Path) -> None:
     assert rows(changes) == [(f"nccl_env/file {ENV}", "update",
                               f"{len(ENV_TEXT)} bytes (differs)", f"{len(ENV_TEXT) - 8} bytes")]
     assert changes[0].diff == (
-        f"--- {ENV} (on host)\n+++ {ENV} (desired)\n@@ -3,4 +3,4 @@\n"
-        " NCCL_SOCKET_IFNAME='^docker,lo'\n NCCL_IB_DISABLE=1\n NCCL_NVLS_ENABLE=false\n"
+        f"--- {ENV} (on host)\n+++ {ENV} (desired)\n@@ -1,6 +1,6 @@\n"
+        f" # {header('nccl_env')}\n"
+        " # NCCL and Gloo settings for launchers (systemd EnvironmentFile, torchrun wrappers).\n"
         "-GLOO_SOCKET_IFNAME='^docker,lo'\n"
-        "+GLOO_SOCKET_IFNAME=eth0\n")
+        "+GLOO_SOCKET_IFNAME=eth0\n"
+        " NCCL_IB_DISABLE=1\n NCCL_NVLS_ENABLE=false\n NCCL_SOCKET_IFNAME='^docker,lo'\n")
 
 
 def test_nccl_env_without_socket_ifname_has_no_gloo_line(tmp_path: Path) -> None:
