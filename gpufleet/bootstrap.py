@@ -239,7 +239,8 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
                    ) -> tuple[str, dict[str, Any]]:
     """Apply every role, rebooting when asked, then re-check that nothing is left to do."""
     applied = provision(inventory, [host], role_registry.ALL,
-                        RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet))[host.name]
+                        RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet,
+                                   command=f"bootstrap of {host.name}"))[host.name]
     if applied.status == "unreachable":
         raise NodeUnreachable(str(applied.error))
     if applied.status == "failed":
@@ -293,7 +294,8 @@ def _admit_with(role: Role, inventory: Inventory, host: Host, group: str, peer: 
                        RunOptions(check=True, apply=ApplyOptions(), fleet=fleet))
     managed = [h for h in others if _in_use(role, h, looked[h.name])]
     outcomes = provision(inventory, managed, [role],
-                         RunOptions(apply=ApplyOptions(), fleet=fleet))
+                         RunOptions(apply=ApplyOptions(), fleet=fleet,
+                                    command=f"bootstrap of {host.name} (admit)"))
     failed = {n: f"{o.status}: {o.error}" for n, o in (looked | outcomes).items()
               if o.status in ("failed", "unreachable")}
     if peer in failed:

@@ -195,7 +195,8 @@ def facts(c: Context, inventory: str | None = None, limit: str | None = None,
                  diff="show unified diffs of the files that would change",
                  roles="comma-separated roles to run (default: all)",
                  reboot="reboot hosts whose loaded driver differs",
-                 lock_timeout="seconds to wait for a held apt/dpkg lock (default 300)"))
+                 lock_timeout="seconds to wait for a held lock: another gpufleet run's on the "
+                              "node, or apt's/dpkg's (default 300)"))
 def provision(c: Context, inventory: str | None = None, limit: str | None = None,
               check: bool = False, diff: bool = False, roles: str | None = None,
               reboot: bool = False, lock_timeout: str | None = None, json: str | None = None,
@@ -208,7 +209,8 @@ def provision(c: Context, inventory: str | None = None, limit: str | None = None
             return int(app.list_hosts(inventory, limit=limit))
         return int(app.provision_cmd(
             inventory, limit=limit, check=check, diff=diff, roles=roles, reboot=reboot,
-            lock_timeout=_number(int, "--lock-timeout", lock_timeout) or 300, json_path=json,
+            lock_timeout=300 if lock_timeout is None else
+            _number(int, "--lock-timeout", lock_timeout) or 0, json_path=json,
             fleet=_fleet(c, forks, serial, max_fail_percent, accept_new_host_keys, timeout)))
 
     _run(c, verbose, command)
@@ -255,29 +257,46 @@ def drift(c: Context, inventory: str | None = None, limit: str | None = None,
             "prometheus": "node_exporter textfile written by each nightly run",
             "limit": FLEET_HELP["limit"],
             "remediate": "apply the plan to drifted hosts after each report",
+            "timeout": "seconds each host may take in each nightly run (the unit's start "
+                       "timeout follows from it)",
             "unit_dir": "write the systemd units here instead of /etc/systemd/system",
             "verbose": FLEET_HELP["verbose"]})
 def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
                    json: str | None = None, junit: str | None = None,
                    prometheus: str | None = None, limit: str | None = None,
-                   remediate: bool = False, unit_dir: str | None = None, verbose: int = 0) -> None:
+                   remediate: bool = False, timeout: str | None = None,
+                   unit_dir: str | None = None, verbose: int = 0) -> None:
     """Run drift nightly: a systemd timer, or the cron line to use without systemd."""
     def command() -> int:
         if not inventory:
             raise sources.NoInventory("drift.schedule needs -i/--inventory: the inventory "
                                       "the nightly run checks")
         found = sources.find(inventory, c.config.get("gpufleet", {}).get("inventory_dir"))
+        host_timeout = _number(float, "--timeout", timeout)
+        if host_timeout is not None and not host_timeout > 0:
+            raise GpufleetError(f"--timeout must be a positive number of seconds, "
+                                f"got {host_timeout:g}")
         args = ["--inventory", str(found.resolve())]
+        writes: list[Path] = []
         for flag, value in (("--json", json), ("--junit", junit),
                             ("--prometheus", prometheus)):
             if value:
                 check_writable(value, flag)
-                args += [flag, str(Path(value).resolve())]
+                path = Path(value).resolve()
+                args += [flag, str(path)]
+                writes.append(path.parent)
         if limit:
             args += ["--limit", limit]
         if remediate:
             args.append("--remediate")
-        return int(app.schedule_cmd(Schedule(Path.cwd().resolve(), args, at), unit_dir))
+        if host_timeout is not None:
+            args += ["--timeout", f"{host_timeout:g}"]
+        schedule = Schedule(Path.cwd().resolve(), args, at,
+                            timeout_s=Schedule.start_timeout(host_timeout, remediate),
+                            writes=tuple(writes))
+        for directory in writes:  # what the unit may write must exist when it starts
+            directory.mkdir(parents=True, exist_ok=True)
+        return int(app.schedule_cmd(schedule, unit_dir))
 
     _run(c, verbose, command)
 

@@ -103,7 +103,8 @@ def remediate(target: Target, run: DriftRun, options: DriftOptions, *, fleet: Fl
         return {}
     selected = list(options.roles) if options.roles is not None else list(role_registry.ALL)
     outcomes = provision(target.inventory, drifted, selected,
-                         RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet),
+                         RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet,
+                                    command="drift --remediate"),
                          progress)
     run.remediation = {
         name: {"status": "reboot required" if o.value and o.value.reboot_pending

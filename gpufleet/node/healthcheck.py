@@ -28,9 +28,11 @@ gpufleet's slurm_healthcheck role) and the node's recorded state /etc/gpufleet/n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +55,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_QUERY = ("index,pci.bus_id,name,ecc.errors.uncorrected.volatile.total,"
              "remapped_rows.pending,remapped_rows.failure")
 SLURM_RESERVE_S = 3.0
+KILL_GRACE_S = 0.5  # after SIGKILL: a tool still not ended by then is left behind
 REASON_PREFIX = "gpufleet:"
 OWN_PREFIX = "gpufleet: healthcheck/"
 REASON_LIMIT = 200
@@ -114,13 +117,32 @@ def run(argv: list[str], deadline: Deadline, cap: float) -> Output | None:
         return Output(None, f"not run: no time left of {deadline.budget:g}s")
     env = dict(os.environ, PATH=os.environ.get("PATH") or DEFAULT_PATH, LC_ALL="C")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
     except FileNotFoundError:
         return None
+    try:
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return Output(None, f"did not answer within {timeout:.1f}s")
-    return Output(proc.returncode, proc.stdout + proc.stderr)
+        return _stop(proc, f"did not answer within {timeout:.1f}s")
+    return Output(proc.returncode, out)
+
+
+def _stop(proc: subprocess.Popen[str], why: str) -> Output:
+    """Kill a tool past its time (its whole process group) and wait a moment for it; one
+    that still does not end (stuck in the kernel, or its output held open by a process it
+    left behind) is given up on, never waited for: the check must end within slurmd's
+    budget."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return Output(None, f"hung: {why}, and did not end when killed")
+    return Output(None, why)
 
 
 def last_line(text: str) -> str:

@@ -3,6 +3,7 @@ drift and bootstrap."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from gpufleet.connect.fleet import FleetOptions, Outcome, ProgressSink, TaskResu
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision import nodelock
 from gpufleet.provision.plan import (
     ApplyContext,
     ApplyOptions,
@@ -95,12 +97,14 @@ def gather_and_plan(inventory: Inventory, host: Host, roles: Sequence[Role],
 
 @dataclass
 class RunOptions:
-    """A provisioning run's choices; ``extra_facts`` adds facts to the one round trip."""
+    """A provisioning run's choices; ``extra_facts`` adds facts to the one round trip;
+    ``command`` names the run to others that find the node locked."""
 
     check: bool = False
     apply: ApplyOptions = field(default_factory=ApplyOptions)
     fleet: FleetOptions = field(default_factory=FleetOptions)
     extra_facts: Callable[[Host], FactRequest] | None = None
+    command: str = "provision"
 
 
 def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role],
@@ -120,6 +124,12 @@ def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role]
         if options.check or run.plan.empty:
             run.reboot_pending = _pending_reason(run.plan)
             return TaskResult(run, changed=not run.plan.empty)
+        holder = nodelock.Holder.this_run(options.command, conn.budget.remaining())
+        try:
+            run.log.append("node lock " + nodelock.acquire(conn, holder,
+                                                           options.apply.lock_timeout_s))
+        except nodelock.NodeLocked as exc:
+            return TaskResult(run, failed=str(exc))
         ctx = ApplyContext(conn, host, options.apply, applied=run.applied, log=run.log)
         try:
             apply_plan(run.plan, ctx)
@@ -128,6 +138,8 @@ def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role]
         except HostLost as exc:
             return TaskResult(run, changed=bool(run.applied), unreachable=str(exc))
         finally:
+            with contextlib.suppress(GpufleetError):  # a lost host's lock goes stale
+                nodelock.release(ctx.conn, holder)
             if ctx.conn is not conn:
                 ctx.conn.close()
         run.reboot_pending = ctx.memo.get("reboot_pending")

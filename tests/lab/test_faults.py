@@ -308,3 +308,48 @@ drift = app.drift_cmd(inventory, limit=limit,
 provision = app.provision_cmd(inventory, limit=limit, roles="firewall")
 sys.exit(drift or provision)
 """
+
+
+# --------------------------------------------------------------------------- the node lock
+
+_HELD_BY_ANOTHER = (
+    "mkdir -p /run/gpufleet/lock && now=$(date +%s) && printf 'command=drift --remediate\\n"
+    "controller=ctl-b\\npid=4242\\nstarted=%s\\nuntil=%s\\ntoken=%s\\n' \"$now\" "
+    "\"$((now + 600))\" bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb > /run/gpufleet/lock/holder")
+
+
+def test_two_runs_never_change_one_node_at_once(lab: Lab, provisioned: Path) -> None:
+    """Another controller's run holds node02 (its lock on the node): this run waits its
+    --lock-timeout, changes nothing and names the holder; once the holder's deadline has
+    passed, the stale lock is taken over, and released after the run."""
+    node_sh(lab, "node02", _HELD_BY_ANOTHER)
+    node_sh(lab, "node02", "rm /etc/nccl.conf")
+    try:
+        start = time.monotonic()
+        outcome = run(provisioned, "node02", role_names="nccl_env", lock_timeout=3)["node02"]
+        assert 3 <= time.monotonic() - start < 30
+        assert outcome.status == "failed"
+        assert str(outcome.error).startswith(
+            "the node is being changed by drift --remediate from ctl-b (pid 4242) since ")
+        assert str(outcome.error).endswith("waited 3s (--lock-timeout), not changed")
+        assert node_sh(lab, "node02", "test -e /etc/nccl.conf || echo absent").strip() == \
+            "absent"
+        node_sh(lab, "node02", "sed -i 's/^until=.*/until=1/' /run/gpufleet/lock/holder")
+        taken = run(provisioned, "node02", role_names="nccl_env")["node02"]
+        assert taken.status == "changed", taken.error
+        assert taken.value is not None
+        assert "node lock acquired (a stale lock, past its holder's deadline, was taken " \
+               "over)" in taken.value.log
+        assert node_sh(lab, "node02", "ls /run/gpufleet").strip() == ""  # released
+    finally:
+        node_sh(lab, "node02", "rm -rf /run/gpufleet/lock")
+        run(provisioned, "node02", role_names="nccl_env")
+    assert items(run(provisioned, "node02", check=True)["node02"]) == []
+
+
+def test_the_lock_is_released_when_a_step_fails(lab: Lab, provisioned: Path) -> None:
+    with override(provisioned, "host_vars", "node03", {"nccl_version": "2.99.9"}):
+        outcome = run(provisioned, "node03")["node03"]
+    assert outcome.status == "failed"
+    assert "is not available from the host's apt repositories" in str(outcome.error)
+    assert node_sh(lab, "node03", "ls /run/gpufleet 2>/dev/null || true").strip() == ""

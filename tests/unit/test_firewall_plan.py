@@ -407,6 +407,40 @@ def test_unit_file_exec_start() -> None:
         "iptables -I INPUT 1 -j GPUFLEET-INPUT)'")
 
 
+def _unit_section(text: str) -> dict[str, list[str]]:
+    """``[Unit]`` keys as systemd reads them: a key given twice adds to its list."""
+    found: dict[str, list[str]] = {}
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Unit]" and "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).extend(value.split())
+    return found
+
+
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
+def test_the_unit_loads_before_any_interface_comes_up(tmp_path: Path, backend: str) -> None:
+    """Ordered like Debian's own nftables.service (read from this machine), so no interface
+    is up before gpufleet's rules are; systemd-analyze verify finds nothing to say."""
+    path = NFT_PATH if backend == "nftables" else IPT_PATH
+    unit = render("gpufleet-firewall.service.j2", header=HEADER,
+                  exec_start=firewall._backend(backend, path).exec_start)
+    ours = _unit_section(unit)
+    debian = _unit_section(Path("/lib/systemd/system/nftables.service").read_text())
+    for key in ("Wants", "Before", "Conflicts", "DefaultDependencies"):
+        assert set(debian[key]) <= set(ours[key]), key
+    assert "network-pre.target" not in ours.get("After", [])
+    assert ours["After"] == ["nftables.service"]  # its flush must not come after our table
+    (tmp_path / "gpufleet-firewall.service").write_text(unit)
+    done = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                           str(tmp_path / "gpufleet-firewall.service")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
 def test_request(tmp_path: Path) -> None:
     v, _ = role_args(inventory(tmp_path))
     assert firewall.ROLE.active(v)

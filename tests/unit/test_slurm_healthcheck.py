@@ -218,6 +218,22 @@ def test_a_hung_nvidia_smi_is_cut_off_at_its_deadline(node: Node) -> None:
     assert _lines(proc)["gpus"] == "FAIL gpus: nvidia-smi did not answer within 1.0s"
 
 
+def test_a_tool_that_does_not_end_when_killed_is_left_behind_within_the_budget(
+        node: Node) -> None:
+    """What a GPU tool stuck in the kernel does to a plain wait: its output stays open after
+    SIGKILL (here a process of its own session, out of the kill's reach, holds it). The
+    check still ends within its budget and names the tool as hung."""
+    _script(node.bin, "nvidia-smi", "setsid sleep 60 &\nexec sleep 60\n")
+    node.write_config(gpu_count=1, nvidia_smi_timeout_s=1, budget_s=6)
+    started = time.monotonic()
+    proc = node.run()
+    assert time.monotonic() - started < 6
+    assert _lines(proc)["gpus"] == ("FAIL gpus: nvidia-smi hung: did not answer within 1.0s, "
+                                    "and did not end when killed")
+    assert proc.returncode == 1
+    subprocess.run(["pkill", "-f", "^sleep 60$"], check=False)
+
+
 def test_the_checks_keep_to_their_budget_and_leave_time_to_drain(node: Node) -> None:
     _script(node.bin, "nvidia-smi", "exec sleep 60\n")
     node.write_config(gpu_count=1, nvidia_smi_timeout_s=4, budget_s=4)
