@@ -41,6 +41,7 @@ from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.outputs import check_writable, local_put, to_stdout
 from gpufleet.slurm import drain as scheduler
+from gpufleet.slurm.client import RunFindings
 from gpufleet.sources import load_source, load_target
 
 # Each command's time budget per host when neither --timeout nor the inventory's
@@ -328,23 +329,21 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
 
 
 def _drain_drifted(target: Target, run: DriftRun, con: Any) -> None:
-    """Drain drifted (and unreachable) hosts, naming the first item; resume the clean ones
-    that drift drained for one of the roles checked now."""
-    failed: list[tuple[Host, str, str]] = []
-    cleared: list[tuple[Host, list[str]]] = []
+    """Keep drift's findings in each host's drain reason: one per drifted role (and one for
+    a host that could not be checked); the roles checked clean clear theirs."""
+    results: list[tuple[Host, list[RunFindings]]] = []
     for host in target.hosts:
         entry: HostDrift = run.hosts[host.name]
-        if entry.status == "clean":
-            cleared.append((host, [f"drift/{r}/" for r in run.roles_checked]
-                            + ["drift/unreachable:", "drift/error:"]))
-        elif entry.items:
-            item = entry.items[0]
-            more = f" (+{len(entry.items) - 1} more)" if len(entry.items) > 1 else ""
-            failed.append((host, f"drift/{item.item}",
-                           f"desired {item.desired}, actual {item.actual}{more}"))
-        else:
-            failed.append((host, f"drift/{entry.status}", str(entry.error)))
-    _print_actions(con, scheduler.drain(failed) | scheduler.resume(cleared))
+        if entry.status in ("unreachable", "error"):
+            results.append((host, [RunFindings("drift", {entry.status: str(entry.error)})]))
+            continue
+        failed: dict[str, str] = {}
+        for item in entry.items:
+            failed.setdefault(item.role, f"{item.resource}: desired {item.desired}, actual "
+                                         f"{item.actual}")
+        passed = [*run.roles_checked, "unreachable", "error"]
+        results.append((host, [RunFindings("drift", failed, passed)]))
+    _print_actions(con, scheduler.update(results))
 
 
 def _print_actions(con: Any, actions: dict[str, str]) -> None:
@@ -413,22 +412,22 @@ def _scratch(name: str) -> str:
 
 
 def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> None:
-    """Drain every node with a failed check (the first one names the reason); resume the
-    nodes without a failure that conformance drained for a check that now passed on them
-    (or, for a check run once for the fleet, passed for the fleet)."""
+    """Keep conformance's findings in each node's drain reason: one per failed check; the
+    checks that passed on the node now (or, run once for the fleet, passed for the fleet)
+    clear theirs."""
     # Nodes the Slurm launcher could not allocate were not measured: their state stays.
-    hosts = {h.name: h for h in target.hosts if h.name not in report.left_out}
-    failed: dict[str, tuple[Host, str, str]] = {}
-    passed: dict[str, list[str]] = {name: [] for name in hosts}
-    for r in report.results:
-        check = f"conformance/{r.name}"
-        if r.outcome == "fail" and r.host in hosts:
-            failed.setdefault(r.host, (hosts[r.host], check, r.message))
-        elif r.outcome == "pass":
-            for name in hosts if r.host == FLEET else [r.host]:
-                passed.get(name, []).append(f"{check}:")
-    cleared = [(host, passed[name]) for name, host in hosts.items() if name not in failed]
-    _print_actions(con, scheduler.drain(list(failed.values())) | scheduler.resume(cleared))
+    hosts = [h for h in target.hosts if h.name not in report.left_out]
+    fleet_passed = {r.name for r in report.results if r.host == FLEET and r.outcome == "pass"}
+    results = []
+    for host in hosts:
+        mine = [r for r in report.results if r.host == host.name]
+        failed: dict[str, str] = {}
+        for r in mine:
+            if r.outcome == "fail":
+                failed.setdefault(r.name, r.message)
+        passed = fleet_passed | {r.name for r in mine if r.outcome == "pass"}
+        results.append((host, [RunFindings("conformance", failed, passed)]))
+    _print_actions(con, scheduler.update(results))
 
 
 # ---- bootstrap -----------------------------------------------------------------------------

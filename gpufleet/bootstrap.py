@@ -44,6 +44,7 @@ from gpufleet.provision.role import Role, RoleVars, Var
 from gpufleet.report.jsonfile import BadJson, read_json
 from gpufleet.roles import comparable, consistency_request
 from gpufleet.slurm import drain as scheduler
+from gpufleet.slurm.client import RunFindings
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
@@ -91,6 +92,7 @@ class Bootstrap:
     steps: list[StepResult] = field(default_factory=list)
     ready: bool = False
     reason: str | None = None
+    passed_checks: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "ready": self.ready, "reason": self.reason,
@@ -381,9 +383,10 @@ def certify(certifier: Certifier, host: str, peer: str | None, required: list[st
             lambda suite, check: check.removeprefix("test_") in suite.with_peer,
             [s.name for s in registry.peer_suites()])
         results += pair
-    passed = sum(r.outcome == "pass" for r in results)
+    passed = [r.name for r in results if r.outcome == "pass"]
     with_peer = f" with peer {peer}" if peer else " (no peer in the group)"
-    return f"{passed} checks passed{with_peer}", {"conformance": summary}
+    return f"{len(passed)} checks passed{with_peer}", {"conformance": summary,
+                                                        "passed": sorted(set(passed))}
 
 
 def choose_peer(inventory: Inventory, host: Host, peer: str | None) -> str | None:
@@ -550,7 +553,9 @@ def _certify_unless_done(certifier: Certifier, conn: Connection, inventory: Inve
         raise AlreadyCertified(f"already certified ready at {previous.get('marked_at')} for "
                                "this inventory and stack (--recertify to run again)",
                                {"conformance": previous.get("conformance")})
-    return certify(certifier, host.name, peer, required)
+    detail, data = certify(certifier, host.name, peer, required)
+    result.passed_checks = data.pop("passed", [])
+    return detail, data
 
 
 def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Bootstrap,
@@ -574,12 +579,19 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
         done = ["ready command: " + (run_hook(host.vars.get("bootstrap_ready_command"), host,
                                               "ready", None)
                                      if not was_ready else "not needed (already ready)")]
-        acted = scheduler.resume([(host, ("",))])
+        # the node converged on every role and passed every check it was certified with:
+        # those findings of earlier runs clear (a health check's stay until it passes)
+        acted = scheduler.update([(host, [
+            RunFindings("bootstrap", {}, [s.name for s in result.steps]),
+            RunFindings("drift", {}, [*(r.name for r in role_registry.ALL), "consistency",
+                                      "unreachable", "error"]),
+            RunFindings("conformance", {}, result.passed_checks)])])
     else:
         done = ["drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
                                              "not-ready", result.reason)]
         step = next((s.name for s in result.steps if s.status == "failed"), "bootstrap")
-        acted = scheduler.drain([(host, f"bootstrap/{step}", str(result.reason))])
+        acted = scheduler.update([(host, [RunFindings("bootstrap",
+                                                       {step: str(result.reason)})])])
     if host.name in acted:
         done.append(f"scheduler: {acted[host.name]}")
     if conn is None or lost is not None:

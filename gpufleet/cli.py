@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -125,19 +126,32 @@ def configure_logging(verbose: int) -> None:
     root.setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
 
 
+_TERMINATED: list[bool] = []
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM unwinds the run as Ctrl-C does, so every ``finally`` runs: a Slurm allocation
+    is cancelled, connections close, node locks are released."""
+    _TERMINATED.append(True)
+    raise KeyboardInterrupt
+
+
 def _run(c: Context, verbose: int, command: Callable[[], int]) -> None:
     """Run a command: one line and exit 2 for bad input, one line and exit 70 for an
     internal error (its traceback at -vvv), otherwise the command's own code."""
     configure_logging(int(verbose or 0))
     sources.configure(c.config.get("gpufleet", {}).get("inventory_dir"))
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         code = command()
     except GpufleetError as exc:
         print(f"error: {plain(exc)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        code = exitcodes.INTERRUPTED
+        terminated = bool(_TERMINATED)
+        print(f"error: {'terminated (SIGTERM)' if terminated else 'interrupted'}",
+              file=sys.stderr)
+        code = exitcodes.TERMINATED if terminated else exitcodes.INTERRUPTED
     except Exception as exc:  # the one place an unexpected error of a command is reported
         code = internal_error(exc, int(verbose or 0))
     if code:

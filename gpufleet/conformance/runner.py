@@ -132,6 +132,8 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
             describe_allocation(session, allocation)
         state = RunState(session, only=_keep(suites, options.only), allocation=allocation)
         code = _pytest(suites, options, state)
+        if code == pytest.ExitCode.INTERRUPTED:  # Ctrl-C or SIGTERM inside the checks
+            raise KeyboardInterrupt
         if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             raise RunIncomplete(f"the conformance run could not complete (pytest exit "
                                 f"{int(code)})")

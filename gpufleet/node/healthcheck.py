@@ -15,10 +15,12 @@ It prints one line per check (PASS, FAIL or SKIP) and exits 1 when a check faile
 bad configuration. The checks get ``budget_s`` (9 s) less 3 s, which stay for scontrol,
 so a hung nvidia-smi still leaves time to drain the node.
 
-With --drain, or when slurmd runs it (SLURMD_NODENAME is set), it drains its own node
-through scontrol with the reason ``gpufleet: healthcheck/<check>: <message>``, and resumes
-the node once it is healthy again, but only if the health check drained it: a node that
-anyone else drained is left alone.
+With --drain, or when slurmd runs it (SLURMD_NODENAME is set), it keeps its findings in
+the node's drain reason, beside gpufleet's other findings (a failed conformance check, a
+drifted role) in the format of gpufleet/slurm/findings.py, which this program carries a
+copy of: a failed check adds its finding (the reason then starts ``gf hc/<check>: ...``),
+a check that passes again clears only its own, and the node is resumed once no finding of
+anyone's is left. A node that an operator drained is left alone.
 
 Expectations come from a JSON file (default /etc/gpufleet/healthcheck.json, written by
 gpufleet's slurm_healthcheck role) and the node's recorded state /etc/gpufleet/node.json
@@ -56,9 +58,18 @@ GPU_QUERY = ("index,pci.bus_id,name,ecc.errors.uncorrected.volatile.total,"
              "remapped_rows.pending,remapped_rows.failure")
 SLURM_RESERVE_S = 3.0
 KILL_GRACE_S = 0.5  # after SIGKILL: a tool still not ended by then is left behind
-REASON_PREFIX = "gpufleet:"
-OWN_PREFIX = "gpufleet: healthcheck/"
-REASON_LIMIT = 200
+# The reason format of gpufleet/slurm/findings.py (tests/unit/test_slurm_findings.py holds
+# the two copies together).
+PREFIX = "gf "
+LEGACY = "gpufleet: "
+MESSAGE_LIMIT = 160
+MOST = 40
+LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap"}
+LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/"}
+_TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
+_TOKEN = re.compile(r"^(?P<source>[a-z]):(?P<id>[^\s@{}]+)@(?P<since>\d+)$")
+_LEGACY = re.compile(r"^gpufleet: (?P<source>conformance|drift|healthcheck|bootstrap)/"
+                     r"(?P<id>[^:]*?):")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
@@ -196,16 +207,83 @@ def parse_slurm_node(text: str) -> tuple[str, str | None]:
 
 
 def _one_line(text: str) -> str:
-    """Control characters to spaces, double quotes to single ones, runs of blanks to one."""
+    """Control characters to spaces, double quotes to single, braces to parentheses, runs
+    of blanks to one."""
     cleaned = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
-    return " ".join(cleaned.replace('"', "'").split())
+    cleaned = cleaned.replace('"', "'").replace("{", "(").replace("}", ")")
+    return " ".join(cleaned.split())
 
 
-def drain_reason(check: str, message: str) -> str:
-    """``gpufleet: <check>: <message>`` on one line, at most REASON_LIMIT characters (the
-    same rule as gpufleet.slurm.drain_reason)."""
-    text = f"{REASON_PREFIX} {_one_line(check) or 'check'}: {_one_line(message) or 'failed'}"
-    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3].rstrip() + "..."
+def parse_findings(reason: str | None) -> list[tuple[str, str, int]] | None:
+    """(source letter, id, since) of every finding a gpufleet reason holds; None for a
+    reason that is not gpufleet's."""
+    if not reason:
+        return None
+    if reason.startswith(PREFIX):
+        match = _TRAILER.search(reason)
+        found = []
+        for token in (match.group("body").split() if match else []):
+            parsed = _TOKEN.match(token)
+            if parsed and parsed.group("source") in LETTERS:
+                found.append((parsed.group("source"), parsed.group("id"),
+                              int(parsed.group("since"))))
+        return found
+    if reason.startswith(LEGACY):
+        legacy = _LEGACY.match(reason)
+        if legacy:
+            letter = next(k for k, v in LETTERS.items() if v == legacy.group("source"))
+            ident = legacy.group("id").rstrip("/")
+            if letter == "d":  # drift's findings are its roles
+                ident = ident.split("/", 1)[0]
+            return [(letter, re.sub(r"[\s@{}]", "_", ident), 0)]
+    return None
+
+
+def render_reason(findings: list[tuple[str, str, int]], message: str) -> str:
+    """The reason for ``findings``, the first shown with ``message``."""
+    kept = findings[:MOST]
+    letter, ident, _ = kept[0]
+    shown = _one_line(message)[:MESSAGE_LIMIT].rstrip() or "failed"
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    tokens = " ".join(f"{s}:{i}@{since}" for s, i, since in kept)
+    return f"{PREFIX}{LABELS[letter]}{ident}: {shown}{more} {{gf1 {tokens}}}"
+
+
+def message_of(reason: str | None) -> str:
+    if reason and reason.startswith(LEGACY):
+        parts = reason.split(": ", 2)
+        return parts[2] if len(parts) == 3 else ""
+    if not reason or not reason.startswith(PREFIX):
+        return ""
+    body = re.sub(r" \(\+\d+ more\)$", "", _TRAILER.sub("", reason))
+    return body.split(": ", 1)[1] if ": " in body else ""
+
+
+def reconcile_reason(reason: str | None, results: list[Result], now: float
+                     ) -> tuple[str | None, bool]:
+    """The reason after this run (None: no finding left) and whether it is gpufleet's to
+    change: the health check's failed checks added, its passed checks cleared, every other
+    finding kept."""
+    current = parse_findings(reason)
+    if current is None and reason:
+        return reason, False
+    failing = {r.check: r.message for r in results if r.status == "FAIL"}
+    passed = {r.check for r in results if r.status == "PASS"}
+    kept = [f for f in current or [] if not (f[0] == "h" and f[1] in passed - set(failing))]
+    known = {(f[0], f[1]) for f in kept}
+    findings = kept + [("h", c, int(now)) for c in failing if ("h", c) not in known]
+    if not findings:
+        return None, True
+    if current is not None and findings == current:
+        return reason, True  # nothing opened or cleared: the reason stays as it is
+    letter, ident, since = findings[0]
+    if letter == "h" and ident in failing:
+        message = failing[ident]
+    elif current and current[0] == findings[0] and message_of(reason):
+        message = message_of(reason)
+    else:
+        message = "open since " + time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(since))
+    return render_reason(findings, message), True
 
 
 # ---- checks ----------------------------------------------------------------------------------
@@ -410,25 +488,24 @@ def node_state(node: str, deadline: Deadline) -> tuple[str, str | None]:
 
 
 def slurm_action(node: str, results: list[Result], deadline: Deadline) -> tuple[str, bool]:
-    """Drain the node for its first failure, or resume it if the health check drained it;
-    the line to print and whether scontrol did what was needed."""
+    """Keep the health check's findings in the node's drain reason: drain for a new one,
+    resume once no finding of anyone's is left; the line to print and whether scontrol did
+    what was needed."""
     try:
         state, reason = node_state(node, deadline)
     except SlurmUnavailable as exc:
         return f"slurm: {exc}", False
-    drained = "DRAIN" in state.split("+")[1:]
-    failed = [r for r in results if r.status == "FAIL"]
-    if failed:
-        more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-        wanted = drain_reason(f"healthcheck/{failed[0].check}", failed[0].message + more)
-        if drained and not (reason or "").startswith(REASON_PREFIX):
-            return f"slurm: {node} left alone: drained by someone else: {reason}", True
-        if drained and reason == wanted:
-            return f"slurm: {node} already drained: {reason}", True
-        return _update(node, "drain", ["state=drain", f"reason={wanted}"], wanted, deadline)
-    if drained and (reason or "").startswith(OWN_PREFIX):
-        return _update(node, "resume", ["state=resume"], f"was {reason}", deadline)
-    return f"slurm: {node} {state}" + (f": {reason}" if reason else ""), True
+    held = "DRAIN" in state.split("+")[1:] or state.split("+")[0] == "DOWN"
+    wanted, ours = reconcile_reason(reason if held else None, results, time.time())
+    if not ours:
+        return f"slurm: {node} left alone: drained by someone else: {reason}", True
+    if wanted is None:
+        if held:
+            return _update(node, "resume", ["state=resume"], f"was {reason}", deadline)
+        return f"slurm: {node} {state}", True
+    if held and reason == wanted:
+        return f"slurm: {node} already drained: {reason}", True
+    return _update(node, "drain", ["state=drain", f"reason={wanted}"], wanted, deadline)
 
 
 def _update(node: str, verb: str, args: list[str], detail: str,

@@ -4,24 +4,27 @@ The parsers are pure functions over the commands' text output. The commands run 
 argument lists (never through a shell) with a timeout on every call; ``SLURM_CONF`` is
 passed through the environment when a configuration file is given.
 
-gpufleet marks the nodes it drains with a reason that starts with ``gpufleet:``
-(``gpufleet: <check>: <message>``) and only ever resumes nodes whose reason starts that
-way: a node an operator drained stays drained.
+gpufleet keeps every open finding of a node in its drain reason (gpufleet/slurm/findings.py)
+and resumes the node only once none is left: a node an operator drained stays drained, and
+a run never lifts another run's finding.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError, ParseError
+from gpufleet.slurm import findings
 
-REASON_PREFIX = "gpufleet:"
-REASON_LIMIT = 200
+UPDATE_ATTEMPTS = 4
+SETTLE_S = 0.5  # longer than another run's read-then-write of one reason
 DEFAULT_TIMEOUT = 20.0
 SINFO_FORMAT = "%N|%P|%T|%c|%G|%E"
 INSTALL_HINT = "install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client)"
@@ -71,9 +74,13 @@ class SlurmNode:
         return "DRAIN" in self.flags
 
     @property
+    def held(self) -> bool:
+        """Drained, draining or down: Slurm starts no new job on it."""
+        return self.drained or self.base_state == "DOWN"
+
+    @property
     def drained_by_gpufleet(self) -> bool:
-        return (self.drained or self.base_state == "DOWN") and \
-            (self.reason or "").startswith(REASON_PREFIX)
+        return self.held and findings.parse(self.reason) is not None
 
     @property
     def gpus(self) -> int:
@@ -219,18 +226,14 @@ def parse_sinfo(text: str) -> list[SinfoNode]:
     return rows
 
 
-# ---- drain reasons ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFindings:
+    """What one run of ``source`` found on a node: ``failed`` (finding id -> message) and
+    the ids it checked again and ``passed``."""
 
-def _one_line(text: str) -> str:
-    """Control characters to spaces, double quotes to single ones, runs of blanks to one."""
-    cleaned = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
-    return " ".join(cleaned.replace('"', "'").split())
-
-
-def drain_reason(check: str, message: str) -> str:
-    """``gpufleet: <check>: <message>`` on one line, at most REASON_LIMIT characters."""
-    text = f"{REASON_PREFIX} {_one_line(check) or 'check'}: {_one_line(message) or 'failed'}"
-    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 3].rstrip() + "..."
+    source: str
+    failed: Mapping[str, str] = field(default_factory=dict)
+    passed: Collection[str] = ()
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -247,6 +250,7 @@ class Slurm:
 
     conf: Path | None = None
     timeout: float = DEFAULT_TIMEOUT
+    settle_s: float = field(default_factory=lambda: SETTLE_S)
 
     def environment(self) -> dict[str, str]:
         """The environment for Slurm's commands (``SLURM_CONF`` when ``conf`` is given)."""
@@ -302,32 +306,47 @@ class Slurm:
         return parse_sinfo(self.run(["sinfo", "--noheader", "--Node",
                                      f"--format={SINFO_FORMAT}"]))
 
-    def drain(self, node: str, check: str, message: str) -> Action:
-        """Drain ``node`` with the reason ``gpufleet: <check>: <message>``; a node that
-        someone else drained keeps their reason and is left alone."""
-        current = self.node(node)
-        reason = drain_reason(check, message)
-        if current.drained and not current.drained_by_gpufleet:
-            return Action(node, "left alone", f"drained by {current.reason_user or 'someone'}"
-                                              f" else: {current.reason or 'no reason'}")
-        if current.drained and current.reason == reason:
-            return Action(node, "unchanged", f"already drained: {reason}")
-        self.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
-        return Action(node, "drained", reason)
-
-    def resume(self, node: str, cleared: Collection[str] = ("",)) -> Action:
-        """Resume ``node`` if gpufleet drained it for one of the ``cleared`` checks (reason
-        prefixes after ``gpufleet: ``; the default clears any of gpufleet's drains); a node
-        drained or downed by someone else, or by a check not cleared, is left alone."""
-        current = self.node(node)
-        if not current.drained and current.base_state != "DOWN":
-            return Action(node, "unchanged", f"not drained ({current.state})")
-        if not current.drained_by_gpufleet:
-            return Action(node, "left alone", f"drained by {current.reason_user or 'someone'}"
-                                              f" else: {current.reason or 'no reason'}")
-        reason = current.reason or ""
-        if not any(reason.startswith(f"{REASON_PREFIX} {c}") for c in cleared):
-            return Action(node, "left alone", f"drained by a check not run or not passed "
-                                              f"now: {reason}")
-        self.run(["scontrol", "update", f"nodename={node}", "state=resume"])
-        return Action(node, "resumed", f"was {current.state}: {current.reason}")
+    def update(self, node: str, runs: Sequence[RunFindings]) -> Action:
+        """Merge ``runs`` into the node's findings (its drain reason): drain it while any
+        finding is open, resume it once none is left. A node drained by anyone else is left
+        alone. After writing, the reason is read again ``settle_s`` (plus jitter) later;
+        when another run wrote over it meanwhile, the merge is done again on what that run
+        wrote, so two controllers updating one node at once both keep their findings."""
+        name = _node_name(node)
+        done: Action | None = None
+        for attempt in range(UPDATE_ATTEMPTS + 1):
+            current = self.node(name)
+            found = findings.parse(current.reason) if current.held else []
+            if found is None:
+                return done or Action(node, "left alone", "drained by "
+                                      f"{current.reason_user or 'someone'} else: "
+                                      f"{current.reason or 'no reason'}")
+            if done is not None and all(findings.holds(found, r.source, r.failed, r.passed)
+                                        for r in runs):
+                return done
+            if attempt == UPDATE_ATTEMPTS:
+                break
+            merged, reason = list(found), None
+            previous = current.reason if current.held else None
+            for run in runs:
+                merged = findings.reconcile(merged, run.source, run.failed, run.passed)
+                if merged:
+                    reason = findings.reason_for(merged, run.source, run.failed, previous)
+                    previous = reason
+            if not merged:
+                if not current.held:
+                    return done or Action(node, "unchanged", f"not drained ({current.state})")
+                self.run(["scontrol", "update", f"nodename={name}", "state=resume"])
+                done = done or Action(node, "resumed", f"was {current.state}: {current.reason}")
+            else:
+                assert reason is not None
+                if current.drained and (current.reason == reason or merged == found):
+                    return done or Action(node, "unchanged",
+                                          f"already drained: {current.reason}")
+                self.run(["scontrol", "update", f"nodename={name}", "state=drain",
+                          f"reason={reason}"])
+                done = Action(node, "drained", reason)
+            time.sleep(self.settle_s * (1 + random.random()))  # noqa: S311 - jitter only
+        assert done is not None
+        return Action(node, done.action, f"{done.detail} (other runs kept changing the reason; "
+                                         "the last write is kept)")

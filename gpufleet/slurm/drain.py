@@ -1,21 +1,20 @@
-"""Telling the fleet's scheduler about nodes: drain the ones a check failed, resume the
-ones gpufleet drained once they are healthy again. Slurm today (``gpufleet_scheduler:
-slurm``); the commands run on the controller, so an unreachable node is drained too.
-
-Each drain's reason is ``gpufleet: <check>: <message>`` (gpufleet/slurm.py); a resume only
-lifts gpufleet's own drains for checks that ran again and passed on that node: a node an
-operator drained, or one drained for a check this run did not repeat, stays drained.
+"""Telling the fleet's scheduler about nodes: each run hands over what it found on every
+node (the checks or roles that failed, and those it checked again and passed); the node is
+drained while any finding of any run is open and resumed once none is left
+(gpufleet/slurm/findings.py). Slurm today (``gpufleet_scheduler: slurm``); the commands
+run on the controller, so an unreachable node is drained too. A node an operator drained
+is left alone.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
-from gpufleet.slurm.client import Action, Slurm
+from gpufleet.slurm.client import Action, RunFindings, Slurm
 
 SCHEDULER_VAR = "gpufleet_scheduler"
 
@@ -56,28 +55,15 @@ def slurm_name(host: Host) -> str:
     return str(host.vars.get("gpufleet_slurm_node") or host.name)
 
 
-def drain(failed: Sequence[tuple[Host, str, str]]) -> dict[str, str]:
-    """Drain every host of ``failed`` ((host, check, message)) where a scheduler is named;
-    host name -> what was done. A scheduler error is that host's entry, never the run's."""
+def update(results: Sequence[tuple[Host, Sequence[RunFindings]]]) -> dict[str, str]:
+    """Hand each host's findings to its scheduler (where one is named); host name -> what
+    was done. A scheduler error is that host's entry, never the run's."""
     done: dict[str, str] = {}
-    for host, check, message in failed:
+    for host, found in results:
         slurm = slurm_of(host)
         if slurm is not None:
-            done[host.name] = _act(functools.partial(slurm.drain, slurm_name(host), check,
-                                                     message))
-    return done
-
-
-def resume(cleared: Sequence[tuple[Host, Collection[str]]]) -> dict[str, str]:
-    """Resume each host that gpufleet drained for a check now cleared on it ((host, reason
-    prefixes) after ``gpufleet: ``, such as ``conformance/firewall/`` or ``drift/nccl_env/``;
-    ``""`` clears any of gpufleet's drains)."""
-    done: dict[str, str] = {}
-    for host, checks in cleared:
-        slurm = slurm_of(host)
-        if slurm is not None and checks:
-            done[host.name] = _act(functools.partial(slurm.resume, slurm_name(host),
-                                                     tuple(checks)))
+            done[host.name] = _act(functools.partial(slurm.update, slurm_name(host),
+                                                     list(found)))
     return done
 
 

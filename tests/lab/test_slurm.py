@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,13 +18,15 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
+from gpufleet.conformance import runner
 from gpufleet.errors import InventoryError
 from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 from gpufleet.provision.engine import RunOptions, provision
 from gpufleet.roles import nccl_env, pytorch, slurm_healthcheck
-from gpufleet.slurm.client import Slurm, SlurmNode, drain_reason
+from gpufleet.slurm import findings
+from gpufleet.slurm.client import RunFindings, Slurm, SlurmNode
 from tests.conftest import ROOT
 from tests.lab.conftest import foreign_table, lab_config_for, node_sh
 
@@ -119,19 +124,59 @@ def test_srun_runs_across_the_nodes_from_the_controller_and_from_a_node(slurm_la
     assert sorted(from_node.split()) == [f"node0{i}" for i in range(1, NODES + 1)]
 
 
-def test_drain_names_the_check_and_resume_returns_the_node(slurm: Slurm) -> None:
-    drained = slurm.drain("node02", "conformance/reachability", "port 29500 closed\nto node01")
-    reason = "gpufleet: conformance/reachability: port 29500 closed to node01"
-    assert (drained.action, drained.detail) == ("drained", reason)
+def test_findings_drain_the_node_and_only_the_last_one_cleared_resumes_it(
+        slurm: Slurm) -> None:
+    """Real slurmctld keeps a long reason exactly as written; sinfo -R's 20 characters name
+    the first finding; each run clears only its own."""
+    drained = slurm.update("node02", [RunFindings(
+        "conformance", {"reachability/reachable_from_the_cluster":
+                        "port 29500 closed\nto node01"})])
+    assert drained.action == "drained"
+    reason = drained.detail
+    assert reason.startswith("gf reachability/reachable_from_the_cluster: port 29500 closed "
+                             "to node01 {gf1 c:reachability/reachable_from_the_cluster@")
     node = slurm.node("node02")
     assert node.drained and node.reason == reason and node.reason_user == "root"
-    row = next(r for r in slurm.sinfo() if r.name == "node02")
-    assert row.state == "drained" and row.reason == reason
-    assert slurm.drain("node02", "conformance/reachability",
-                       "port 29500 closed to node01").action == "unchanged"
-    assert slurm.resume("node02").action == "resumed"
+    short = subprocess.run(["sinfo", "-R", "--noheader"], capture_output=True, text=True,
+                           check=True, env=slurm.environment()).stdout
+    assert "gf reachability/reac" in short
+    more = {f"stack/role_converged[role{i:02d}]": f"changes {i}" for i in range(30)}
+    slurm.update("node02", [RunFindings("conformance", more), RunFindings(
+        "drift", {"nccl_env": "file /etc/nccl.conf: desired 127 bytes, actual absent"})])
+    long_reason = slurm.node("node02").reason or ""
+    assert len(long_reason) > 1000 and long_reason.endswith("}")
+    assert len(findings.parse(long_reason) or []) == 32
+    assert slurm.update("node02", [RunFindings("drift", {}, ["nccl_env"])]).action == "drained"
+    assert slurm.update("node02", [RunFindings("conformance", {}, [
+        "reachability/reachable_from_the_cluster", *more])]).action == "resumed"
     _idle(slurm, "node02", "node02 resumed")
-    assert slurm.resume("node02").action == "unchanged"
+    assert slurm.update("node02", [RunFindings("drift", {}, ["nccl_env"])]).action == \
+        "unchanged"
+
+
+def test_two_controllers_updating_at_once_keep_both_findings(slurm: Slurm) -> None:
+    runs = [RunFindings("conformance", {f"gpu/check{i}": "failed"}) for i in range(4)] + \
+        [RunFindings("drift", {f"role{i}": "drifted"}) for i in range(4)]
+    errors: list[BaseException] = []
+
+    def update(run: RunFindings) -> None:
+        try:
+            slurm.update("node03", [run])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=update, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    try:
+        kept = {(f.source, f.id) for f in findings.parse(slurm.node("node03").reason) or []}
+        assert kept == {(r.source, next(iter(r.failed))) for r in runs}
+    finally:
+        slurm.update("node03", [RunFindings(r.source, {}, list(r.failed)) for r in runs])
+    _idle(slurm, "node03", "node03 resumed once every finding is cleared")
 
 
 def test_a_node_drained_by_an_operator_is_left_alone(slurm_lab: Lab, slurm: Slurm) -> None:
@@ -139,8 +184,9 @@ def test_a_node_drained_by_an_operator_is_left_alone(slurm_lab: Lab, slurm: Slur
                 "reason=replacing a fan (ticket OPS-7)"]
     subprocess.run(operator, check=True, timeout=30, env=_slurm_env(slurm_lab))
     try:
-        assert slurm.resume("node03").action == "left alone"
-        assert slurm.drain("node03", "healthcheck/xid", "Xid 79").action == "left alone"
+        for run in (RunFindings("conformance", {}, ["gpu/health"]),
+                    RunFindings("healthcheck", {"xid": "Xid 79"})):
+            assert slurm.update("node03", [run]).action == "left alone"
         node = slurm.node("node03")
         assert node.drained and node.reason == "replacing a fan (ticket OPS-7)"
     finally:
@@ -164,15 +210,18 @@ def test_slurmd_runs_the_health_check_which_drains_its_node_and_resumes_it(
     assert seconds < 10
 
     node_sh(slurm_lab, "node02", "sysctl -qw net.ipv4.ip_local_port_range='32768 60999'")
-    reason = "gpufleet: healthcheck/port_range: 32768-60999, expected 49152-65535"
-    drained = _wait_for("slurmd's health check drains node02", lambda: next(
-        (n for n in slurm.nodes() if n.name == "node02" and n.drained), None))
-    assert drained.reason == reason
-    assert not any(n.drained for n in slurm.nodes() if n.name != "node02")
-    log = LabSlurm(slurm_lab.config).dir / "log" / "slurmd-node02.log"
-    assert "health_check failed: rc:1" in log.read_text()
-
-    _provision_nccl_env_and_healthcheck(slurm_lab)
+    try:
+        drained = _wait_for("slurmd's health check drains node02", lambda: next(
+            (n for n in slurm.nodes() if n.name == "node02" and n.drained), None))
+        assert (drained.reason or "").startswith(
+            "gf hc/port_range: 32768-60999, expected 49152-65535 {gf1 h:port_range@")
+        assert not any(n.drained for n in slurm.nodes() if n.name != "node02")
+        # slurmd logs the exit status once the program, which drained first, has ended.
+        log = LabSlurm(slurm_lab.config).dir / "log" / "slurmd-node02.log"
+        _wait_for("slurmd logs the failed health check", lambda: drained if (
+            "health_check failed: rc:1" in log.read_text()) else None, timeout=10)
+    finally:
+        _provision_nccl_env_and_healthcheck(slurm_lab)
     _idle(slurm, "node02", "the health check resumes node02 once its port range is fixed")
 
 
@@ -181,7 +230,7 @@ def test_the_health_check_leaves_an_operator_drain_alone(slurm_lab: Lab, slurm: 
                     "reason=firmware update"], check=True, timeout=30, env=_slurm_env(slurm_lab))
     try:
         report = node_sh(slurm_lab, "node01", "/usr/local/sbin/gpufleet-healthcheck --drain")
-        assert "slurm: node01 IDLE+DRAIN: firmware update" in report
+        assert "slurm: node01 left alone: drained by someone else: firmware update" in report
         assert slurm.node("node01").reason == "firmware update"
     finally:
         subprocess.run(["scontrol", "update", "nodename=node01", "state=resume"], check=True,
@@ -212,12 +261,33 @@ def test_conformance_drains_the_failing_node_and_resumes_it_once_it_passes(
             node_sh(slurm_lab, "node02", "nft delete table inet site")
         assert code == 1
         node = slurm.node("node02")
-        assert node.drained and node.reason == drain_reason(
-            "conformance/firewall/live_rules_admit_the_cluster", f"tcp dport 29500 from "
-            f"{node1} is dropped by table inet site chain in (priority -10) handle 2: ip "
-            f"saddr {node1} tcp dport 29500 drop")
+        assert node.drained and (node.reason or "").startswith(
+            f"gf firewall/live_rules_admit_the_cluster: tcp dport 29500 from {node1} is "
+            "dropped by table inet site chain in (priority -10) handle 2: ip saddr ")
         assert not slurm.node("node01").drained
 
+        _provision_nccl_env_and_healthcheck(slurm_lab)
+        assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
+                             outputs=app.DriftOutputs(report_dir=str(tmp_path / "d"))) == 0
+        assert slurm.node("node02").reason == node.reason, "drift resumed a conformance drain"
+
+        # A transient health check failure adds its finding beside conformance's, and its
+        # passing again clears only its own: the node stays drained (it used to be resumed).
+        node_sh(slurm_lab, "node02", "sysctl -qw net.ipv4.ip_local_port_range='32768 60999'")
+        both = _wait_for("the health check adds its finding", lambda: next(
+            (n for n in [slurm.node("node02")] if " h:port_range@" in (n.reason or "")), None))
+        assert (both.reason or "").startswith((node.reason or "").split(" {")[0] + " (+1 more)")
+        node_sh(slurm_lab, "node02", "sysctl -qw net.ipv4.ip_local_port_range='49152 65535'")
+        _wait_for("the health check clears its own finding", lambda: next(
+            (n for n in [slurm.node("node02")] if n.reason == node.reason), None))
+        time.sleep(2 * HEALTH_CHECK_INTERVAL)
+        assert slurm.node("node02").drained, "the health check resumed a conformance drain"
+
+        # Drift re-drains it for an edited file; once fixed, drift clears its finding only.
+        node_sh(slurm_lab, "node02", "echo NCCL_DEBUG=INFO >> /etc/default/gpufleet-nccl")
+        assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
+                             outputs=app.DriftOutputs(report_dir=str(tmp_path / "d"))) == 1
+        assert " d:nccl_env@" in (slurm.node("node02").reason or "")
         _provision_nccl_env_and_healthcheck(slurm_lab)
         assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
                              outputs=app.DriftOutputs(report_dir=str(tmp_path / "d"))) == 0
@@ -243,7 +313,7 @@ def test_drift_drains_the_drifted_node_and_resumes_it_once_clean(
                          outputs=outputs) == 1
     node = slurm.node("node03")
     assert node.drained and (node.reason or "").startswith(
-        "gpufleet: drift/nccl_env/file /etc/default/gpufleet-nccl: desired ")
+        "gf drift/nccl_env: file /etc/default/gpufleet-nccl: desired ")
     assert [n.name for n in slurm.nodes() if n.drained] == ["node03"]
     _provision_nccl_env_and_healthcheck(slurm_lab)
     assert app.drift_cmd(inventory, roles="nccl_env", drain_drifted=True,
@@ -282,6 +352,55 @@ def test_the_slurm_launcher_gives_the_ssh_launchers_outcomes(slurm_lab: Lab, slu
     assert not [line for line in subprocess.run(
         ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True,
         env=_slurm_env(slurm_lab)).stdout.split() if line == launcher["job_id"]]
+
+
+def _jobs(lab: Lab) -> list[str]:
+    return subprocess.run(["squeue", "--noheader", "--name=gpufleet-conformance",
+                           "--format=%i"], capture_output=True, text=True, check=True,
+                          env=_slurm_env(lab)).stdout.split()
+
+
+def test_sigterm_of_the_controller_cancels_the_allocation(slurm_lab: Lab,
+                                                          tmp_path: Path) -> None:
+    """The exclusive allocation holds every measured node: a controller stopped with
+    SIGTERM cancels it on its way out (SIGKILL cannot be caught: the job's --time, the
+    longest host budget, ends it then)."""
+    assert _jobs(slurm_lab) == []
+    run = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "conformance", "-i",
+         str(slurm_lab.config.inventory_dir), "--suite", "allreduce", "--launcher", "slurm",
+         "--partition", "lab", "--json", str(tmp_path / "c.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_slurm_env(slurm_lab))
+    try:
+        deadline = time.monotonic() + 60
+        while not _jobs(slurm_lab) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [job] = _jobs(slurm_lab)
+        time.sleep(3)  # inside the run: facts gathered through job steps
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
+    assert job not in _jobs(slurm_lab)
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_an_error_finishing_the_run_still_cancels_the_allocation(
+        slurm_lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report that cannot be made (a full disk, a bad node file) used to skip scancel: the
+    exclusive allocation then held every measured node for its whole time limit."""
+    def disk_full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, "report_of", disk_full)
+    assert _jobs(slurm_lab) == []
+    with pytest.raises(OSError, match="No space left"):
+        app.conformance_cmd(str(slurm_lab.config.inventory_dir), suites="host_sizing",
+                            launcher="slurm", partition="lab")
+    assert _jobs(slurm_lab) == []
 
 
 def test_the_slurm_launcher_leaves_out_a_drained_node_and_names_why(

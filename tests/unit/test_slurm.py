@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,10 @@ from gpufleet.bootstrap import Bootstrap, StepResult, mark
 from gpufleet.errors import ParseError
 from gpufleet.inventory.model import load_inventory
 from gpufleet.slurm.client import (
-    REASON_LIMIT,
+    RunFindings,
     Slurm,
     SlurmError,
     SlurmNode,
-    drain_reason,
     parse_show_node,
     parse_show_partition,
     parse_sinfo,
@@ -102,45 +102,57 @@ def test_gres_gpu_counts() -> None:
     assert parse_show_node(line.replace("Gres=gpu:2", "Gres=(null)"))[0].gpus == 0
 
 
-# ---- reasons -------------------------------------------------------------------------------
+# ---- commands, against a stand-in scontrol that keeps the node's state ----------------------
 
-@pytest.mark.parametrize(("check", "message", "reason"), [
-    ("conformance/reachability", "port 29500 closed",
-     "gpufleet: conformance/reachability: port 29500 closed"),
-    ("healthcheck/gpus", 'nvidia-smi failed:\n"Unable to determine"\r\t0000:3b:00',
-     "gpufleet: healthcheck/gpus: nvidia-smi failed: 'Unable to determine' 0000:3b:00"),
-    ("x", "", "gpufleet: x: failed"),
-    ("", "bell\x07 and del\x7f", "gpufleet: check: bell and del"),
-])
-def test_drain_reason_is_one_clean_line(check: str, message: str, reason: str) -> None:
-    assert drain_reason(check, message) == reason
+FAKE_SCONTROL = r"""#!/usr/bin/env python3
+import json, os, re, sys
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+with open(os.environ["FAKE_ENV"], "w") as env:
+    env.write("SLURM_CONF=" + os.environ.get("SLURM_CONF", "") + "\n")
+show = os.environ["FAKE_SHOW"]
+line = open(show).read().strip()
+if "show" in sys.argv:
+    print(line)
+elif sys.argv[1] == "update":
+    opts = dict(a.split("=", 1) for a in sys.argv[2:])
+    state = re.search(r" State=(\S+)", line).group(1)
+    base = state.split("+")[0]
+    line = re.sub(r" Reason=.*$", "", line)
+    race = os.environ.get("FAKE_RACE")
+    if race and not os.path.exists(show + ".raced"):  # another run's write lands over ours
+        open(show + ".raced", "w").close()
+        opts = {"state": "drain", "reason": race}
+    if opts["state"] == "drain":
+        line = line.replace(f" State={state}", f" State={base}+DRAIN")
+        line += f" Reason={opts['reason']} [root@2026-12-01T10:00:00]"
+    else:
+        line = line.replace(f" State={state}", " State=IDLE")
+    open(show, "w").write(line + "\n")
+"""
 
-
-def test_drain_reason_is_bounded() -> None:
-    reason = drain_reason("healthcheck/xid", "Xid 79 " * 100)
-    assert len(reason) == REASON_LIMIT and reason.endswith("...")
-    assert reason.startswith("gpufleet: healthcheck/xid: Xid 79 Xid 79")
-
-
-# ---- commands, against stand-ins that record their argv --------------------------------------
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """scontrol that answers ``show node`` from $FAKE_SHOW and logs every argv as JSON."""
+    """scontrol that answers ``show node`` from $FAKE_SHOW, applies ``update`` to it, and
+    logs every argv as JSON."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    log = tmp_path / "argv.log"
-    record = ("python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
-              f"{log}\n")
-    stand_in(bin_dir, "scontrol", record + 'case "$*" in *show*) cat "$FAKE_SHOW";; esac\n'
-              'echo "SLURM_CONF=$SLURM_CONF" > "$FAKE_ENV"\n')
+    stand_in(bin_dir, "scontrol", "")
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_ENV", str(tmp_path / "env"))
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "argv.log"))
+    monkeypatch.setattr("gpufleet.slurm.client.SETTLE_S", 0.0)
     return tmp_path
 
 
 def _calls(tmp: Path) -> list[list[str]]:
     return [json.loads(line) for line in (tmp / "argv.log").read_text().splitlines()]
+
+
+def _updates(tmp: Path) -> list[list[str]]:
+    return [c for c in _calls(tmp) if c[0] == "update"] if (tmp / "argv.log").exists() else []
 
 
 def _show(tmp: Path, monkeypatch: pytest.MonkeyPatch, fixture: str, node: str) -> None:
@@ -150,45 +162,91 @@ def _show(tmp: Path, monkeypatch: pytest.MonkeyPatch, fixture: str, node: str) -
     monkeypatch.setenv("FAKE_SHOW", str(tmp / "show.txt"))
 
 
-def test_drain_passes_the_reason_as_one_argument(fake_slurm: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def _reason(tmp: Path) -> str | None:
+    return parse_show_node((tmp / "show.txt").read_text())[0].reason
+
+
+def test_a_finding_drains_and_the_reason_is_one_argument(
+        fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node04")
-    action = Slurm(conf=Path("/x/slurm.conf")).drain("node04", "conformance/allreduce",
-                                                      'bus bandwidth 1.2 "GB/s"; rm -rf /')
-    reason = "gpufleet: conformance/allreduce: bus bandwidth 1.2 'GB/s'; rm -rf /"
-    assert (action.action, action.detail) == ("drained", reason)
-    assert _calls(fake_slurm)[-1] == ["update", "nodename=node04", "state=drain",
-                                      f"reason={reason}"]
+    action = Slurm(conf=Path("/x/slurm.conf")).update("node04", [RunFindings(
+        "conformance", {"allreduce/each_node_alone": 'bus bandwidth 1.2 "GB/s"; rm -rf /'})])
+    assert action.action == "drained"
+    reason = action.detail
+    assert reason.startswith("gf allreduce/each_node_alone: bus bandwidth 1.2 'GB/s'; rm -rf / "
+                             "{gf1 c:allreduce/each_node_alone@")
+    assert _updates(fake_slurm) == [["update", "nodename=node04", "state=drain",
+                                     f"reason={reason}"]]
     assert (fake_slurm / "env").read_text().strip() == "SLURM_CONF=/x/slurm.conf"
 
 
-def test_drain_leaves_an_operator_drain_alone(fake_slurm: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_operator_drain_is_left_alone(fake_slurm: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node01")
-    action = Slurm().drain("node01", "healthcheck/xid", "Xid 79")
-    assert action.action == "left alone" and "replace PSU" in action.detail
-    assert not any(c[0] == "update" for c in _calls(fake_slurm))
+    for run in (RunFindings("healthcheck", {"xid": "Xid 79"}),
+                RunFindings("conformance", {}, ["gpu/health"])):
+        action = Slurm().update("node01", [run])
+        assert action.action == "left alone" and "replace PSU" in action.detail
+    assert _updates(fake_slurm) == []
 
 
-def test_resume_only_what_gpufleet_drained(fake_slurm: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node01")
-    assert Slurm().resume("node01").action == "left alone"
+def test_the_node_stays_drained_while_any_finding_is_open(
+        fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defect: drift re-drained a node conformance had drained (for ECC errors) and the
+    next clean drift resumed it. Now each run only clears its own findings."""
     _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node04")
-    assert Slurm().resume("node04").action == "unchanged"
-    assert not any(c[0] == "update" for c in _calls(fake_slurm))
+    slurm = Slurm()
+    slurm.update("node04", [RunFindings("conformance", {"gpu/health": "GPU0: 2 ECC errors"})])
+    slurm.update("node04", [RunFindings("drift", {"nccl_env": "/etc/nccl.conf differs"},
+                                        ["driver", "cuda"])])
+    reason = _reason(fake_slurm) or ""
+    assert reason.startswith("gf gpu/health: GPU0: 2 ECC errors (+1 more) {gf1 c:gpu/health@")
+    assert " d:nccl_env@" in reason
+    assert slurm.update("node04", [RunFindings("drift", {}, ["nccl_env"])]).action == "drained"
+    assert (_reason(fake_slurm) or "").startswith("gf gpu/health: GPU0: 2 ECC errors {gf1 ")
+    assert slurm.update("node04", [RunFindings("drift", {}, ["nccl_env"])]).action == \
+        "unchanged"
+    action = slurm.update("node04", [RunFindings("conformance", {}, ["gpu/health"])])
+    assert action.action == "resumed"
+    assert _updates(fake_slurm)[-1] == ["update", "nodename=node04", "state=resume"]
+    assert slurm.update("node04", [RunFindings("conformance", {}, ["gpu/health"])]).action \
+        == "unchanged"
+
+
+def test_a_write_lost_to_another_run_is_merged_again(
+        fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two controllers read the same reason and write one after the other: the first reads
+    the reason again after settling, finds its finding gone and merges into the other's."""
+    _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node04")
+    monkeypatch.setenv("FAKE_RACE", "gf drift/nccl_env: differs {gf1 d:nccl_env@1764590300}")
+    action = Slurm().update("node04", [RunFindings("conformance", {"gpu/health": "ECC"})])
+    assert action.action == "drained"
+    assert len(_updates(fake_slurm)) == 2
+    reason = _reason(fake_slurm) or ""
+    assert reason.startswith("gf drift/nccl_env: differs (+1 more) {gf1 d:nccl_env@1764590300 "
+                             "c:gpu/health@"), reason
+
+
+def test_a_reason_of_an_earlier_version_is_one_finding(
+        fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node03")
-    assert Slurm().resume("node03", ("drift/", "conformance/firewall/")).action == "left alone"
-    assert not any(c[0] == "update" for c in _calls(fake_slurm))
-    action = Slurm().resume("node03", ("conformance/reachability",))
-    assert action.action == "resumed" and "conformance/reachability" in action.detail
-    assert _calls(fake_slurm)[-1] == ["update", "nodename=node03", "state=resume"]
+    assert Slurm().update("node03", [RunFindings("drift", {}, ["nccl_env"])]).action == \
+        "unchanged"
+    assert Slurm().update("node03", [RunFindings("drift", {"nccl_env": "differs"})]).action \
+        == "drained"
+    assert re.fullmatch(r"gf reachability: port 29500 closed 'to node01' second line \(\+1 "
+                        r"more\) \{gf1 c:reachability@0 d:nccl_env@\d+\}",
+                        _reason(fake_slurm) or "")
+    assert Slurm().update("node03", [RunFindings("drift", {}, ["nccl_env"])]).action == \
+        "drained"
+    assert Slurm().update("node03", [RunFindings("conformance", {}, ["reachability"])]
+                          ).action == "resumed"
 
 
 @pytest.mark.parametrize("name", ["node[01-02]", "node01 state=resume", "", "-x"])
 def test_node_names_that_are_not_one_node_are_refused(name: str) -> None:
     with pytest.raises(SlurmError, match="invalid Slurm node name"):
-        Slurm().drain(name, "c", "m")
+        Slurm().update(name, [RunFindings("conformance", {"c": "m"})])
 
 
 def test_missing_scontrol_is_a_clear_error(tmp_path: Path,
@@ -222,7 +280,7 @@ def test_unknown_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in(tmp_path, "scontrol", f"cat {captured}\nexit 1\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with pytest.raises(SlurmError, match=r"^no Slurm node named 'nope'$"):
-        Slurm().resume("nope")
+        Slurm().update("nope", [RunFindings("drift", {}, ["nccl_env"])])
 
 
 def test_bootstrap_drains_a_node_it_could_not_reach_and_resumes_a_certified_one(
@@ -237,12 +295,11 @@ def test_bootstrap_drains_a_node_it_could_not_reach_and_resumes_a_certified_one(
                                 StepResult("provision", "failed", "apt failed")],
                        reason="provision: apt failed")
     message, _ = mark(None, host, inventory, failed, None)
-    reason = "gpufleet: bootstrap/provision: provision: apt failed"
-    assert _calls(fake_slurm)[-1] == ["update", "nodename=node04", "state=drain",
-                                      f"reason={reason}"]
+    reason = _reason(fake_slurm) or ""
+    assert reason.startswith("gf bootstrap/provision: provision: apt failed {gf1 b:provision@")
     assert f"scheduler: drained: {reason}" in message
-    _show(fake_slurm, monkeypatch, "scontrol_show_node.txt", "node03")  # a gpufleet drain
-    show = fake_slurm / "show.txt"
-    show.write_text(show.read_text().replace("NodeName=node03 ", "NodeName=node04 "))
-    mark(None, host, inventory, Bootstrap("gpu4", ready=True), None)
-    assert _calls(fake_slurm)[-1] == ["update", "nodename=node04", "state=resume"]
+    certified = Bootstrap("gpu4", [StepResult("provision", "ok", ""),
+                                   StepResult("certify", "ok", "")], ready=True,
+                          passed_checks=["gpu/health"])
+    mark(None, host, inventory, certified, None)
+    assert _updates(fake_slurm)[-1] == ["update", "nodename=node04", "state=resume"]

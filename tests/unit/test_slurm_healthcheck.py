@@ -27,7 +27,6 @@ from gpufleet.inventory.model import load_inventory
 from gpufleet.node import healthcheck as program
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import slurm_healthcheck
-from gpufleet.slurm import client as slurm
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"
@@ -44,16 +43,6 @@ def test_program_needs_only_the_standard_library_and_python_3_9() -> None:
     roots |= {node.module.split(".")[0] for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module}
     assert roots - set(sys.stdlib_module_names) == set()
-
-
-@pytest.mark.parametrize(("check", "message"), [
-    ("healthcheck/port_range", "32768-60999, expected 49152-65535"),
-    ("healthcheck/gpus", 'nvidia-smi failed:\n"Unable to determine the device handle"'),
-    ("", "\x00\x1f\x7f"),
-    ("healthcheck/xid", "Xid 79 on 0000:3b:00: GPU has fallen off the bus " * 20),
-])
-def test_reasons_are_the_engines(check: str, message: str) -> None:
-    assert program.drain_reason(check, message) == slurm.drain_reason(check, message)
 
 
 def test_critical_xids_and_state_file_are_the_engines() -> None:
@@ -244,9 +233,10 @@ def test_the_checks_keep_to_their_budget_and_leave_time_to_drain(node: Node) -> 
     assert lines["gpus"] == "FAIL gpus: nvidia-smi did not answer within 1.0s"
     assert lines["xid"] == ("FAIL xid: kernel log unreadable: dmesg: not run: no time left "
                             "of 1s; journalctl: not run: no time left of 1s")
-    assert node.updates() == [["update", "nodename=node04", "state=drain",
-                               "reason=gpufleet: healthcheck/gpus: nvidia-smi did not answer "
-                               "within 1.0s (+1 more)"]]
+    [update] = node.updates()
+    assert update[:3] == ["update", "nodename=node04", "state=drain"]
+    assert re.fullmatch(r"reason=gf hc/gpus: nvidia-smi did not answer within 1\.0s \(\+1 "
+                        r"more\) \{gf1 h:gpus@\d+ h:xid@\d+\}", update[3]), update[3]
 
 
 def test_ecc_errors_and_critical_xids_fail(node: Node) -> None:
@@ -277,8 +267,10 @@ def test_drain_on_failure_names_the_first_failing_check(node: Node) -> None:
     _script(node.bin, "dmesg", "exit 1\n")
     _script(node.bin, "journalctl", "exit 1\n")
     proc = node.run("--drain")
-    reason = ("gpufleet: healthcheck/gpus: 1 GPU(s) (NVIDIA H200), expected 2 (+1 more)")
-    assert node.updates() == [["update", "nodename=node04", "state=drain", f"reason={reason}"]]
+    [update] = node.updates()
+    reason = update[3].removeprefix("reason=")
+    assert reason.startswith("gf hc/gpus: 1 GPU(s) (NVIDIA H200), expected 2 (+1 more) {gf1 "
+                             "h:gpus@")
     assert f"slurm: drained node04: {reason}" in proc.stdout
     assert proc.returncode == 1
 
@@ -321,6 +313,25 @@ def test_healthy_again_it_resumes_only_its_own_drain(node: Node) -> None:
     proc = node.run("--drain")
     assert node.updates() == [["update", "nodename=node04", "state=resume"]]
     assert proc.returncode == 0
+
+
+def test_a_failing_check_never_lifts_a_conformance_drain(node: Node) -> None:
+    """The defect: a transient nvidia-smi error replaced conformance's reason with the health
+    check's, and the next healthy run resumed the node. Now the conformance finding stays,
+    the health check's is added beside it, and clearing it leaves the node drained."""
+    conformance = ("gf allreduce/each_node_alone: busbw 12 GB/s, gate 330 "
+                   "{gf1 c:allreduce/each_node_alone@1764590000}")
+    _drained(node, "scontrol_show_node.txt", "node04", conformance)
+    node.write_config(gpu_count=2)
+    node.run("--drain")
+    [update] = node.updates()
+    assert update[3].startswith(f"reason={conformance.split(' {', maxsplit=1)[0]} (+1 more) {{gf1 "
+                                "c:allreduce/each_node_alone@1764590000 h:gpus@")
+    _drained(node, "scontrol_show_node.txt", "node04", update[3].removeprefix("reason="))
+    node.write_config(gpu_count=1)
+    node.run("--drain")
+    assert node.updates()[-1] == ["update", "nodename=node04", "state=drain",
+                                  f"reason={conformance}"]
 
 
 def test_scontrol_failing_is_reported_and_fails_the_run(node: Node) -> None:
