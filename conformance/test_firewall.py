@@ -5,7 +5,9 @@ drop or reject is named with its table, chain and rule; a rule that may drop (a 
 limit, an expression not understood) is reported, not failed.
 
 Variables (the firewall role's): firewall_cluster_group (all), firewall_rendezvous_port
-(29500), firewall_port_range (49152-65535), firewall_open_tcp_ports, firewall_extra_cidrs.
+(29500), firewall_port_range (49152-65535), firewall_open_tcp_ports, firewall_extra_cidrs;
+and firewall_read_timeout_s (60): the longest the node may take to list its ruleset, within
+what is left of the host's budget (5 s of which stay for the checks after this one).
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ import pytest
 from gpufleet import roles
 from gpufleet.conformance.launch import socket_ifname
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.connect.connection import CommandTimeout
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
+
+RESERVE_S = 5.0
+
+
+def read_limit(node: Node) -> float:
+    """How long listing the ruleset may take: the suite's limit, within the host's budget
+    less what the later checks need."""
+    limit = node.settings.number("firewall_read_timeout_s")
+    left = node.budget.remaining()
+    return limit if left is None else max(1.0, min(limit, left - RESERVE_S))
 
 
 def test_live_rules_admit_the_cluster(node: Node, conformance: ConformanceSession,
@@ -26,7 +39,13 @@ def test_live_rules_admit_the_cluster(node: Node, conformance: ConformanceSessio
     except GpufleetError as exc:
         pytest.fail(f"unknown: {exc}")
     sources, ports = intent.sources, intent.ports
-    result = node.run(LIVE_RULESET.shell, timeout=60)
+    limit = read_limit(node)
+    try:
+        result = node.run(LIVE_RULESET.shell, timeout=limit)
+    except CommandTimeout:
+        pytest.fail(f"unknown: ruleset too large to read in {limit:.0f} s (nft -j list "
+                    "ruleset and the iptables saves did not finish; firewall_read_timeout_s "
+                    "and the host's budget bound it)")
     try:
         live = LIVE_RULESET.parse(result.stdout)
         analysis = analyse_live(live, sources, ports, socket_ifname(node))

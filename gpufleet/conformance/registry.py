@@ -123,6 +123,11 @@ def _check_ranges(v: RoleVars) -> None:
     parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
 
 
+def _positive(v: RoleVars, key: str) -> None:
+    if v.number(key) <= 0:
+        raise v.fail(key, "a number above 0", v.get(key))
+
+
 def _check_performance(v: RoleVars) -> None:
     verdict.settings(v.host)
 
@@ -140,7 +145,10 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
           required_when=_always),
     Suite("firewall", ("conformance",),
           "the live ruleset admits the cluster to the rendezvous port and NCCL's range",
-          required_when=_always),
+          variables={"firewall_read_timeout_s": Var(
+              60, "number", "longest the node may take to list its ruleset (bounded by "
+                            "what is left of the host's budget)")},
+          required_when=_always, check=lambda v: _positive(v, "firewall_read_timeout_s")),
     Suite("reachability", ("conformance",),
           "real TCP connects between nodes on the rendezvous port and across the range",
           variables={

@@ -9,6 +9,15 @@ A point of the evaluation is reached by a class *surely* (on every path) or *may
 some paths, after a rule that may or may not apply). Accept ends only the base chain it
 happens in; drop and reject are final. A class no drop or reject can reach is accepted;
 one that every path drops or rejects is dropped or rejected; the rest are uncertain.
+
+Base chains run in hook order (ingress, prerouting, input), then by priority; of equal
+priority, the one registered last runs first (the kernel inserts a new hook before those
+of its priority), taken to be the one listed last. conntrack runs in prerouting at
+priority -200: before it (ingress, prerouting below -200, iptables' raw table) a packet
+has no conntrack entry, so ``ct state`` reads ``invalid``; a ``notrack`` there makes it
+``untracked`` for good; after it the SYN is ``new``. A chain at exactly -200 may run on
+either side (whichever hook was registered last runs first), so conntrack tests there
+are uncertain.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from typing import NamedTuple
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.firewall_analysis.findings import Analysis, Cause, Finding, Located, Outcome
 from gpufleet.firewall_analysis.model import (
+    CONNTRACK_PRIORITY,
     CONTINUE,
     FAMILIES,
     HOOK_ORDER,
@@ -29,6 +39,7 @@ from gpufleet.firewall_analysis.model import (
     Addrs,
     Chain,
     Cond,
+    CtState,
     Family,
     Hook,
     Iface,
@@ -41,6 +52,7 @@ from gpufleet.firewall_analysis.model import (
     RuleRef,
     Ruleset,
     Table,
+    Tracked,
     Unsure,
     Verdict,
     VerdictMap,
@@ -76,6 +88,30 @@ class Masks(NamedTuple):
     true: int
     possible: int
     reason: str | None
+
+
+class Phase(NamedTuple):
+    """Where a base chain runs against conntrack: the states a packet without notrack can
+    have there (``invalid`` before conntrack, ``new`` after, both at its priority)."""
+
+    states: tuple[str, ...]
+    why: str
+
+
+BEFORE = Phase(("invalid",), "")
+AFTER = Phase(("new",), "")
+AT_CONNTRACK = Phase(("invalid", "new"), "the chain runs at conntrack's priority -200, "
+                                          "before or after it")
+
+
+def phase(hook: Hook) -> Phase:
+    """Whether a base chain runs before conntrack, after it, or may run on either side."""
+    if hook.name == "ingress" or (hook.name == "prerouting"
+                                  and hook.priority < CONNTRACK_PRIORITY):
+        return BEFORE
+    if hook.name == "prerouting" and hook.priority == CONNTRACK_PRIORITY:
+        return AT_CONNTRACK
+    return AFTER
 
 
 class _Place(NamedTuple):
@@ -249,15 +285,19 @@ class _Run:
         self.first_end: dict[int, _End] = {}
         self.first_sure: dict[int, _End] = {}
         self.causes: dict[int, Cause] = {}
-        self.masks: dict[int, Masks] = {}
+        self.masks: dict[object, Masks] = {}
         self.passed = NOTHING
         self.base: Chain | None = None
+        self.phase = BEFORE
+        self.untracked = NOTHING  # the classes notrack has untracked, surely and maybe
+        self.ct_version = 0  # counts the changes of ``untracked``
 
     def run(self, bases: list[tuple[Table, Chain]]) -> Flow:
         """The classes that every base chain accepts, surely and maybe."""
         flow = Flow(self.space.full, 0)
         for table, chain in bases:
             assert chain.hook is not None
+            self.phase = phase(chain.hook)
             applies = self._applies(chain.hook)
             if applies is False:
                 continue
@@ -307,9 +347,25 @@ class _Run:
         for rule in place.chain.rules:
             if not flow.any():
                 break
+            if rule.notrack_after is not None:
+                self._notrack(rule, flow)
             flow, returned = self._step(place, rule, rule.action, self._rule_masks(rule), flow)
             back = back.join(returned)
         return back.join(flow)
+
+    def _notrack(self, rule: Rule, flow: Flow) -> None:
+        """The classes that meet the conditions before a rule's notrack become untracked
+        (surely before conntrack, maybe at its priority; after it notrack does nothing)."""
+        if self.phase is AFTER:
+            return
+        assert rule.notrack_after is not None
+        masks = self._cond_masks(rule.conds[:rule.notrack_after])
+        sure = flow.sure & masks.true if self.phase is BEFORE else 0
+        maybe = (flow.sure | flow.maybe) & masks.possible & ~sure
+        now = Flow(self.untracked.sure | sure, 0)
+        now = Flow(now.sure, (self.untracked.maybe | maybe) & ~now.sure)
+        if now != self.untracked:
+            self.untracked, self.ct_version = now, self.ct_version + 1
 
     def _step(self, place: _Place, rule: Rule, action: Action, masks: Masks,
               flow: Flow) -> tuple[Flow, Flow]:
@@ -355,7 +411,12 @@ class _Run:
         return after, NOTHING
 
     def _rule_masks(self, rule: Rule) -> Masks:
-        key = id(rule)
+        """The rule's masks; those of a rule that tests conntrack depend on the phase and
+        on what notrack untracked, and are cached with them."""
+        if any(isinstance(c, CtState | Tracked) for c in rule.conds):
+            key: object = (id(rule), self.phase, self.ct_version)
+        else:
+            key = id(rule)
         if key not in self.masks:
             self.masks[key] = self._cond_masks(rule.conds)
         return self.masks[key]
@@ -380,9 +441,31 @@ class _Run:
             if isinstance(holds, str):
                 return Masks(0, full, holds)
             return Masks(full, full, None) if holds else Masks(0, 0, None)
+        if isinstance(cond, CtState | Tracked):
+            return self._conntrack(cond)
         if isinstance(cond, Unsure):
             return Masks(0, full, cond.reason)
         return Masks(0, 0, None)
+
+    def _conntrack(self, cond: CtState | Tracked) -> Masks:
+        """The classes a conntrack test holds for, given the phase of the chain and the
+        classes notrack untracked."""
+        def holds(state: str) -> bool:
+            if isinstance(cond, CtState):
+                return (state in cond.states) != cond.negate
+            return cond.holds if state == "new" else cond.without_entry
+
+        full = self.space.full
+        tracked = {holds(s) for s in self.phase.states}
+        values = [(full & ~self.untracked.sure & ~self.untracked.maybe, tracked),
+                  (self.untracked.sure, {holds("untracked")}),
+                  (self.untracked.maybe, tracked | {holds("untracked")})]
+        true = possible = 0
+        for mask, outcomes in values:
+            true |= mask if outcomes == {True} else 0
+            possible |= mask if True in outcomes else 0
+        why = self.phase.why or "the packet may have been untracked by notrack"
+        return Masks(true, possible, f"{why}: {cond.text}" if true != possible else None)
 
     def _exact(self, cond: Cond) -> int | None:
         """The classes a condition on ports, addresses or the family holds for."""
@@ -479,18 +562,21 @@ def _parse_ports(ports: Sequence[tuple[int, int]]) -> Intervals:
     return Intervals.of(ports)
 
 
-def _base_order(base: tuple[Table, Chain]) -> tuple[int, int]:
-    hook = base[1].hook
+def _base_order(base: tuple[int, Table, Chain]) -> tuple[int, int, int]:
+    """Hook, priority, and of equal priority the one registered (listed) last first."""
+    index, _, chain = base
+    hook = chain.hook
     assert hook is not None
-    return HOOK_ORDER[hook.name], hook.priority
+    return HOOK_ORDER[hook.name], hook.priority, -index
 
 
 def analyse(rulesets: Sequence[Ruleset], sources: Sequence[str],
             ports: Sequence[tuple[int, int]], *, iif: str | None = None) -> Analysis:
     """What the rulesets together do to new TCP connections from each source to each port.
 
-    Base chains of all rulesets run in hook, then priority order (ties in the order
-    given). ``iif`` is the interface cluster traffic arrives on (None: not known).
+    Base chains of all rulesets run in hook, then priority order; of equal priority the
+    one listed last (in the rulesets as given, then as each lists its tables and chains)
+    runs first. ``iif`` is the interface cluster traffic arrives on (None: not known).
     """
     parsed = _parse_sources(sources)
     wanted = _parse_ports(ports)
@@ -504,8 +590,9 @@ def analyse(rulesets: Sequence[Ruleset], sources: Sequence[str],
     if not parsed or not wanted.spans:
         return Analysis((), notes)
     tables = [t for ruleset in rulesets for t in ruleset.tables]
-    bases = sorted(((t, c) for t in tables for c in t.chains.values() if c.hook is not None),
-                   key=_base_order)
+    listed = [(t, c) for t in tables for c in t.chains.values() if c.hook is not None]
+    bases = [(t, c) for _, t, c in sorted(((i, t, c) for i, (t, c) in enumerate(listed)),
+                                          key=_base_order)]
     space = _Space([r for t in tables for c in t.chains.values() for r in c.rules], parsed,
                    wanted)
     run = _Run(space, iif)

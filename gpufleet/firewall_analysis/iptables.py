@@ -4,24 +4,28 @@ iptables-legacy and iptables-nft print the same format. Built-in chains on the i
 become base chains at the priorities the kernel gives their tables (raw -300, mangle
 -150, nat -100 and 100, filter 0, security 50); user chains are reached by ``-j`` and
 ``-g``. Rules are compiled for the SYN of a new TCP connection, as in the nft parser:
-``-m conntrack --ctstate NEW`` holds, ``ESTABLISHED,RELATED`` does not, ``-m limit`` may.
+``-m conntrack --ctstate`` and ``-m state --state`` are left to the evaluator (a raw table
+rule runs before conntrack, where the state is INVALID), ``-j CT --notrack`` and
+``-j NOTRACK`` untrack, ``-m limit`` may match.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.errors import ParseError
 from gpufleet.firewall_analysis.model import (
     CONTINUE,
+    CT_STATES,
     LOOPBACK,
     Action,
     Addrs,
     Chain,
     Cond,
+    CtState,
     Family,
     Hook,
     Iface,
@@ -34,6 +38,7 @@ from gpufleet.firewall_analysis.model import (
     RuleRef,
     Ruleset,
     Table,
+    Tracked,
     Unknown,
     Unsure,
     Verdict,
@@ -98,8 +103,8 @@ def parse_iptables(text: str, family: Family = "ipv4", label: str | None = None)
                 policy: Literal["accept", "drop"] = (
                     "drop" if chain.policy == "DROP" else "accept")
                 hook = Hook(hook_name, priority, policy)
-            rules = tuple(Rule(RuleRef(table_label, r.ref.chain, r.ref.text,
-                                       position=r.ref.position), r.conds, r.action)
+            rules = tuple(replace(r, ref=RuleRef(table_label, r.ref.chain, r.ref.text,
+                                                 position=r.ref.position))
                           for r in chain.rules)
             chains[chain.name] = Chain(chain.name, rules, hook)
         tables.append(Table(table_label, (family,), chains))
@@ -170,7 +175,7 @@ class _SaveReader:
             ref = RuleRef(table.name, chain, line, position=len(rules[chain]) + 1)
             compiler = _RuleCompiler(words[2:], self.family, set(self.policies), where)
             conds, action = compiler.compile()
-            rules[chain].append(Rule(ref, tuple(conds), action))
+            rules[chain].append(Rule(ref, tuple(conds), action, compiler.notrack_after))
         for name, policy in self.policies.items():
             table.chains[name] = SaveChain(name, policy, tuple(rules[name]))
 
@@ -186,6 +191,9 @@ class _RuleCompiler:
         self.where = where
         self.conds: list[Cond] = []
         self.module = ""
+        self.notrack_after: int | None = None
+        self.module_start = 0  # where the conditions of the current -m begin
+        self.module_state = False  # the current -m conntrack tests --ctstate
 
     def next(self, option: str) -> str:
         if self.i >= len(self.words):
@@ -205,7 +213,9 @@ class _RuleCompiler:
             elif option in ("-g", "--goto"):
                 action = Jump(self.next(option), goto=True)
             elif option in ("-m", "--match"):
+                self._end_module()
                 self.module = self.next(option)
+                self.module_start, self.module_state = len(self.conds), False
                 if self.module in _OTHER_PROTOCOL_MODULES:
                     self.conds.append(Never(f"-m {self.module}"))
             elif option in ("-f", "--fragment"):
@@ -218,7 +228,16 @@ class _RuleCompiler:
                 self.unsure(option, self.values(), negate, "not understood")
             else:
                 raise ParseError(f"{self.where}: option {option!r} is not understood")
+        self._end_module()
         return self.conds, action
+
+    def _end_module(self) -> None:
+        """xt_conntrack with a state test matches a packet without a conntrack entry on the
+        state alone: its other tests then hold."""
+        if self.module == "conntrack" and self.module_state:
+            self.conds[self.module_start:] = [
+                Tracked(c.holds, True, c.text) if isinstance(c, Tracked) else c
+                for c in self.conds[self.module_start:]]
 
     def values(self) -> list[str]:
         """The words of an option this module does not know, up to the next option."""
@@ -256,6 +275,8 @@ class _RuleCompiler:
         if target in self.chains:
             return Jump(target)
         if target in _NO_VERDICT_TARGETS:
+            if target == "NOTRACK" or (target == "CT" and "--notrack" in text.split()):
+                self.notrack_after = len(self.conds)
             return CONTINUE
         if target in _REWRITE_TARGETS:
             return Unknown(f"the packet is queued or rewritten: {text}")
@@ -331,16 +352,27 @@ def _tcp_flags(rc: _RuleCompiler, option: str, negate: bool) -> None:
 
 
 def _ctstate(rc: _RuleCompiler, option: str, negate: bool) -> None:
-    states = rc.next(option).upper().split(",")
-    rc.static(("NEW" in states) != negate, "not NEW")
+    value = rc.next(option)
+    # SNAT and DNAT are conntrack's flags for a NATed connection: a new one has neither
+    states = {s.lower() for s in value.split(",")} - {"snat", "dnat"}
+    text = f"-m {rc.module} {'! ' if negate else ''}{option} {value}"
+    if not states <= CT_STATES:
+        rc.unsure(option, [value], negate, "not understood")
+        return
+    rc.module_state = rc.module == "conntrack"
+    rc.conds.append(CtState(frozenset(states), negate, text))
 
 
 def _ctproto(rc: _RuleCompiler, option: str, negate: bool) -> None:
-    rc.static((rc.next(option).lower() in _TCP_PROTOCOLS) != negate, "not TCP")
+    value = rc.next(option)
+    rc.conds.append(Tracked((value.lower() in _TCP_PROTOCOLS) != negate, False,
+                            f"{'! ' if negate else ''}{option} {value}"))
 
 
 def _ctdir(rc: _RuleCompiler, option: str, negate: bool) -> None:
-    rc.static((rc.next(option).upper() == "ORIGINAL") != negate, "reply direction")
+    value = rc.next(option)
+    rc.conds.append(Tracked((value.upper() == "ORIGINAL") != negate, False,
+                            f"{'! ' if negate else ''}{option} {value}"))
 
 
 def _ignore(rc: _RuleCompiler, option: str, negate: bool) -> None:

@@ -2,10 +2,13 @@
 
 A ruleset is a list of tables; a table holds chains; a chain holds rules. A rule is a
 conjunction of conditions and one action. Conditions that do not depend on the packet
-class (``ct state``, ``meta l4proto``, ...) are decided when parsing: a condition that
+class (``meta l4proto``, ``tcp flags``, ...) are decided when parsing: a condition that
 always holds is left out, one that never holds becomes ``Never``, one that cannot be
-decided becomes ``Unsure`` with the reason. Only ports, source addresses, the address
-family and the input interface are left to the evaluator.
+decided becomes ``Unsure`` with the reason. Left to the evaluator are ports, source
+addresses, the address family, the input interface, and conntrack's view of the packet
+(``CtState``, ``Tracked``), which depends on where the chain runs: before conntrack
+(ingress, prerouting below priority -200) a packet has no conntrack entry and its state is
+``invalid``; after a ``notrack`` there it is ``untracked``; after conntrack a SYN is ``new``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
 
 HOOK_ORDER = {"ingress": 0, "prerouting": 1, "input": 2}
 """Hooks a packet to a local TCP port passes, in the order it passes them."""
+
+CONNTRACK_PRIORITY = -200
+"""Where conntrack runs in prerouting (NF_IP_PRI_CONNTRACK, the same for IPv6)."""
 
 LOOPBACK = {"ipv4": (int(ipaddress.IPv4Address("127.0.0.0")),
                      int(ipaddress.IPv4Address("127.255.255.255"))),
@@ -135,6 +141,29 @@ class Iface:
     text: str = ""
 
 
+CT_STATES = frozenset({"new", "established", "related", "invalid", "untracked"})
+
+
+@dataclass(frozen=True)
+class CtState:
+    """conntrack's state of the packet is (or, negated, is not) one of ``states``."""
+
+    states: frozenset[str]
+    negate: bool = False
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A conntrack test other than the state (``ct status``, ``ct direction``,
+    ``--ctproto``): ``holds`` for the SYN of a new, tracked connection; ``without_entry``
+    for a packet that has no conntrack entry (before conntrack, or untracked)."""
+
+    holds: bool
+    without_entry: bool = False
+    text: str = ""
+
+
 @dataclass(frozen=True)
 class Unsure:
     """A condition that may or may not hold for the packet; ``reason`` says why."""
@@ -149,7 +178,7 @@ class Never:
     reason: str
 
 
-Cond = Ports | Addrs | Pairs | OnlyFamily | Iface | Unsure | Never
+Cond = Ports | Addrs | Pairs | OnlyFamily | Iface | CtState | Tracked | Unsure | Never
 
 
 # ----------------------------------------------------------------------------- actions
@@ -213,9 +242,13 @@ class RuleRef:
 
 @dataclass(frozen=True)
 class Rule:
+    """``notrack_after``: the rule untracks the packets that meet its first that many
+    conditions (``notrack``, ``-j CT --notrack``); None: it does not."""
+
     ref: RuleRef
     conds: tuple[Cond, ...]
     action: Action
+    notrack_after: int | None = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 Every rule is compiled for one kind of packet: the first packet (SYN) of a new TCP
 connection from a cluster member to a local port. What that packet is known to carry
-(``ct state new``, ``meta l4proto tcp``, ``fib daddr type local``, no NAT, a route back
-to its source) is decided here; ports, source addresses, the family and the input
-interface are left to the evaluator. Anything else becomes ``Unsure`` (a match) or
-``Unknown`` (a statement), never a silent pass.
+(``meta l4proto tcp``, ``fib daddr type local``, no NAT, a route back to its source) is
+decided here; ports, source addresses, the family, the input interface and conntrack's
+view (``ct state``, which depends on where the chain runs, and ``notrack``) are left to
+the evaluator. Anything else becomes ``Unsure`` (a match) or ``Unknown`` (a statement),
+never a silent pass.
 
 Tables made by iptables-nft hold ``xt`` expressions that nft cannot decode. When the
 matching ``iptables-save`` output is given, such a table's rules are taken from it
@@ -24,6 +25,7 @@ from gpufleet.errors import ParseError
 from gpufleet.firewall_analysis.iptables import parse_save
 from gpufleet.firewall_analysis.model import (
     CONTINUE,
+    CT_STATES,
     FAMILIES,
     HOOK_ORDER,
     LOOPBACK,
@@ -31,6 +33,7 @@ from gpufleet.firewall_analysis.model import (
     Addrs,
     Chain,
     Cond,
+    CtState,
     Family,
     Hook,
     Iface,
@@ -44,6 +47,7 @@ from gpufleet.firewall_analysis.model import (
     RuleRef,
     Ruleset,
     Table,
+    Tracked,
     Unknown,
     Unsure,
     Verdict,
@@ -73,7 +77,7 @@ _SADDR = {"ip": {"payload": {"protocol": "ip", "field": "saddr"}},
 _DPORTS = ({"payload": {"protocol": "tcp", "field": "dport"}},
            {"payload": {"protocol": "th", "field": "dport"}})
 _VERDICTS = frozenset({"accept", "drop", "continue", "return", "reject"})
-_NO_VERDICT = frozenset({"counter", "log", "mangle", "notrack", "dup", "ct helper",
+_NO_VERDICT = frozenset({"counter", "log", "mangle", "dup", "ct helper",
                          "ct timeout", "ct expectation", "secmark"})
 _LIMITS = {"limit": "rate limited", "quota": "quota", "ct count": "connection limit",
            "meter": "rate limited"}
@@ -236,21 +240,29 @@ class _Compiler:
         ref = RuleRef(self.label, chain, rule_text(exprs, self.family), handle=_handle(body))
         conds: list[Cond] = []
         action: Action = CONTINUE
+        notrack_after: int | None = None
         for expr in exprs:
             text = statement_text(expr, self.family)
             if not isinstance(expr, dict) or len(expr) != 1:
                 action = Unknown(f"not understood: {text}")
                 continue
             (kind, value), = expr.items()
+            if kind == "notrack":
+                notrack_after = len(conds) if notrack_after is None else notrack_after
+                continue
             if kind == "match" and isinstance(value, dict):
-                conds += self.match(value.get("left"), str(value.get("op", "==")),
-                                    value.get("right"), match_text(value))
+                found = self.match(value.get("left"), str(value.get("op", "==")),
+                                   value.get("right"), match_text(value))
+                if notrack_after is not None:  # conntrack's view changed within the rule
+                    found = [Unsure(f"conntrack tested after notrack in one rule: {text}")
+                             if isinstance(c, CtState | Tracked) else c for c in found]
+                conds += found
                 continue
             cond, step = self.statement(kind, value, text)
             conds += cond
             if step is not None and not isinstance(action, Unknown):
                 action = step
-        return Rule(ref, tuple(conds), action)
+        return Rule(ref, tuple(conds), action, notrack_after)
 
     def statement(self, kind: str, value: Any, text: str) -> tuple[list[Cond], Action | None]:
         """A statement's conditions (limits) and its action (None: no verdict)."""
@@ -382,13 +394,15 @@ class _Compiler:
         if not isinstance(body, dict) or body.get("dir"):
             raise _Unsupported
         key, values, negate = body.get("key"), self._elements(right), op == "!="
-        if key == "state":
-            return _static(("new" in values) != negate, text)
+        if key == "state" and all(isinstance(v, str) and v in CT_STATES for v in values):
+            return [CtState(frozenset(values), negate, text)]
+        # Any other key of a packet without a conntrack entry ends the rule (NFT_BREAK),
+        # whatever the operator.
         if key == "status" and set(values) <= {"expected", "seen-reply", "assured", "snat",
                                                "dnat", "dying"}:
-            return _static(negate, text)
+            return [Tracked(negate, False, text)]
         if key == "direction":
-            return _static(("original" in values) != negate, text)
+            return [Tracked(("original" in values) != negate, False, text)]
         raise _Unsupported
 
     def _fib(self, body: Any, op: str, right: Any, text: str) -> list[Cond]:

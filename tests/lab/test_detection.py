@@ -6,6 +6,7 @@ from nvidia-smi's query, an NCCL_SOCKET_IFNAME naming an interface the node lack
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from gpufleet import app
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import PROVISIONED, foreign_table, node_sh
 from tests.lab.fakegpu import install, remove
-from tests.lab.test_provision import run
+from tests.lab.test_provision import override, run
 
 
 def failures(inventory: Path, tmp_path: Path, limit: str, suites: str,
@@ -61,6 +62,28 @@ def test_foreign_rules_are_caught_on_their_node_with_the_rule(
     assert [i["resource"] for i in hosts["node03"]["items"]] == [
         "foreign rule in table inet site chain in handle 2"]
     assert hosts["node01"]["items"] == [] and hosts["node02"]["items"] == []
+
+
+def test_a_ruleset_too_large_to_read_in_time_is_unknown_not_a_timeout(
+        lab: Lab, provisioned: Path, tmp_path: Path) -> None:
+    """150,000 rules take seconds to list; with one second allowed, the check fails as
+    unknown with the limit named, not as a timeout of the host."""
+    generate = ("import sys; w = sys.stdout.write; w('table inet big {\\n chain in {\\n type "
+                "filter hook input priority 5; policy accept;\\n'); [w(f'ip saddr 10.{i >> 8 & "
+                "255}.{i & 255}.9 tcp dport {1024 + i % 60000} accept\\n') for i in "
+                "range(150000)]; w(' }\\n}\\n')")
+    node_sh(lab, "node04", f"python3 -c {shlex.quote(generate)} > /tmp/big.nft && "
+            "nft -f /tmp/big.nft && rm /tmp/big.nft")
+    try:
+        with override(provisioned, "host_vars", "node04", {"firewall_read_timeout_s": 1}):
+            code, failed, _ = failures(provisioned, tmp_path, "node04", "firewall")
+    finally:
+        node_sh(lab, "node04", "nft delete table inet big")
+    assert code == 1
+    assert failed == {("node04", "test_live_rules_admit_the_cluster"):
+                      "unknown: ruleset too large to read in 1 s (nft -j list ruleset and the "
+                      "iptables saves did not finish; firewall_read_timeout_s and the host's "
+                      "budget bound it)"}
 
 
 def test_a_gpu_missing_only_from_the_query_fails_that_node(

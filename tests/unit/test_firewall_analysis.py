@@ -283,6 +283,120 @@ def test_ct_state_rules_for_a_new_connection() -> None:
     assert [f.ports for f in analysis.accepted] == [(29500, 29500), (49152, 59999)]
 
 
+# ------------------------------------------------------------- conntrack's view, as the kernel
+# Each scenario below was also probed with real TCP connects in a network namespace (the
+# outcome is in its docstring); tests/lab/test_firewall_kernel.py does so for generated ones.
+
+
+def test_ct_state_invalid_drop_before_conntrack_drops_every_syn() -> None:
+    """Kernel: 29500 dropped (no conntrack entry yet at priority raw: the state is invalid);
+    the same line at priority mangle, after conntrack, drops nothing."""
+    assert analysed("early_invalid").messages() == [
+        f"tcp dport 29500 from {FIVE} is dropped by table inet hardening chain raw (hook "
+        "prerouting, priority -300) handle 3: tcp dport 29500 ct state invalid drop"]
+
+
+def test_ct_state_new_accept_before_conntrack_never_matches() -> None:
+    """Kernel: 60000-60099 dropped by the rule after the accept that never matched."""
+    assert analysed("early_new").messages() == [
+        f"tcp dports 60000-60099 from {FIVE} are dropped by table inet early chain raw (hook "
+        "prerouting, priority -250) handle 3: tcp dport 60000-60099 drop"]
+
+
+def test_an_untracked_range_meets_no_stateful_accept() -> None:
+    """Kernel: the whole range dropped by the input chain's policy; 29500 admitted."""
+    assert analysed("notrack_range").messages() == [
+        f"tcp dports 49152-65535 from {FIVE} are dropped by table inet raw_range chain input "
+        "(priority 0): policy drop"]
+
+
+def test_ct_state_new_drop_before_conntrack_drops_nothing_new() -> None:
+    """Kernel: 29500 admitted (the drop never matched); 55000 dropped as invalid."""
+    assert analysed("early_new_drop").messages() == [
+        f"tcp dport 55000 from {FOUR} is dropped by table ip early chain raw (hook "
+        "prerouting, priority -300) handle 4: ct state { invalid, new } tcp dport 55000 drop"]
+
+
+def test_of_equal_priority_the_chain_registered_last_runs_first() -> None:
+    """Kernel: 29500 dropped silently by the second table's chain, no reset from the
+    first's."""
+    assert analysed("equal_priority").messages() == [
+        f"tcp dport 29500 from {FIVE} is dropped by table inet second chain input "
+        "(priority -5) handle 2: tcp dport 29500 drop"]
+
+
+@pytest.mark.parametrize("scenario", ["raw_iptables_nft", "raw_iptables_legacy"])
+def test_iptables_raw_table_runs_before_conntrack(scenario: str) -> None:
+    """Kernel, both backends: 29500 dropped by the raw table's INVALID line, 49152-49999
+    (untracked there) dropped in INPUT, which accepts only NEW; the rest admitted."""
+    messages = analysed(scenario).messages()
+    assert len(messages) == 2
+    assert messages[0].startswith(f"tcp dport 29500 from {FOUR} is dropped by ")
+    assert " raw chain PREROUTING (hook prerouting, priority -300) " in messages[0]
+    assert "--dport 29500 -m " in messages[0] and "INVALID -j DROP" in messages[0]
+    assert messages[1].startswith(f"tcp dports 49152-49999 from {FOUR} are dropped by ")
+    assert messages[1].endswith("-A INPUT -p tcp -m tcp --dport 49152:65535 -j DROP")
+
+
+def _with_ingress_device(scenario: str, device: str) -> str:
+    """The capture with the ingress chain's device put back (nft 1.0.6 leaves it out)."""
+    doc = json.loads(capture(scenario, "nft.json") or "")
+    for item in doc["nftables"]:
+        if item.get("chain", {}).get("hook") == "ingress":
+            item["chain"]["dev"] = device
+    return json.dumps(doc)
+
+
+def test_an_ingress_chain_runs_before_conntrack() -> None:
+    """Kernel: 29500 dropped (invalid there), 50000 dropped (its != invalid accept never
+    matches)."""
+    analysis = analyse_nft(_with_ingress_device("ingress_invalid", "eth0"), CLUSTER, PORTS,
+                           iif="eth0")
+    assert verdict_at(analysis, 29500) == verdict_at(analysis, 50000) == {"dropped"}
+    assert verdict_at(analysis, 49999) == verdict_at(analysis, 50001) == {"accepted"}
+
+
+def _at_priority(scenario: str, chain: str, priority: int) -> str:
+    doc = json.loads(capture(scenario, "nft.json") or "")
+    for item in doc["nftables"]:
+        if item.get("chain", {}).get("name") == chain:
+            item["chain"]["prio"] = priority
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(("priority", "verdict"), [
+    (-201, "dropped"), (-200, "uncertain"), (-199, "accepted")])
+def test_conntrack_runs_at_priority_minus_200(priority: int, verdict: str) -> None:
+    """At -200 itself the chain runs before or after conntrack, whichever hook was
+    registered last."""
+    analysis = analyse_nft(_at_priority("early_invalid", "raw", priority), CLUSTER, PORTS)
+    assert verdict_at(analysis, 29500) == {verdict}
+    if verdict == "uncertain":
+        assert "the chain runs at conntrack's priority -200, before or after it" in (
+            analysis.messages()[0])
+
+
+def test_conntrack_tests_other_than_the_state_never_match_without_an_entry() -> None:
+    """ct status and ct direction end the rule when the packet has no conntrack entry
+    (NFT_BREAK, whatever the operator); after conntrack they read the new connection."""
+    def rule(*exprs: object) -> dict[str, object]:
+        return {"rule": {"family": "inet", "table": "t", "chain": "c", "handle": 9,
+                         "expr": [*exprs, {"drop": None}]}}
+
+    def ct(key: str, op: str, right: object) -> dict[str, object]:
+        return {"match": {"op": op, "left": {"ct": {"key": key}}, "right": right}}
+
+    for prio, dropped in ((-300, False), (0, True)):
+        doc = {"nftables": [
+            {"table": {"family": "inet", "name": "t", "handle": 1}},
+            {"chain": {"family": "inet", "table": "t", "name": "c", "handle": 1,
+                       "type": "filter", "hook": "prerouting" if prio < 0 else "input",
+                       "prio": prio, "policy": "accept"}},
+            rule(ct("status", "!=", "dnat")), rule(ct("direction", "==", "original"))]}
+        analysis = analyse_nft(json.dumps(doc), CLUSTER, PORTS)
+        assert bool(analysis.blocked) == dropped
+
+
 def test_rate_limits_are_possible_drops() -> None:
     analysis = analysed("ratelimit")
     assert not analysis.blocked
@@ -428,7 +542,7 @@ def test_rules_read_as_nft_lists_them(scenario: str) -> None:
         want = re.sub(r"counter packets \d+ bytes \d+", "counter", listed[key])
         assert rule_text(rule["expr"], rule["family"]) == want
     assert len(listed) == len(rules)
-    assert skipped == (3 if scenario == "iptables_nft" else 0)
+    assert skipped == {"iptables_nft": 3, "raw_iptables_nft": 4}.get(scenario, 0)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
