@@ -126,12 +126,14 @@ def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role]
             return TaskResult(run, changed=not run.plan.empty)
         holder = nodelock.Holder.this_run(options.command, conn.budget.remaining())
         try:
-            run.log.append("node lock " + nodelock.acquire(conn, holder,
-                                                           options.apply.lock_timeout_s))
+            lock = nodelock.acquire(conn, holder, options.apply.lock_timeout_s)
         except nodelock.NodeLocked as exc:
             return TaskResult(run, failed=str(exc))
+        run.log.append("node lock " + lock.note)
         ctx = ApplyContext(conn, host, options.apply, applied=run.applied, log=run.log)
         try:
+            if lock.waited:  # the run it waited for may have changed the node: plan again
+                run.facts, run.plan = gather_and_plan(inventory, host, roles, conn, extra)
             apply_plan(run.plan, ctx)
         except StepFailed as exc:
             return TaskResult(run, changed=bool(run.applied), failed=str(exc))

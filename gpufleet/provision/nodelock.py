@@ -20,6 +20,7 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpufleet.connect.connection import Connection
 from gpufleet.errors import GpufleetError
@@ -94,22 +95,36 @@ def describe(holder_text: str) -> str:
             f"{fields.get('pid', '?')}) since {stamp('started')}, until {stamp('until')}")
 
 
-def acquire(conn: Connection, holder: Holder, wait_s: float) -> str:
-    """Take the node's lock for ``holder``, waiting up to ``wait_s`` for another run's;
-    what was done (``acquired``, or ``taken over from a stale lock of ...``)."""
+class Acquired(NamedTuple):
+    """The lock is this run's: how it was taken, and whether another run held it first
+    (the node may have changed meanwhile)."""
+
+    note: str
+    waited: bool = False
+
+
+def acquire(conn: Connection, holder: Holder, wait_s: float) -> Acquired:
+    """Take the node's lock for ``holder``, waiting up to ``wait_s`` for another run's."""
     script = _ACQUIRE.format(lock=shlex.quote(LOCK))
-    end = time.monotonic() + wait_s
+    start = time.monotonic()
+    end = start + wait_s
+    held_by: str | None = None
     while True:
         result = conn.run(script, timeout=30, stdin=holder.text().encode())
         result.check(f"taking the node lock {LOCK}")
         first, _, rest = result.stdout.partition("\n")
+        if first == "ACQUIRED" and held_by is None:
+            return Acquired("acquired")
         if first == "ACQUIRED":
-            return "acquired"
+            return Acquired(f"acquired after waiting {time.monotonic() - start:.0f}s for "
+                            f"{held_by}", waited=True)
         if first == "ACQUIRED-STALE":
-            return "acquired (a stale lock, past its holder's deadline, was taken over)"
+            return Acquired("acquired (a stale lock, past its holder's deadline, was taken "
+                            "over)", waited=held_by is not None)
+        held_by = describe(rest)
         left = end - time.monotonic()
         if left <= 0:
-            raise NodeLocked(f"the node is being changed by {describe(rest)}; waited "
+            raise NodeLocked(f"the node is being changed by {held_by}; waited "
                              f"{wait_s:g}s (--lock-timeout), not changed")
         time.sleep(min(POLL_S, left))
 

@@ -347,6 +347,27 @@ def test_two_runs_never_change_one_node_at_once(lab: Lab, provisioned: Path) -> 
     assert items(run(provisioned, "node02", check=True)["node02"]) == []
 
 
+def test_a_run_that_waited_for_the_lock_plans_again(lab: Lab, provisioned: Path) -> None:
+    """The run it waited for converged the node meanwhile: planning again under the lock
+    finds nothing to do, so nothing is applied twice (or undone)."""
+    node_sh(lab, "node02", "cp /etc/nccl.conf /run/nccl.conf.kept && rm /etc/nccl.conf && "
+            + _HELD_BY_ANOTHER)
+    try:
+        finish = threading.Timer(3, lambda: node_sh(
+            lab, "node02", "mv /run/nccl.conf.kept /etc/nccl.conf && rm -rf /run/gpufleet/lock"))
+        finish.start()
+        outcome = run(provisioned, "node02", role_names="nccl_env", lock_timeout=60)["node02"]
+        finish.join()
+    finally:
+        node_sh(lab, "node02", "rm -rf /run/gpufleet/lock /run/nccl.conf.kept")
+    assert outcome.status == "ok", outcome.error
+    assert outcome.value is not None and outcome.value.applied == []
+    assert any(line.startswith("node lock acquired after waiting ") and
+               " for drift --remediate from ctl-b (pid 4242) since " in line
+               for line in outcome.value.log)
+    assert items(run(provisioned, "node02", check=True)["node02"]) == []
+
+
 def test_the_lock_is_released_when_a_step_fails(lab: Lab, provisioned: Path) -> None:
     with override(provisioned, "host_vars", "node03", {"nccl_version": "2.99.9"}):
         outcome = run(provisioned, "node03")["node03"]

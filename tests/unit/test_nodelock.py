@@ -31,7 +31,7 @@ def other(until_s: float) -> Holder:
 
 def test_the_lock_is_taken_and_released_by_its_holder(conn: LocalConnection) -> None:
     mine = Holder.this_run("provision", 600)
-    assert acquire(conn, mine, 1) == "acquired"
+    assert acquire(conn, mine, 1) == ("acquired", False)
     lock = Path(nodelock.LOCK)
     assert (lock / "holder").read_text().splitlines()[0] == "command=provision"
     release(conn, other(600))  # not its holder: left alone
@@ -41,7 +41,7 @@ def test_the_lock_is_taken_and_released_by_its_holder(conn: LocalConnection) -> 
 
 
 def test_a_held_lock_is_waited_for_then_names_its_holder(conn: LocalConnection) -> None:
-    assert acquire(conn, other(600), 1) == "acquired"
+    assert acquire(conn, other(600), 1).note == "acquired"
     start = time.monotonic()
     with pytest.raises(NodeLocked) as caught:
         acquire(conn, Holder.this_run("provision", 600), 1.0)
@@ -56,13 +56,16 @@ def test_a_lock_freed_while_waiting_is_taken(conn: LocalConnection) -> None:
     held = other(600)
     acquire(conn, held, 1)
     threading.Timer(0.5, lambda: release(conn.reopen(), held)).start()
-    assert acquire(conn, Holder.this_run("provision", 600), 5) == "acquired"
+    taken = acquire(conn, Holder.this_run("provision", 600), 5)
+    assert taken.waited
+    assert taken.note.startswith("acquired after waiting ")
+    assert " for drift --remediate from ctl-b (pid " in taken.note
 
 
 def test_a_stale_lock_is_taken_over(conn: LocalConnection) -> None:
     acquire(conn, other(-10), 1)  # its holder's deadline has passed
     assert acquire(conn, Holder.this_run("provision", 600), 1) == (
-        "acquired (a stale lock, past its holder's deadline, was taken over)")
+        "acquired (a stale lock, past its holder's deadline, was taken over)", False)
     assert "command=provision" in (Path(nodelock.LOCK) / "holder").read_text()
 
 
