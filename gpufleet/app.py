@@ -17,6 +17,8 @@ from typing import Any, TextIO
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
+from gpufleet.conformance import junit as conformance_junit
+from gpufleet.conformance import metrics as conformance_metrics
 from gpufleet.conformance.results import FLEET, ConformanceReport
 from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
@@ -39,7 +41,7 @@ from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.report import junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
-from gpufleet.report.outputs import check_writable, local_put, to_stdout
+from gpufleet.report.outputs import check_writable, to_stdout
 from gpufleet.slurm import drain as scheduler
 from gpufleet.slurm.client import RunFindings
 from gpufleet.sources import load_source, load_target
@@ -250,12 +252,21 @@ def provision_cmd(inventory: str | None, *, limit: str | None = None, check: boo
 
 
 def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, title: str) -> None:
-    """Each host's plan (check) or applied changes."""
-    for name, outcome in outcomes.items():
-        run = outcome.value
-        if run is None or run.plan is None or run.plan.empty:
-            continue
-        con.print(f"[bold]{title} {terminal.markup(name)}[/bold] "
+    """Each host's plan (check) or applied changes; hosts with the same are printed once,
+    as a host set."""
+    def shown(name: str) -> tuple[Any, ...]:
+        run = outcomes[name].value
+        assert run is not None and run.plan is not None
+        done = {id(c) for c in run.applied}
+        return (tuple((terminal.change_line(c), c.diff, id(c) in done)
+                      for c in run.plan.changes), bool(run.reboot_pending))
+
+    planned = [n for n, o in outcomes.items()
+               if o.value is not None and o.value.plan is not None and not o.value.plan.empty]
+    for hosts, _, members in terminal.fold(planned, shown):
+        run = outcomes[members[0]].value
+        assert run is not None and run.plan is not None
+        con.print(f"[bold]{title} {terminal.markup(hosts)}[/bold] "
                   f"({len(run.plan.changes)} change(s))")
         terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
                             bool(run.reboot_pending))
@@ -306,6 +317,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
         scheduler.check(target.hosts, "--drain-drifted")
+    metrics = _metrics_target(target, outputs.prometheus_path, limit, "drift")
     history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
     options = DriftOptions(selected, fleet.options(target, "drift"), history)
     remediation = fleet.options(target, "provision") if remediate else None
@@ -318,14 +330,28 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     if outputs.json_path:
         write_json(outputs.json_path, document)
     if outputs.junit_path:
-        junit.write(outputs.junit_path, "gpufleet.drift", drift_report.to_junit(run))
-    if outputs.prometheus_path:
-        prometheus.write(outputs.prometheus_path, drift_report.to_metrics(run))
+        junit.write(outputs.junit_path, drift_report.to_junit(run))
+    if outputs.prometheus_path and metrics is not None:
+        label, previous = metrics
+        prometheus.write(outputs.prometheus_path, drift_report.to_metrics(
+            run, prometheus.Textfile(label, "drift"), previous))
     con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
         _drain_drifted(target, run, con)
     return exit_code(run)
+
+
+def _metrics_target(target: Target, path: str | None, limit: str | None, command: str
+                    ) -> tuple[str, str | None] | None:
+    """The ``inventory`` label of the textfile, and the file it replaces when the run
+    covers only part of the fleet (``--limit``: the other hosts' series are kept); checked
+    before any host is contacted."""
+    if not path:
+        return None
+    label = prometheus.inventory_label(target.inventory, target.hosts)
+    previous = prometheus.replaced(path, label, command)
+    return label, previous if limit else None
 
 
 def _drain_drifted(target: Target, run: DriftRun, con: Any) -> None:
@@ -377,38 +403,36 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     extra_args: list[str] | None = None, drain_failed: bool = False,
                     launcher: str = "ssh", partition: str | None = None,
                     record_baseline: bool = False, compare_baseline: bool = False,
-                    out: TextIO | None = None) -> int:
+                    prometheus_path: str | None = None, out: TextIO | None = None) -> int:
     """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
     ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
-    _check_outputs(json=json_path, junit=junit_path)
+    _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path)
+    metrics = _metrics_target(target, prometheus_path, limit, "conformance")
     if drain_failed:
         scheduler.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
                  if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
-    console = (out or sys.stderr) if to_stdout(json_path, junit_path) else out
-    junit_file = junit_path if junit_path != "-" else _scratch("conformance.xml")
+    console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path) else out
     options = ConformanceOptions(
         suites=tuple((suites or "conformance").split(",")), pairs=pairs,
         with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
         compare_baseline=compare_baseline, launcher=launcher, partition=partition,
         source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
-        junit_path=junit_file, console=console, pytest_args=tuple(extra_args or ()))
+        console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
     if json_path:
         write_json(json_path, report.to_json())
-    if junit_path == "-" and junit_file:
-        local_put("-", Path(junit_file).read_bytes())
+    if prometheus_path and metrics is not None:
+        label, previous = metrics
+        prometheus.write(prometheus_path, conformance_metrics.to_metrics(
+            report, prometheus.Textfile(label, "conformance"), previous))
+    if junit_path:
+        junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
-        drain_by_results(target, report, _console(out, json_path, junit_path))
+        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path))
     return exitcodes.FAILED if report.failed else exitcodes.OK
-
-
-def _scratch(name: str) -> str:
-    import tempfile  # noqa: PLC0415 - only a report sent to stdout needs a scratch file
-
-    return str(Path(tempfile.mkdtemp(prefix="gpufleet-")) / name)
 
 
 def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> None:

@@ -320,6 +320,7 @@ def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
                        "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file (- for standard output)",
+                 prometheus="write a node_exporter textfile (metrics) to this file",
                  pairs="reachability pairs: auto (all up to 256 nodes), all, ring, sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
@@ -337,7 +338,8 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
                 pairs: str = "auto", with_nccl_tests: bool = False, forks: str | None = None,
                 timeout: str | None = None, drain_failed: bool = False, launcher: str = "ssh",
                 partition: str | None = None, record_baseline: bool = False,
-                compare_baseline: bool = False, verbose: int = 0, list_hosts: bool = False) -> None:
+                compare_baseline: bool = False, prometheus: str | None = None, verbose: int = 0,
+                list_hosts: bool = False) -> None:
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     def command() -> int:
         if list_hosts:
@@ -346,7 +348,8 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
             inventory, limit=limit, suites=suite, junit_path=junit, json_path=json, pairs=pairs,
             with_nccl_tests=with_nccl_tests, fleet=_fleet(c, forks, None, None, False, timeout),
             drain_failed=drain_failed, launcher=launcher, partition=partition,
-            record_baseline=record_baseline, compare_baseline=compare_baseline))
+            record_baseline=record_baseline, compare_baseline=compare_baseline,
+            prometheus_path=prometheus))
 
     _run(c, verbose, command)
 

@@ -92,6 +92,9 @@ class CudaRole(RoleBase):
         return apt.templated(v, v.items("cuda_packages"), "cuda_package_version",
                              self._fields(v), "cuda_packages")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name)}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),
                            files=frozenset({apt.pin_path(self.name)}),

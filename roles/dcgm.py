@@ -41,6 +41,9 @@ class DcgmRole(RoleBase):
                              {"version": v.string("dcgm_version"), "cuda": cuda},
                              "dcgm_packages")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name)}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),
                            files=frozenset({apt.pin_path(self.name)}))

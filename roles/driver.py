@@ -137,6 +137,10 @@ class DriverRole(RoleBase):
                            f"{bad[0]!r} is not a package name prefix")
         return entries
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name), "unattended-upgrades blacklist":
+                UNATTENDED_PATH}
+
     def request(self, v: RoleVars) -> FactRequest:
         wanted = self.wanted(v)
         files = {UNATTENDED_PATH} | ({apt.pin_path(self.name)} if wanted else set())

@@ -80,6 +80,9 @@ class FabricmanagerRole(RoleBase):
                              {"version": version, "branch": version.split(".")[0]},
                              "nvidia_fabricmanager_package")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name)}
+
     def request(self, v: RoleVars) -> FactRequest:
         custom = {NVSWITCHES, SERVICE_STATE}
         if "nvidia_driver_version" not in v:

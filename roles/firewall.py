@@ -237,6 +237,9 @@ class FirewallRole(RoleBase):
                            f"boot unit), got {path!r}")
         return _backend(name, path)
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"firewall_ruleset_path": self.backend(v).path, "boot unit": UNIT_PATH}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({self.backend(v).path, STATE_FILE, UNIT_PATH}),
                            links=frozenset({UNIT_LINK}), custom=frozenset({LIVE_RULESET}))

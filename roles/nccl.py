@@ -47,6 +47,9 @@ class NcclRole(RoleBase):
         return apt.templated(v, v.items("nccl_packages"), "nccl_package_version",
                              {"version": version, "cuda": cuda}, "nccl_packages")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name)}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(packages=frozenset(self.wanted(v)),
                            files=frozenset({apt.pin_path(self.name)}))

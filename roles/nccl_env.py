@@ -90,6 +90,10 @@ class NcclEnvRole(RoleBase):
                            "pick ports the firewall closes")
         return f"{low} {high}"
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {k: v.string(k) for k in ("nccl_conf_path", "nccl_env_file",
+                                         "nccl_profile_script", "nccl_sysctl_file")}
+
     def request(self, v: RoleVars) -> FactRequest:
         files = {v.string(k) for k in ("nccl_conf_path", "nccl_env_file", "nccl_profile_script",
                                     "nccl_sysctl_file")}

@@ -90,6 +90,10 @@ class NvidiaRepoRole(RoleBase):
                            f"or file: URL without spaces or quotes, got {url!r}")
         return url if url.endswith("/") else url + "/"
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {k: v.string(k) for k in ("nvidia_repo_keyring_path", "nvidia_repo_list",
+                                         "nvidia_repo_pin")}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({v.string("nvidia_repo_keyring_path"),
                                             v.string("nvidia_repo_list"),

@@ -40,6 +40,9 @@ class OfedRole(RoleBase):
         return apt.templated(v, [package], "ofed_package_version",
                              {"version": v.string("ofed_version")}, "ofed_package")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"apt pin": apt.pin_path(self.name)}
+
     def request(self, v: RoleVars) -> FactRequest:
         wanted = self.wanted(v)
         files = frozenset({apt.pin_path(self.name)}) if wanted else frozenset()

@@ -28,6 +28,9 @@ class PeermemRole(RoleBase):
     def active(self, v: RoleVars) -> bool:
         return v.get("gpudirect_rdma") is not None and v.boolean("gpudirect_rdma")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {"modules-load file": MODULES_LOAD}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({MODULES_LOAD}), custom=frozenset({LOADED}))
 

@@ -46,6 +46,9 @@ class SlurmHealthcheckRole(RoleBase):
     def active(self, v: RoleVars) -> bool:
         return v.boolean("slurm_healthcheck")
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        return {k: v.string(k) for k in ("slurm_healthcheck_path", "slurm_healthcheck_config")}
+
     def request(self, v: RoleVars) -> FactRequest:
         return FactRequest(files=frozenset({v.string("slurm_healthcheck_path"),
                                             v.string("slurm_healthcheck_config")}))

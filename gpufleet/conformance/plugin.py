@@ -31,7 +31,7 @@ from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
 from gpufleet.report.jsonfile import write_json
-from gpufleet.report.terminal import plain
+from gpufleet.report.terminal import fold, plain
 from gpufleet.slurm import inventory as slurm_inventory
 from gpufleet.slurm.drain import slurm_client
 from gpufleet.slurm.launcher import Allocation
@@ -296,28 +296,38 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
 
 def summary_lines(results: list[Result], trends: dict[str, dict[str, Any]]
                   ) -> list[tuple[str, str | None]]:
-    """The per-host summary: status and counts, each failure, skips by reason, trends."""
+    """The per-host summary: status and counts, each failure, skips by reason, trends;
+    hosts whose lines are the same are one entry (``node[001-998]``), failing hosts
+    first."""
     summary = host_summary(results)
-    width = max(len(plain(h)) for h in summary)
     colors = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
-    lines: list[tuple[str, str | None]] = []
-    for host, entry in summary.items():
-        lines.append((f"{plain(host):<{width}}  {entry['status']:<4}  {entry['pass']} passed, "
-                      f"{entry['fail']} failed, {entry['skip']} skipped",
-                      colors[entry["status"]]))
+
+    def details(host: str) -> tuple[tuple[str, str | None], ...]:
+        lines: list[tuple[str, str | None]] = []
         skips: dict[str, list[str]] = {}
         for r in results:
             if r.host != host:
                 continue
             if r.outcome == "fail":
-                lines.append((f"{'':<{width}}    FAIL {plain(r.suite)}/{plain(r.check)}: "
-                              f"{plain(r.message)}", "red"))
+                lines.append((f"FAIL {plain(r.suite)}/{plain(r.check)}: {plain(r.message)}",
+                              "red"))
             elif r.outcome == "skip":
                 skips.setdefault(r.message, []).append(f"{r.suite}/{r.check}")
-        for reason, checks in skips.items():
-            lines.append((f"{'':<{width}}    SKIP {plain(', '.join(checks))}: {plain(reason)}",
-                          None))
-        lines += [(f"{'':<{width}}    {plain(t)}", None) for t in trend_lines(trends.get(host))]
+        lines += [(f"SKIP {plain(', '.join(c))}: {plain(reason)}", None)
+                  for reason, c in skips.items()]
+        lines += [(plain(t), None) for t in trend_lines(trends.get(host))]
+        entry = summary[host]
+        return ((entry["status"], None), (f"{entry['pass']} passed, {entry['fail']} failed, "
+                                          f"{entry['skip']} skipped", None), *lines)
+
+    order = {"FAIL": 0, "SKIP": 1, "PASS": 2}
+    hosts = sorted(summary, key=lambda h: order[summary[h]["status"]])
+    groups = fold(hosts, details)
+    width = max(len(plain(h)) for h, _, _ in groups)
+    lines: list[tuple[str, str | None]] = []
+    for name, ((status, _), (counts, _), *rest), _ in groups:
+        lines.append((f"{plain(name):<{width}}  {status:<4}  {counts}", colors[status]))
+        lines += [(f"{'':<{width}}    {text}", color) for text, color in rest]
     return lines
 
 
@@ -340,9 +350,12 @@ def report_of(state: RunState, complete: bool) -> ConformanceReport:
     """The run's typed report."""
     session = state.session
     left_out = session.report.get("launcher", {}).get("slurm", {}).get("left_out", {})
+    unreachable = {name: str(node.error) for name, node in session.nodes.items()
+                   if node.facts is None}
     return ConformanceReport(str(session.inventory.path), session.inventory.digest(),
                              state.started, time.time() - state.started, list(state.results),
-                             state.baselines, session.report, complete, dict(left_out))
+                             state.baselines, session.report, complete, dict(left_out),
+                             unreachable)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

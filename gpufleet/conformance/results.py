@@ -57,7 +57,8 @@ def counts(results: list[Result]) -> dict[str, int]:
 @dataclass
 class ConformanceReport:
     """Everything one conformance run found. ``complete`` is False when the run stopped
-    before every selected check had an outcome."""
+    before every selected check had an outcome; ``unreachable`` names the nodes whose
+    facts could not be gathered (each of their checks failed), with why."""
 
     inventory: str
     inventory_digest: str
@@ -68,6 +69,7 @@ class ConformanceReport:
     data: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
     left_out: dict[str, str] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[Result]:

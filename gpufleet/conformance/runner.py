@@ -69,7 +69,6 @@ class ConformanceOptions:
     fleet: FleetOptions = field(default_factory=FleetOptions)
     artifacts: Path = Path("reports/conformance-artifacts")
     only: Selection | None = None
-    junit_path: str | None = None
     console: TextIO | None = None
     pytest_args: tuple[str, ...] = ()
 
@@ -154,9 +153,6 @@ def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunStat
     # the working directory is not gpufleet's.
     args = [*(str(s.path()) for s in suites), "-c", os.devnull, "-p", "no:cacheprovider",
             "--rootdir", str(registry.suites_dir()), "-q", "--tb=no", "--no-header", "-rN"]
-    if options.junit_path:
-        args += [f"--junitxml={options.junit_path}", "-o", "junit_family=xunit1",
-                 "-o", "junit_suite_name=gpufleet.conformance"]
     console = options.console or sys.stdout
     autoload = os.environ.get(AUTOLOAD)
     os.environ[AUTOLOAD] = "1"

@@ -9,12 +9,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.drift.compare import SCHEMA
+from gpufleet import __version__
+from gpufleet.drift.compare import SCHEMA, DriftItem
 from gpufleet.drift.run import DriftRun
 from gpufleet.report import junit
 from gpufleet.report.jsonfile import envelope
-from gpufleet.report.prometheus import Metric
-from gpufleet.report.terminal import markup, plain
+from gpufleet.report.prometheus import Textfile
+from gpufleet.report.terminal import fold, markup, plain
 
 STATUS_STYLE = {"clean": "green", "drifted": "yellow", "unreachable": "red bold",
                 "error": "red bold"}
@@ -34,84 +35,125 @@ def to_json(run: DriftRun) -> dict[str, Any]:
     return doc
 
 
-def to_junit(run: DriftRun) -> list[junit.Case]:
-    """One case per host (reachable and checked) and one per drift item."""
-    cases: list[junit.Case] = []
+def to_junit(run: DriftRun) -> junit.Suite:
+    """Per host its ``reachable`` case (an error when it could not be checked), then one
+    failed case per drift item, named ``role/resource``."""
+    suite = junit.Suite("drift", run.started, {
+        "inventory": run.inventory, "inventory_digest": run.inventory_digest,
+        "gpufleet_version": __version__, "roles_checked": run.roles_checked,
+        "summary": run.summary()})
     for name, host in run.hosts.items():
-        case = junit.Case(f"drift.{name}", "host checked", host.duration)
-        if host.status in ("unreachable", "error"):
-            case.error = f"{host.status}: {host.error}"
-        cases.append(case)
+        error = f"{host.status}: {host.error}" if host.status in ("unreachable", "error") \
+            else None
+        if not suite.host(name, error=error, time_s=host.duration):
+            continue
         for item in host.items:
             message = f"desired {item.desired}, actual {item.actual}"
-            cases.append(junit.Case(f"drift.{name}", item.item, failure=message,
-                                    details=item.diff or message,
-                                    properties={"role": item.role, "kind": item.kind,
-                                                "new": str(item.new).lower()}))
-    return cases
+            suite.case(name, item.item, failure=message, details=item.diff or message,
+                       data={"role": item.role, "resource": item.resource, "kind": item.kind,
+                             "desired": item.desired, "actual": item.actual,
+                             "reboot_required": item.reboot_required, "new": item.new})
+    return suite
 
 
-def to_metrics(run: DriftRun) -> list[Metric]:
-    """node_exporter textfile metrics."""
-    items = Metric("gpufleet_drift_items", "Drift items per host, role and item (1 = drifted).")
-    per_host = Metric("gpufleet_drift_host_items", "Number of drift items per host.")
-    reachable = Metric("gpufleet_host_reachable",
-                       "1 when the host's facts were gathered by the last drift run.")
-    hosts = Metric("gpufleet_drift_hosts", "Hosts per drift status in the last run.")
-    last = Metric("gpufleet_drift_last_run_timestamp_seconds",
-                  "Unix time at which the last drift run finished.")
-    duration = Metric("gpufleet_drift_last_run_duration_seconds", "Wall time of the last run.")
-    hung = Metric("gpufleet_facts_timed_out",
-                  "Facts whose tool did not answer in time on the host (a hung nvidia-smi).")
+STATUSES = ("clean", "drifted", "unreachable", "error")
+
+
+def to_metrics(run: DriftRun, textfile: Textfile, previous: str | None = None) -> Textfile:
+    """node_exporter textfile metrics of the run; ``previous`` (the file they replace, for
+    a run over part of the fleet) gives the other hosts' series, which are kept."""
+    tf = textfile
+    tf.gauge("gpufleet_drift_host_status", "1 for the host's status in its last drift run "
+             "(clean, drifted, unreachable or error), 0 for the others.", ["host", "status"])
+    tf.gauge("gpufleet_host_reachable", "1 when the host's facts were gathered by its last "
+             "drift run.", ["host"])
+    tf.gauge("gpufleet_drift_host_items", "Drift items of the host in its last run.", ["host"])
+    tf.gauge("gpufleet_drift_items", "1 for each drift item of the host's last run, by role and "
+             "item.", ["host", "role", "item"])
+    tf.gauge("gpufleet_facts_timed_out", "Facts whose tool did not answer in time on the host "
+             "in its last run (a hung nvidia-smi).", ["host"])
+    tf.gauge("gpufleet_drift_host_last_run_timestamp_seconds", "Unix time at which the host's "
+             "last drift run finished.", ["host"])
+    finished = run.started + run.duration
     for name, host in run.hosts.items():
-        reachable.add(0 if host.status in ("unreachable", "error") else 1, host=name)
-        per_host.add(len(host.items), host=name)
-        hung.add(len(host.timed_out), host=name)
-        for item in host.items:
-            items.add(1, host=name, role=item.role, item=item.resource)
-    for status in ("clean", "drifted", "unreachable", "error"):
-        hosts.add(run.count(status), status=status)
-    last.add(run.started + run.duration)
-    duration.add(round(run.duration, 3))
-    return [items, per_host, reachable, hosts, last, duration, hung]
+        for status in STATUSES:
+            tf.set("gpufleet_drift_host_status", float(host.status == status), host=name,
+                   status=status)
+        tf.set("gpufleet_host_reachable", float(host.status not in ("unreachable", "error")),
+               host=name)
+        tf.set("gpufleet_drift_host_items", len(host.items), host=name)
+        tf.set("gpufleet_facts_timed_out", len(host.timed_out), host=name)
+        tf.set("gpufleet_drift_host_last_run_timestamp_seconds", finished, host=name)
+        for item in host.items:  # validate_roles refuses two roles managing one path
+            tf.set("gpufleet_drift_items", 1, host=name, role=item.role, item=item.resource)
+    if previous is not None:
+        tf.keep_others(previous, run.hosts)
+    tf.gauge("gpufleet_drift_hosts", "Hosts per drift status (the fleet, each host as of its "
+             "last run).", ["status"])
+    counts = dict.fromkeys(STATUSES, 0)
+    for labels, value in tf.samples("gpufleet_drift_host_status"):
+        counts[labels["status"]] += int(value)
+    for status, count in counts.items():
+        tf.set("gpufleet_drift_hosts", count, status=status)
+    tf.gauge("gpufleet_drift_last_run_timestamp_seconds", "Unix time at which the last drift "
+             "run (of any hosts) finished.")
+    tf.set("gpufleet_drift_last_run_timestamp_seconds", finished)
+    tf.gauge("gpufleet_drift_last_run_duration_seconds", "Wall time of the last drift run.")
+    tf.set("gpufleet_drift_last_run_duration_seconds", round(run.duration, 3))
+    tf.gauge("gpufleet_drift_last_run_hosts", "Hosts the last drift run checked.")
+    tf.set("gpufleet_drift_last_run_hosts", len(run.hosts))
+    return tf
+
+
+_SEVERITY = {"error": 0, "unreachable": 1, "drifted": 2, "clean": 3}
+
+
+def _item_key(item: DriftItem) -> tuple[Any, ...]:
+    return (item.role, item.resource, item.desired, item.actual, item.new, item.diff)
 
 
 def _print_hosts(out: Console, run: DriftRun) -> None:
-    """One status line per host, and the facts whose tool hung on it."""
-    width = max((len(plain(n)) for n in run.hosts), default=4)
-    for name, host in run.hosts.items():
-        style = STATUS_STYLE[host.status]
+    """One status line per set of hosts alike (``node[001-998]  clean``), the worst first,
+    and the facts whose tool hung."""
+    names = sorted(run.hosts, key=lambda n: _SEVERITY[run.hosts[n].status])
+
+    def line(name: str) -> tuple[Any, ...]:
+        host = run.hosts[name]
         new = sum(i.new for i in host.items)
         detail = f"{len(host.items)} item(s), {new} new" if host.items else ""
-        if host.error:
-            detail = host.error
-        out.print(f"  {escape(plain(name).ljust(width))}  [{style}]{host.status:<11}[/{style}] "
+        return (host.status, host.error or detail, tuple(host.timed_out.items()))
+
+    groups = fold(names, line)
+    width = max((len(plain(h)) for h, _, _ in groups), default=4)
+    for hosts, (status, detail, timed_out), _ in groups:
+        style = STATUS_STYLE[status]
+        out.print(f"  {escape(plain(hosts).ljust(width))}  [{style}]{status:<11}[/{style}] "
                   f"{markup(detail)}")
-        for fact, reason in host.timed_out.items():
+        for fact, reason in timed_out:
             out.print(f"  {' ' * width}  [red]fact {markup(fact)} unknown: {markup(reason)}[/red]")
 
 
 def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
-    """Summary line per host, then items grouped by host with desired and actual. Every
-    name and value shown comes from hosts or the inventory and is printed escaped."""
+    """Summary lines of hosts alike, then the items of each set of hosts that drifted
+    alike, with desired and actual. Every name and value shown comes from hosts or the
+    inventory and is printed escaped."""
     out.print("[bold]DRIFT[/bold]")
     _print_hosts(out, run)
-    for name, host in run.hosts.items():
-        if not host.items:
-            continue
-        table = Table(title=markup(name), title_justify="left", pad_edge=False,
+    drifted = [n for n, h in run.hosts.items() if h.items]
+    for hosts, key, _ in fold(drifted, lambda n: tuple(_item_key(i) for i in run.hosts[n].items)):
+        table = Table(title=markup(hosts), title_justify="left", pad_edge=False,
                       show_lines=False)
         for col in ("role", "item", "desired", "actual", ""):
             table.add_column(col, overflow="fold")
-        for item in host.items:
-            table.add_row(markup(item.role), markup(item.resource), markup(item.desired),
-                          markup(item.actual), "NEW" if item.new else "")
+        for role, resource, desired, actual, new, _ in key:
+            table.add_row(markup(role), markup(resource), markup(desired), markup(actual),
+                          "NEW" if new else "")
         out.print(table)
         if diff:
-            for item in host.items:
-                if item.diff:
-                    for line in item.diff.rstrip("\n").splitlines():
-                        out.print(f"    [dim]{markup(line)}[/dim]")
+            for *_, item_diff in key:
+                if item_diff:
+                    for text in item_diff.rstrip("\n").splitlines():
+                        out.print(f"    [dim]{markup(text)}[/dim]")
     for inc in run.inconsistencies:
         spread = "; ".join(f"{v} on {', '.join(h)}" for v, h in inc.values.items())
         out.print(f"[yellow]group {markup(inc.group)}: {markup(inc.key)} differs[/yellow] "

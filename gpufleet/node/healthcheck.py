@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "state_file": "/etc/gpufleet/node.json",
     "nvidia_smi_timeout_s": 4.0,
     "budget_s": 9.0,
+    "syslog_socket": "/dev/log",
 }
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -58,6 +59,10 @@ GPU_QUERY = ("index,pci.bus_id,name,ecc.errors.uncorrected.volatile.total,"
              "remapped_rows.pending,remapped_rows.failure")
 SLURM_RESERVE_S = 3.0
 KILL_GRACE_S = 0.5  # after SIGKILL: a tool still not ended by then is left behind
+SYSLOG_TAG = "gpufleet-healthcheck"
+SYSLOG_FACILITY = 3  # daemon (RFC 5424), as LBNL NHC logs
+SYSLOG_ERR, SYSLOG_INFO = 3, 6
+SYSLOG_LIMIT = 2000  # bytes of one message: a datagram /dev/log takes whole
 # The reason format of gpufleet/slurm/findings.py (tests/unit/test_slurm_findings.py holds
 # the two copies together).
 PREFIX = "gf "
@@ -454,6 +459,8 @@ def load_config(path: str) -> dict[str, Any]:
         "nvidia_smi_timeout_s": isinstance(config["nvidia_smi_timeout_s"], (int, float)),
         "budget_s": isinstance(config["budget_s"], (int, float))
         and config["budget_s"] > SLURM_RESERVE_S,
+        "syslog_socket": config["syslog_socket"] is None
+        or isinstance(config["syslog_socket"], str),
     }
     for key, ok in checks.items():
         if not ok or isinstance(config[key], bool):
@@ -546,15 +553,34 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         print(result.line())
     ok = True
+    slurm: list[str] = []
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     if (args.drain or os.environ.get("SLURMD_NODENAME")) and not args.no_drain:
         left = budget - (time.monotonic() - started)
         line, ok = slurm_action(node, results, Deadline(max(left, SLURM_RESERVE_S)))
         print(line)
+        slurm.append(line)
     counts = {s: sum(r.status == s for r in results) for s in ("FAIL", "PASS", "SKIP")}
-    print(f"healthcheck {node}: {counts['FAIL']} failed, {counts['PASS']} passed, "
-          f"{counts['SKIP']} skipped in {time.monotonic() - started:.2f}s")
+    verdict = (f"healthcheck {node}: {counts['FAIL']} failed, {counts['PASS']} passed, "
+               f"{counts['SKIP']} skipped in {time.monotonic() - started:.2f}s")
+    print(verdict)
+    failed = [r.line() for r in results if r.status == "FAIL"]
+    if config["syslog_socket"]:
+        log_verdict(config["syslog_socket"], "; ".join([verdict, *failed, *slurm]),
+                    bool(failed) or not ok)
     return EXIT_FAILED if counts["FAIL"] or not ok else 0
+
+
+def log_verdict(address: str, message: str, error: bool) -> None:
+    """The run's verdict to syslog (facility daemon, tag gpufleet-healthcheck, priority err
+    when a check failed, else info), as one datagram; slurmd discards the program's output,
+    so this is where an operator finds every run. A missing syslog socket costs nothing."""
+    priority = SYSLOG_FACILITY * 8 + (SYSLOG_ERR if error else SYSLOG_INFO)
+    text = _one_line(message).encode()[:SYSLOG_LIMIT].decode(errors="ignore")
+    packet = f"<{priority}>{SYSLOG_TAG}[{os.getpid()}]: {text}".encode()
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
+        out.settimeout(0.5)
+        out.sendto(packet, address)
 
 
 if __name__ == "__main__":

@@ -52,17 +52,35 @@ def validate(hosts: Sequence[Host], roles: Sequence[Role], most: int = 20) -> No
     raise BadVariables listing the problems (at most ``most``)."""
     problems: list[str] = []
     for host in hosts:
+        claims: dict[str, tuple[Role, str]] = {}
         for role in roles:
             v = RoleVars(host, role.defaults)
             try:
                 role.check(v)
                 if role.active(v):
                     role.request(v)
+                    for what, path in role.managed_files(v).items():
+                        if path in claims:
+                            problems.append(_claimed_twice(host, claims[path], (role, what),
+                                                           path))
+                        claims[path] = (role, what)
             except GpufleetError as exc:
                 problems.append(str(exc))
     if problems:
         more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
         raise BadVariables("; ".join(problems[:most]) + more)
+
+
+def _claimed_twice(host: Host, first: tuple[Role, str], second: tuple[Role, str],
+                   path: str) -> str:
+    """Two roles (or one role's two variables) that would manage the same file."""
+    def named(claim: tuple[Role, str]) -> str:
+        role, what = claim
+        where = host.origin(what) if what in host.vars else None
+        return f"{role.name}'s {what}" + (f" ({where})" if where else "")
+
+    return (f"host {host.name}: {named(first)} and {named(second)} are both {path}: one file "
+            "can be managed by one of them only; give each its own path")
 
 
 def fact_request(pairs: list[tuple[Role, RoleVars]]) -> FactRequest:

@@ -183,6 +183,12 @@ class Role(Protocol):
         """Named values other parts of gpufleet look up (the training interpreter ...)."""
         ...
 
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
+        """Every file the role writes on the host: what it is (the variable that sets its
+        path, or what it holds) -> its path. Two roles, or one role twice, never manage
+        one path (``engine.validate`` refuses it before any host is contacted)."""
+        ...
+
     def admits_members(self, v: RoleVars) -> str | None:
         """The group whose other hosts must re-apply this role when a host joins it."""
         ...
@@ -227,6 +233,9 @@ class RoleBase:
         return {}
 
     def provides(self, v: RoleVars) -> dict[str, str]:
+        return {}
+
+    def managed_files(self, v: RoleVars) -> dict[str, str]:
         return {}
 
     def admits_members(self, v: RoleVars) -> str | None:

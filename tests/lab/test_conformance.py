@@ -19,6 +19,7 @@ from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
+from tests.junit_schema import check_junit
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import run
 
@@ -124,10 +125,15 @@ def test_invoke_conformance_reports_junit_and_json(provisioned: Path, tmp_path: 
         "no RDMA devices (/sys/class/infiniband is empty)"
     matrix = doc["data"]["reachability"]["matrix"]["matrix"]
     assert matrix["node01"]["node02"]["29500"] == "open"
+    counts = check_junit(junit)
+    hosts = [h for h in doc["hosts"] if h != "fleet"]
+    assert counts == {"tests": len(doc["results"]) + len(hosts), "errors": 0,
+                      "failures": doc["summary"]["fail"], "skipped": doc["summary"]["skip"]}
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "gpufleet.conformance"
-    assert int(suite.get("tests", "0")) == len(doc["results"])
-    assert suite.get("failures") == "0"
+    names = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")}
+    assert ("conformance.node01", "stack/role_converged[driver]") in names
+    assert ("conformance.node02", "reachable") in names
 
 
 def test_invoke_conformance_fails_when_a_check_fails(provisioned: Path, tmp_path: Path,

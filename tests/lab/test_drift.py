@@ -12,8 +12,10 @@ from typing import Any
 
 from gpufleet import app, roles
 from gpufleet.lab.cluster import Lab
+from tests.junit_schema import check_junit
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import override, run
+from tests.unit.test_metrics import promtool, samples
 
 DRIFT_HOSTS = PROVISIONED
 
@@ -25,8 +27,16 @@ def drift(inventory_path: Path, tmp_path: Path, name: str, **kwargs: Any
                                str(tmp_path / f"{name}.prom"), str(tmp_path / "history"))
     kwargs.setdefault("limit", DRIFT_HOSTS)
     code = app.drift_cmd(str(inventory_path), outputs=outputs, **kwargs)
+    check_junit(tmp_path / f"{name}.xml")
+    promtool(tmp_path / f"{name}.prom")
     return (code, json.loads((tmp_path / f"{name}.json").read_text()),
             ET.parse(tmp_path / f"{name}.xml").getroot(), (tmp_path / f"{name}.prom").read_text())
+
+
+def metric(prom: str, name: str, **labels: str) -> float | None:
+    """The value of the series ``name`` with ``labels`` (and the lab's inventory label)."""
+    wanted = tuple(sorted({"inventory": "lab", **labels}.items()))
+    return samples(prom).get((name, wanted))
 
 
 def snapshot(lab: Lab, nodes: list[str]) -> dict[str, tuple[int, ...]]:
@@ -69,7 +79,7 @@ def test_a_provisioned_lab_has_no_drift(provisioned: Path, tmp_path: Path) -> No
     assert doc["summary"] == {"hosts": 4, "clean": 4, "drifted": 0, "unreachable": 0,
                               "error": 0, "items": 0, "new": 0, "resolved": 0}
     assert junit_root.find("testsuite").get("failures") == "0"  # type: ignore[union-attr]
-    assert 'gpufleet_host_reachable{host="node01"} 1' in prom
+    assert metric(prom, "gpufleet_host_reachable", host="node01") == 1
     assert "gpufleet_drift_items{" not in prom
 
 
@@ -120,9 +130,10 @@ def test_every_kind_of_drift_on_one_node_is_reported_on_that_node_only(
         assert len(failures) == 8
         assert {c.get("classname") for c in junit_root.iter("testcase")
                 if c.find("failure") is not None} == {"drift.node02"}
-        assert 'gpufleet_drift_items{host="node02",role="nccl",item="package libnccl2"} 1' in prom
-        assert 'gpufleet_drift_host_items{host="node02"} 8' in prom
-        assert 'gpufleet_drift_host_items{host="node01"} 0' in prom
+        assert metric(prom, "gpufleet_drift_items", host="node02", role="nccl",
+                      item="package libnccl2") == 1
+        assert metric(prom, "gpufleet_drift_host_items", host="node02") == 8
+        assert metric(prom, "gpufleet_drift_host_items", host="node01") == 0
     finally:
         restored = run(provisioned, "node02")
     assert restored["node02"].status == "changed", restored["node02"].error
@@ -209,9 +220,10 @@ def test_an_unreachable_node_is_an_error_and_the_others_are_reported(
     assert doc["hosts"]["node03"]["status"] == "unreachable"
     assert "timed out" in doc["hosts"]["node03"]["error"]
     assert {doc["hosts"][n]["status"] for n in ("node01", "node02", "node04")} == {"clean"}
-    assert 'gpufleet_host_reachable{host="node03"} 0' in prom
+    assert metric(prom, "gpufleet_host_reachable", host="node03") == 0
     errors = [c for c in junit_root.iter("testcase") if c.find("error") is not None]
-    assert [c.get("classname") for c in errors] == ["drift.node03"]
+    assert [(c.get("classname"), c.get("name")) for c in errors] == [("drift.node03",
+                                                                      "reachable")]
 
 
 def test_drift_never_writes_on_a_node(lab: Lab, provisioned: Path, tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ def test_site_packages_holds_only_the_gpufleet_package(installed: Path) -> None:
     assert (site / "gpufleet" / "suites" / "probes" / "allreduce.py").is_file()
     assert (site / "gpufleet" / "node" / "healthcheck.py").is_file()
     assert (site / "gpufleet" / "roles" / "driver.py").is_file()
+    assert (site / "gpufleet" / "dashboards" / "grafana.json").is_file()
     for name in ("roles", "conformance", "templates", "tasks.py", "tests", "inventory"):
         assert not (site / name).exists(), name
     [record] = site.glob("gpufleet-*.dist-info/top_level.txt")

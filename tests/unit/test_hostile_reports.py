@@ -20,6 +20,7 @@ from gpufleet.drift.compare import DriftItem, HostDrift, Inconsistency
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision.plan import Change, Plan
 from gpufleet.report import junit, terminal
+from tests.junit_schema import check_junit
 
 HOSTILE = "[/x] [bold]b[/bold] \x1b[31mred\x1b[0m \x00nul \u202eevil\r\nforged"
 
@@ -87,18 +88,22 @@ def test_the_drift_report_with_a_hostile_group_host_and_item() -> None:
 
 def test_junit_stays_valid_xml_and_keeps_the_text_visible(tmp_path: Path) -> None:
     path = tmp_path / "drift.xml"
-    junit.write(path, f"suite {HOSTILE}", drift_report.to_junit(hostile_drift()))
+    junit.write(path, drift_report.to_junit(hostile_drift()))
+    check_junit(path)
     root = ET.fromstring(path.read_bytes())
     failure = root.find("testsuite/testcase/failure")
     assert failure is not None
     assert failure.text is not None and "\\x1b[31mred" in failure.text
     assert "\\x00nul" in failure.get("message", "")
-    assert root.find("testsuite").get("name", "").startswith("suite [/x]")  # type: ignore[union-attr]
+    error = root.find("testsuite/testcase/error")
+    assert error is not None and "\\x00nul" in error.get("message", "")
 
 
 @pytest.mark.parametrize("character", ["\x00", "\x08", "\x1b", "\x1f", "\ud800", "\ufffe"])
 def test_junit_replaces_each_character_xml_cannot_hold(character: str) -> None:
-    document = junit.render("s", [junit.Case("c", f"name{character}", failure=character)])
+    suite = junit.Suite("drift", 0.0, {"inventory": f"inv{character}"})
+    suite.case("h", f"name{character}", failure=character, data={"k": character})
+    document = junit.render(suite)
     ET.fromstring(document)
     assert f"\\x{ord(character):02x}".encode() in document or \
         f"\\u{ord(character):04x}".encode() in document

@@ -8,12 +8,17 @@ dpkg-query and scontrol that replay output captured on a real H200 node
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
+import shutil
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -137,11 +142,28 @@ class Node:
         _script(self.bin, "scontrol", record + f'case "$1" in --oneliner) cat {self.show};; '
                                                 'esac\n')
         self.config = tmp / "healthcheck.json"
+        # the program's syslog socket: a short path (a socket's is at most 107 bytes)
+        self.log_path = Path(tempfile.mkdtemp(prefix="gfhc-")) / "log"
+        self.log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.log.bind(str(self.log_path))
         self.write_config(gpu_count=1)
 
     def write_config(self, **values: object) -> None:
         self.config.write_text(json.dumps({"state_file": str(self.tmp / "node.json"),
-                                           **values}))
+                                           "syslog_socket": str(self.log_path), **values}))
+
+    def syslog(self) -> list[str]:
+        """The messages the program sent to syslog so far."""
+        self.log.setblocking(False)
+        found = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                found.append(self.log.recv(65536).decode())
+        return found
+
+    def close(self) -> None:
+        self.log.close()
+        shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def run(self, *args: str, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
@@ -158,8 +180,31 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node(tmp_path: Path) -> Iterator[Node]:
+    stand_ins = Node(tmp_path)
+    yield stand_ins
+    stand_ins.close()
+
+
+def test_every_run_logs_its_verdict_to_syslog(node: Node) -> None:
+    """facility daemon, tag gpufleet-healthcheck: err (27) when a check failed, info (30)
+    when all passed, with the failures and what was done in Slurm."""
+    assert node.run().returncode == 0
+    [ok] = node.syslog()
+    assert re.fullmatch(r"<30>gpufleet-healthcheck\[\d+\]: healthcheck node04: 0 failed, "
+                        r"3 passed, 3 skipped in \d+\.\d+s", ok), ok
+    node.write_config(gpu_count=2)
+    assert node.run("--drain").returncode == 1
+    [failed] = node.syslog()
+    assert failed.startswith("<27>gpufleet-healthcheck[")
+    assert "; FAIL gpus: 1 GPU(s) (NVIDIA H200), expected 2; slurm: drained node04: gf hc/gpus" \
+        in failed
+
+
+def test_without_a_syslog_socket_the_run_is_unchanged(node: Node) -> None:
+    node.write_config(gpu_count=1, syslog_socket="/nonexistent/log")
+    proc = node.run()
+    assert proc.returncode == 0 and proc.stderr == ""
 
 
 def _lines(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
