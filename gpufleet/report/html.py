@@ -152,16 +152,17 @@ class Group:
 
 @dataclass
 class Plot:
-    """A figure of the report: its charts side by side or stacked, and what they show."""
+    """A figure of the report: its charts, side by side, and what they show."""
 
     title: str
     charts: list[Markup]
     note: str = ""
-    css: str = ""
 
 
 @dataclass
 class Card:
+    """A figure of the summary."""
+
     label: str
     value: str
     css: str = ""
@@ -393,7 +394,7 @@ def allreduce_plots(doc: Mapping[str, Any], results: Sequence[Result]) -> list[P
         few = len(hosts) <= MAX_LINES
         for i, host in enumerate(sorted(hosts, key=natural)):
             failed = outcome.get(host) == "fail"
-            colour = PALETTE[i % len(PALETTE)] if few else (FAIL if failed else MUTED)
+            colour = FAIL if failed else PALETTE[i % len(PALETTE)] if few else MUTED
             fleet.lines.append(Line([(f.size, f.median) for f in alone[host]], colour,
                                     host if few else None, 2 if few or failed else 1,
                                     opacity=1 if few or failed else 0.35, dots=few,
@@ -417,10 +418,9 @@ def allreduce_plots(doc: Mapping[str, Any], results: Sequence[Result]) -> list[P
                           "gate (the inventory's floor at the largest size, or the node's "
                           "baseline with --compare-baseline)."))
         plots.append(Plot("Each node against its gate and its baseline", per_node,
-                          (f"{len(shown)} of {len(hosts)} nodes, failing nodes first; the "
-                           f"other {more} are in the fleet plot above." if more else
-                           "bars: the spread of the trials; dashed: the node's baseline."),
-                          "small"))
+                          "bars: the spread of the trials; dashed: the node's baseline."
+                          + (f" {len(shown)} of {len(hosts)} nodes, failing nodes first; the "
+                             f"other {more} are in the fleet plot above." if more else "")))
     across = _across_chart(doc, results)
     if across is not None:
         plots.append(across)
@@ -553,7 +553,8 @@ def _mirror_note(soak: Soak) -> str:
         + "hatched: a clock that mirrors its temperature, over the window judged."
     if not parts:
         return shading
-    return (f"SM clock against temperature after the warm-up (Pearson r{rule}): "
+    window = "after the warm-up" if soak.warmup else "over the whole soak"
+    return (f"SM clock against temperature {window} (Pearson r{rule}): "
             + "; ".join(parts) + ". " + shading)
 
 
@@ -793,6 +794,8 @@ class Figure:
 
 @dataclass
 class NodeRow:
+    """A node's row of the acceptance table."""
+
     host: str
     status: str
     figures: list[Figure]

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#bcbd22", "#7f7f7f", "#393b79")  # no red: red marks what failed
 FAIL = "#c62828"
 MUTED = "#9aa5b1"
 MAX_LEGEND = 10
