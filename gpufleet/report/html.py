@@ -300,7 +300,7 @@ def _conformance_parts(doc: Mapping[str, Any], results: list[Result]) -> dict[st
 def _header(doc: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(doc.get(k) or "") for k in (
         "inventory", "inventory_digest", "generated_at", "started_at", "finished_at",
-        "duration_s", "gpufleet_version", "schema")}
+        "duration_s", "gpufleet_version")}
 
 
 def render_conformance(doc: Mapping[str, Any]) -> str:
@@ -440,6 +440,9 @@ def _node_busbw_chart(host: str, figures: list[SizeFigure], outcome: str,
     if base:
         chart.lines.append(Line(base, "#555", "baseline", 1.5, dash=True))
     chart.dots += _gate_dots(host, figures)
+    chart.dots += [Dot(f.size, f.median, FAIL, f"{host}: {number(f.median)} GB/s at "
+                       f"{size_label(f.size)}, under its gate", "ring")
+                   for f in figures if not f.passed]
     if any(f.gate is not None for f in figures):
         chart.lines.append(Line([], FAIL, "gate"))
     return chart.svg()
@@ -819,7 +822,7 @@ def merge_conformance(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for suite, entries in _mapping(doc.get("data")).items():
             merged["data"].setdefault(suite, {}).update(_mapping(entries))
         merged["baselines"].update(_mapping(doc.get("baselines")))
-        for key in ("inventory", "inventory_digest", "gpufleet_version", "schema"):
+        for key in ("inventory", "inventory_digest", "gpufleet_version"):
             merged.setdefault(key, doc.get(key))
         merged.setdefault("started_at", doc.get("started_at"))
         merged["finished_at"] = doc.get("finished_at")

@@ -153,6 +153,7 @@ def test_allreduce_plots_show_each_node_against_its_gate_and_baseline(
     assert "AllReduce busbw per size, each node alone" in titles
     assert "node0010 (fail)" in titles  # a slow node, among the first per-node plots
     assert "node0010: gate 318.3 GB/s at 8G (baseline)" in titles
+    assert re.search(r"node0010: [\d.]+ GB/s at 8G, under its gate", titles)
     assert "gate 180 GB/s for the nodes together" in titles
     assert "median of 997 nodes" in titles
     assert "12 of 997 nodes, failing nodes first" in titles
