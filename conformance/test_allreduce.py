@@ -126,6 +126,9 @@ def test_all_nodes_together(conformance: ConformanceSession,
     conformance.add_report("allreduce", "hierarchy", result.to_dict())
     assert result.together is not None
     _record(result.together, record_property)
+    gate = threshold(good[0], len(good))
+    if gate is not None:
+        record_property("gate_gbps", gate)
     record_property("pairs_s", round(max((r.duration for r in result.pairs), default=0.0), 2))
     leftovers = {n: p for r in [*result.pairs, result.together] for n, p in r.leftovers.items()}
     assert not leftovers, f"processes left behind: {leftovers}"

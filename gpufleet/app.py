@@ -39,7 +39,7 @@ from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import HostRun, RunOptions, active_roles, fact_request, provision
 from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
-from gpufleet.report import junit, prometheus, terminal
+from gpufleet.report import html, junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.outputs import check_writable, to_stdout
 from gpufleet.slurm import drain as scheduler
@@ -296,6 +296,7 @@ class DriftOutputs:
     prometheus_path: str | None = None
     report_dir: str = "reports/drift"
     keep: int = 30
+    html_path: str | None = None
 
 
 @guarded
@@ -313,7 +314,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     if outputs.keep < 1:
         raise GpufleetError(f"--keep must be 1 or more, got {outputs.keep}")
     _check_outputs(json=outputs.json_path, junit=outputs.junit_path,
-                   prometheus=outputs.prometheus_path)
+                   prometheus=outputs.prometheus_path, html=outputs.html_path)
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
         scheduler.check(target.hosts, "--drain-drifted")
@@ -327,6 +328,8 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                         progress=terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
+    if outputs.html_path:
+        html.write_html(outputs.html_path, html.render_drift(document, history.documents()))
     if outputs.json_path:
         write_json(outputs.json_path, document)
     if outputs.junit_path:
@@ -335,7 +338,8 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
         label, previous = metrics
         prometheus.write(outputs.prometheus_path, drift_report.to_metrics(
             run, prometheus.Textfile(label, "drift"), previous))
-    con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path)
+    con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path,
+                   outputs.html_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
         _drain_drifted(target, run, con)
@@ -403,18 +407,23 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     extra_args: list[str] | None = None, drain_failed: bool = False,
                     launcher: str = "ssh", partition: str | None = None,
                     record_baseline: bool = False, compare_baseline: bool = False,
-                    prometheus_path: str | None = None, out: TextIO | None = None) -> int:
+                    prometheus_path: str | None = None, html_path: str | None = None,
+                    out: TextIO | None = None) -> int:
     """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
-    ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
+    ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH. With
+    ``html_path``, an acceptance run (``acceptance`` or ``all``) writes the acceptance
+    report, any other run the conformance report."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
-    _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path)
+    _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path,
+                   html=html_path)
     metrics = _metrics_target(target, prometheus_path, limit, "conformance")
     if drain_failed:
         scheduler.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
                  if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
-    console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path) else out
+    console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path,
+                                               html_path) else out
     options = ConformanceOptions(
         suites=tuple((suites or "conformance").split(",")), pairs=pairs,
         with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
@@ -422,8 +431,13 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
         console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
+    document = report.to_json()
     if json_path:
-        write_json(json_path, report.to_json())
+        write_json(json_path, document)
+    if html_path:
+        acceptance = bool({"acceptance", "all"} & set(options.suites))
+        html.write_html(html_path, html.render_acceptance([document]) if acceptance
+                        else html.render_conformance(document))
     if prometheus_path and metrics is not None:
         label, previous = metrics
         prometheus.write(prometheus_path, conformance_metrics.to_metrics(
@@ -431,7 +445,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     if junit_path:
         junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
-        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path))
+        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path,
+                                                  html_path))
     return exitcodes.FAILED if report.failed else exitcodes.OK
 
 
@@ -458,12 +473,14 @@ def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> Non
 
 @guarded
 def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
-                  json_path: str | None = None, out: TextIO | None = None) -> int:
-    """Take a new node to certified-ready and report each step."""
+                  json_path: str | None = None, out: TextIO | None = None,
+                  html_path: str | None = None) -> int:
+    """Take a new node to certified-ready and report each step; ``html_path``: the
+    acceptance report of its certification."""
     inv = load_source(inventory)
-    _check_outputs(json=json_path)
+    _check_outputs(json=json_path, html=html_path)
     result = bootstrap(inv, options, source=inventory)
-    con = _console(out, json_path)
+    con = _console(out, json_path, html_path)
     con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")
     styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
     for step in result.steps:
@@ -473,7 +490,10 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     verdict = "[green]READY[/green]" if result.ready else \
         f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
     con.print(f"{terminal.markup(result.host)}: {verdict}")
+    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path), **result.to_dict())
     if json_path:
-        write_json(json_path, envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
-                                       **result.to_dict()))
+        write_json(json_path, document)
+    if html_path:
+        html.write_html(html_path, html.render_acceptance(
+            [r.to_json() for r in result.reports], bootstrap=[document]))
     return result.exit_code

@@ -86,13 +86,15 @@ class BootstrapOptions:
 
 @dataclass
 class Bootstrap:
-    """Everything one bootstrap run did."""
+    """Everything one bootstrap run did; ``reports`` are the certify step's conformance
+    runs (for the acceptance report; the JSON document keeps their counts)."""
 
     host: str
     steps: list[StepResult] = field(default_factory=list)
     ready: bool = False
     reason: str | None = None
     passed_checks: list[str] = field(default_factory=list)
+    reports: list[ConformanceReport] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "ready": self.ready, "reason": self.reason,
@@ -342,6 +344,7 @@ class Certifier:
     source: str | None = None
     recertify: bool = False
     run_suites: Runner = run_suites
+    reports: list[ConformanceReport] = field(default_factory=list)
 
     def run(self, limit: str, suites: list[Suite], only: Callable[[Suite, str], bool],
             required: list[str], *, record_baseline: bool = False
@@ -355,6 +358,7 @@ class Certifier:
                 record_baseline=record_baseline, fleet=self.fleet))
         except RunIncomplete as exc:
             raise GpufleetError(f"the {names} suites did not complete: {exc}") from None
+        self.reports.append(report)
         if report.failed:
             raise GpufleetError("; ".join(f"{r.suite}/{r.check} on {r.host}: {r.message}"
                                           for r in report.failed))
@@ -509,7 +513,7 @@ def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | 
         conn.close()  # the node may have rebooted: talk to it over a new connection
         conn = conn.reopen()
         certifier = Certifier(inventory, _remaining(fleet, budget), source, options.recertify,
-                              runner)
+                              runner, result.reports)
         required = required_suites(host, seen.get("preflight"))
         _timed(result, "certify", lambda: _certify_unless_done(
             certifier, conn, inventory, result, peer, required=required))

@@ -67,10 +67,28 @@ def test_site_packages_holds_only_the_gpufleet_package(installed: Path) -> None:
     assert (site / "gpufleet" / "node" / "healthcheck.py").is_file()
     assert (site / "gpufleet" / "roles" / "driver.py").is_file()
     assert (site / "gpufleet" / "dashboards" / "grafana.json").is_file()
+    templates = site / "gpufleet" / "report" / "templates"
+    assert {p.name for p in templates.iterdir()} >= {
+        "base.html.j2", "macros.html.j2", "conformance.html.j2", "drift.html.j2",
+        "acceptance.html.j2", "filter.js"}
     for name in ("roles", "conformance", "templates", "tasks.py", "tests", "inventory"):
         assert not (site / name).exists(), name
     [record] = site.glob("gpufleet-*.dist-info/top_level.txt")
     assert record.read_text().split() == ["gpufleet"]
+
+
+def test_the_installed_package_renders_the_html_reports(installed: Path, tmp_path: Path
+                                                        ) -> None:
+    """Its templates and ClusterShell (from the wheelhouse) are there: a report renders."""
+    script = ("import json, sys; from gpufleet.report import html; "
+              "doc = json.load(open(sys.argv[1])); "
+              "print(len(html.render_conformance(doc)), html.fold(['n1', 'n2', 'n3']))")
+    done = _run([str(installed / "bin" / "python"), "-c", script,
+                 str(ROOT / "tests" / "fixtures" / "h200x2" / "gpufleet" / "conformance.json")],
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    size, folded = done.stdout.split()
+    assert int(size) > 10_000 and folded == "n[1-3]"
 
 
 def test_the_installed_command_provisions_and_checks_the_lab(
