@@ -2,12 +2,13 @@
 schema id; the documents the commands write over local connections (and an unreachable
 host) validate against theirs, the drift history's runs and the node files too; and a
 document with a wrong type, a missing key or an unknown one is rejected with its JSON
-path named."""
+path named. The whole documents the docs show validate too."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 from collections.abc import Callable, Iterator
 from importlib.resources import files
@@ -34,6 +35,7 @@ from gpufleet.inventory.target import Target
 from gpufleet.report import schemas
 from gpufleet.report.schemas import SchemaError, load, validate
 from gpufleet.roles import consistency_request
+from tests.conftest import ROOT
 
 DOCUMENTS = ["gpufleet.facts/1", "gpufleet.provision/1", "gpufleet.drift/1",
              "gpufleet.conformance/1", "gpufleet.bootstrap/1", "gpufleet.baseline/1",
@@ -277,3 +279,31 @@ def test_what_is_no_gpufleet_document_is_named(document: Any, message: str) -> N
         validate(document)
     with pytest.raises(SchemaError, match=r"^no schema 'gpufleet.drift/9': gpufleet ships "):
         load("gpufleet.drift/9")
+
+
+JSON_BLOCK = re.compile(r"^```json\n(?P<text>.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def _shown_documents() -> list[tuple[str, dict[str, Any]]]:
+    """The JSON examples of the docs that are whole documents (others show a fragment)."""
+    shown = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        for match in JSON_BLOCK.finditer(path.read_text()):
+            if match["text"].startswith('{"schema"') or match["text"].startswith('{\n  "schema"'):
+                shown.append((path.name, json.loads(match["text"])))
+    return shown
+
+
+SHOWN = _shown_documents()
+
+
+def test_the_docs_show_a_document_of_every_report() -> None:
+    assert {d["schema"] for _, d in SHOWN} == {
+        "gpufleet.facts/1", "gpufleet.provision/1", "gpufleet.drift/1",
+        "gpufleet.conformance/1", "gpufleet.bootstrap/1", "gpufleet.baseline/1"}
+
+
+@pytest.mark.parametrize("document", [d for _, d in SHOWN],
+                         ids=[f"{doc}:{d['schema']}" for doc, d in SHOWN])
+def test_a_document_the_docs_show_validates(document: dict[str, Any]) -> None:
+    validate(document)
