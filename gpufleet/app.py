@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,7 +23,14 @@ from gpufleet.conformance import metrics as conformance_metrics
 from gpufleet.conformance.results import FLEET, ConformanceReport
 from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
-from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
+from gpufleet.connect.fleet import (
+    DEFAULT_FORKS,
+    FleetOptions,
+    Outcome,
+    TaskResult,
+    run_fleet,
+    summarize,
+)
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import HostDrift
 from gpufleet.drift.history import History
@@ -181,7 +189,9 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
         gathered = gather_facts(conn, facts_request(host))
         return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
 
+    started = time.monotonic()
     outcomes = run_fleet(target.hosts, task, options, terminal.TerminalProgress("facts"))
+    duration = time.monotonic() - started
     con = _console(out, json_path)
     con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
     for name, outcome in outcomes.items():
@@ -193,9 +203,18 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
                 con.print(f"  [dim]{terminal.markup(name)}: unknown "
                           f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
     if json_path:
-        write_json(json_path, envelope("gpufleet.facts/1", inventory=str(target.inventory.path),
-                                       hosts={n: _facts_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, envelope(
+            "gpufleet.facts/1", inventory=str(target.inventory.path),
+            inventory_digest=target.inventory.digest(), duration_s=duration,
+            summary=facts_summary(outcomes),
+            hosts={n: _facts_json(o) for n, o in outcomes.items()}))
     return _facts_code(outcomes)
+
+
+def facts_summary(outcomes: dict[str, Outcome[Any]]) -> dict[str, int]:
+    """The facts report's counts: hosts, and how many ended each way (``ok``: gathered)."""
+    counts = summarize(outcomes)
+    return {"hosts": len(outcomes), **{k: n for k, n in counts.items() if k != "changed"}}
 
 
 def _summary_only(outcome: Outcome[dict[str, Any]]) -> Outcome[Any]:
@@ -234,17 +253,21 @@ def provision_cmd(inventory: str | None, *, limit: str | None = None, check: boo
     options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
                                                          lock_timeout_s=lock_timeout),
                          fleet=fleet.options(target, "provision"))
+    started = time.monotonic()
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("check" if check else "provision"))
+    duration = time.monotonic() - started
     con = _console(out, json_path)
     print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
     notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
              if o.value and o.value.reboot_pending}
     terminal.print_recap(con, outcomes, notes)
     if json_path:
-        write_json(json_path, envelope("gpufleet.provision/1", check=check,
-                                       inventory=str(target.inventory.path),
-                                       hosts={n: run_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, envelope(
+            "gpufleet.provision/1", inventory=str(target.inventory.path),
+            inventory_digest=target.inventory.digest(), duration_s=duration,
+            summary=provision_summary(outcomes), check=check,
+            hosts={n: run_json(o) for n, o in outcomes.items()}))
     code = _outcome_code(outcomes)
     if code == exitcodes.OK and notes and not check:
         return exitcodes.REBOOT_REQUIRED
@@ -270,6 +293,24 @@ def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, tit
                   f"({len(run.plan.changes)} change(s))")
         terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
                             bool(run.reboot_pending))
+
+
+def provision_summary(outcomes: dict[str, Outcome[HostRun]]) -> dict[str, int]:
+    """The provision report's counts: hosts per outcome as the recap counts them, hosts
+    with a reboot pending, and the changes planned and applied (as the hosts' entries
+    list them)."""
+    counts = {"hosts": len(outcomes), **summarize(outcomes), "reboot_required": 0,
+              "changes": 0, "applied": 0}
+    for outcome in outcomes.values():
+        run = outcome.value
+        if run is None:
+            continue
+        counts["reboot_required"] += bool(run.reboot_pending)
+        if run.plan:
+            applied = {id(c) for c in run.applied}
+            counts["changes"] += len(run.plan.changes)
+            counts["applied"] += sum(id(c) in applied for c in run.plan.changes)
+    return counts
 
 
 def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
@@ -479,7 +520,9 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     acceptance report of its certification."""
     inv = load_source(inventory)
     _check_outputs(json=json_path, html=html_path)
+    started = time.monotonic()
     result = bootstrap(inv, options, source=inventory)
+    duration = time.monotonic() - started
     con = _console(out, json_path, html_path)
     con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")
     styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
@@ -490,7 +533,9 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     verdict = "[green]READY[/green]" if result.ready else \
         f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
     con.print(f"{terminal.markup(result.host)}: {verdict}")
-    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path), **result.to_dict())
+    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
+                        inventory_digest=inv.digest(), duration_s=duration,
+                        summary=result.summary(), **result.to_dict())
     if json_path:
         write_json(json_path, document)
     if html_path:

@@ -41,13 +41,14 @@ from gpufleet.provision.engine import (
 )
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.provision.role import Role, RoleVars, Var
-from gpufleet.report.jsonfile import BadJson, read_json
+from gpufleet.report.jsonfile import BadJson, opening, read_json
 from gpufleet.roles import comparable, consistency_request
 from gpufleet.slurm import drain as scheduler
 from gpufleet.slurm.client import RunFindings
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
+STAMPS = frozenset({"generated_at", "marked_at"})  # node.json's times, not its state
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0
@@ -99,6 +100,12 @@ class Bootstrap:
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "ready": self.ready, "reason": self.reason,
                 "steps": [s.to_dict() for s in self.steps]}
+
+    def summary(self) -> dict[str, int]:
+        """Steps run, and how many ended ok, failed and skipped."""
+        counts = {status: sum(s.status == status for s in self.steps)
+                  for status in ("ok", "failed", "skipped")}
+        return {"steps": len(self.steps), **counts}
 
     @property
     def exit_code(self) -> int:
@@ -433,8 +440,18 @@ def read_state(conn: Connection) -> dict[str, Any] | None:
 
 
 def same_state(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
-    """Equal apart from the time it was written."""
-    return old is not None and {k: v for k, v in old.items() if k != "marked_at"} == new
+    """Equal apart from the time it was written (a file without that time, from an older
+    gpufleet, is written again)."""
+    return old is not None and old.keys() >= STAMPS and \
+        {k: v for k, v in old.items() if k not in STAMPS} == new
+
+
+def render_state(state: dict[str, Any]) -> bytes:
+    """The node.json document (schema gpufleet.node/1): ``state`` stamped with the opening
+    every document has and ``marked_at``, the same time."""
+    stamped = {**opening(NODE_SCHEMA), **state}
+    stamped["marked_at"] = stamped["generated_at"]
+    return (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _hook_env(host: Host, status: str, reason: str | None) -> dict[str, str]:
@@ -613,7 +630,6 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
     if same_state(previous, state):
         written = f"{STATE_FILE} unchanged"
     else:
-        stamped = dict(state, marked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        conn.put(STATE_FILE, (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode())
+        conn.put(STATE_FILE, render_state(state))
         written = f"wrote {STATE_FILE}"
     return f"{status}; {written}; {'; '.join(done)}", {"state": state}
