@@ -271,6 +271,9 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, formats.FileState):
         return {"path": obj.path, "exists": obj.exists, "mode": obj.mode, "owner": obj.owner,
                 "bytes": len(obj.content)}
+    if isinstance(obj, formats.FileDigest):
+        return {"path": obj.path, "exists": obj.exists, "mode": obj.mode, "owner": obj.owner,
+                "bytes": obj.size, "sha256": obj.sha256}
     if isinstance(obj, (set, frozenset, tuple)):
         return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
