@@ -451,7 +451,9 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     prometheus_path: str | None = None, html_path: str | None = None,
                     out: TextIO | None = None) -> int:
     """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
-    ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH. With
+    ``slurm`` reaches the nodes as job steps of one Slurm allocation instead of SSH
+    (node-local commands of many nodes in one step; ``slurm-per-node``: a step per
+    command). With
     ``html_path``, an acceptance run (``acceptance`` or ``all``) writes the acceptance
     report, any other run the conformance report."""
     target = load_target(inventory, limit)

@@ -328,8 +328,9 @@ def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
                               "(gpufleet_scheduler), resume the ones that now pass",
-                 launcher="reach nodes by ssh (default) or as steps of one Slurm allocation "
-                          "(slurm)",
+                 launcher="reach nodes by ssh (default) or as job steps of one Slurm allocation: "
+                          "slurm (node-local commands of many nodes in one step) or "
+                          "slurm-per-node (a step per command)",
                  partition="with --launcher slurm: the partition to allocate from (default: "
                            "the slurm: inventory's, else Slurm's default)",
                  record_baseline="record each passing node's performance figures on the node "

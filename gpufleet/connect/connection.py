@@ -10,13 +10,14 @@ password is sent only when sudo asks for it, never on a command line or into a f
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import secrets
 import shlex
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +29,27 @@ BACKUP_SUFFIX = ".gpufleet-bak"
 log = logging.getLogger("gpufleet.connect")
 KILL_GRACE_S = 5
 POLL_S = 0.2
+
+
+_NODE_LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("gpufleet_node_local",
+                                                                   default=False)
+
+
+@contextlib.contextmanager
+def node_local() -> Iterator[None]:
+    """Commands issued inside need nothing from other nodes while they run (the facts
+    round trip, a node-local check): a launcher may carry such commands of many nodes in
+    one dispatch."""
+    token = _NODE_LOCAL.set(True)
+    try:
+        yield
+    finally:
+        _NODE_LOCAL.reset(token)
+
+
+def in_node_local() -> bool:
+    """Whether the current thread's commands are node-local (``node_local``)."""
+    return _NODE_LOCAL.get()
 
 
 class Unreachable(GpufleetError):

@@ -1,0 +1,312 @@
+"""Node-local commands of many nodes as one job step (``--launcher slurm``).
+
+Commands issued in a node-local context (``gpufleet.connect.connection.node_local``: the
+facts round trip, a node-local check run on every node at once) are not a step each.
+Commands of different nodes that arrive together (all of them, or whatever arrived within
+``WINDOW_S`` of the first) become one step over those nodes: ``srun --nodes=K
+--ntasks-per-node=1``, which slurmd fans out itself. Each node's command reaches every task
+on the step's stdin (base64, one line per node, never on a command line); each task runs
+its own node's command in an environment as plain as an SSH session's and prints its exit
+status, stdout and stderr framed and base64-encoded, lines labelled by srun with the task.
+The controller gathers them and gives each waiting command its own result.
+
+Checks on one node run their commands in turn and the nodes of one check end a combined
+step at the same moment, so the next round's commands arrive together again. A node whose
+task never started is unreachable, as with a step of its own. A command with stdin (a file
+being written) or a become password keeps a step of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpufleet.connect.connection import Unreachable
+
+if TYPE_CHECKING:
+    from gpufleet.slurm.launcher import Allocation
+
+WINDOW_S = 0.15
+STOP_GRACE_S = 3.0
+BEGIN, ERR, END = "@@gpufleet-begin", "@@gpufleet-stderr", "@@gpufleet-end"
+_LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
+_TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? [0-9,-]+: "
+                        r"(?:Exited with exit code \d+|Killed|Terminated)\s*$")
+
+
+def dispatch_script(path: str) -> str:
+    """What each task runs: its node's command from stdin, then the framed result."""
+    return "\n".join([
+        'n="$SLURMD_NODENAME"',
+        't=$(mktemp -d) || exit 111',
+        "trap 'rm -rf \"$t\"' EXIT",
+        "awk -v n=\"$n\" '$1 == n { print $2 }' | base64 -d > \"$t/c\" || exit 112",
+        f"/usr/bin/env -i PATH={shlex.quote(path)} /bin/sh \"$t/c\" < /dev/null "
+        '> "$t/o" 2> "$t/e"',
+        "rc=$?",
+        f"printf '%s %s\\n' {BEGIN} \"$n\"",
+        'base64 "$t/o"',
+        f"printf '%s\\n' {ERR}",
+        'base64 "$t/e"',
+        f"printf '%s %d\\n' {END} \"$rc\"",
+    ])
+
+
+@dataclass
+class Ticket:
+    """One node's command waiting for, or carried by, a combined step."""
+
+    node: str
+    line: str
+    gpus: int
+    done: threading.Event = field(default_factory=threading.Event)
+    rc: int | None = None
+    out: bytes = b""
+    err: bytes = b""
+    said: str = ""
+    abandoned: bool = False
+    step: _Step | None = None
+
+
+@dataclass
+class _Step:
+    tickets: list[Ticket]
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class _TaskOutput:
+    node: str | None = None
+    part: str = "head"
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    rc: int | None = None
+
+
+def parse_output(stdout: str) -> dict[str, tuple[int | None, bytes, bytes]]:
+    """Each node's (exit status or None when its task stopped early, stdout, stderr) from
+    a combined step's labelled output."""
+    tasks: dict[str, _TaskOutput] = {}
+    for line in stdout.splitlines():
+        labelled = _LABELLED.match(line)
+        if labelled is None:
+            continue
+        task = tasks.setdefault(labelled.group(1), _TaskOutput())
+        text = labelled.group(2)
+        if text.startswith(BEGIN + " "):
+            task.node, task.part = text[len(BEGIN) + 1:].strip(), "out"
+        elif text == ERR and task.part == "out":
+            task.part = "err"
+        elif text.startswith(END + " ") and task.part == "err":
+            with contextlib.suppress(ValueError):
+                task.rc = int(text[len(END) + 1:])
+            task.part = "tail"
+        elif task.part == "out":
+            task.out.append(text)
+        elif task.part == "err":
+            task.err.append(text)
+    results: dict[str, tuple[int | None, bytes, bytes]] = {}
+    for task in tasks.values():
+        if task.node is not None:
+            results[task.node] = (task.rc, _decoded(task.out), _decoded(task.err))
+    return results
+
+
+def _decoded(lines: list[str]) -> bytes:
+    try:
+        return base64.b64decode("".join(lines), validate=True)
+    except ValueError:
+        return b""
+
+
+class StepFanout:
+    """Gathers the node-local commands of an allocation's nodes into combined steps."""
+
+    def __init__(self, allocation: Allocation, path: str, window_s: float = WINDOW_S
+                 ) -> None:
+        self.allocation = allocation
+        self.path = path
+        self.window_s = window_s
+        self.steps = 0
+        self._pending: list[Ticket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def submit(self, node: str, line: str, gpus: int) -> Ticket:
+        """Queue ``line`` for ``node``; it starts with the next combined step."""
+        ticket = Ticket(node, line, gpus)
+        with self._lock:
+            self._pending.append(ticket)
+            if {t.node for t in self._pending} >= set(self._names()):
+                self._flush_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(self.window_s, self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+        return ticket
+
+    def abandon(self, ticket: Ticket) -> None:
+        """The caller no longer waits: a queued command is dropped, and a step whose every
+        command was abandoned is stopped."""
+        with self._lock:
+            ticket.abandoned = True
+            if ticket in self._pending:
+                self._pending.remove(ticket)
+                ticket.done.set()
+                return
+            step = ticket.step
+        if step is not None and all(t.abandoned for t in step.tickets):
+            _stop(step.proc)
+
+    def _names(self) -> list[str]:
+        return [n.name for n in self.allocation.nodes.values()]
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        taken: dict[str, Ticket] = {}
+        waiting: list[Ticket] = []
+        for ticket in self._pending:
+            if ticket.node in taken:
+                waiting.append(ticket)
+            else:
+                taken[ticket.node] = ticket
+        self._pending = waiting
+        by_gpus: dict[int, list[Ticket]] = {}
+        for ticket in taken.values():
+            by_gpus.setdefault(ticket.gpus, []).append(ticket)
+        for tickets in by_gpus.values():
+            step = _Step(tickets)
+            for ticket in tickets:
+                ticket.step = step
+            self.steps += 1
+            threading.Thread(target=self._run, args=(step,), daemon=True,
+                             name="gpufleet-step").start()
+        if self._pending:
+            self._timer = threading.Timer(self.window_s, self._flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def argv(self, tickets: Sequence[Ticket]) -> list[str]:
+        """srun's words for one combined step over the tickets' nodes."""
+        names = [t.node for t in tickets]
+        argv = ["srun", f"--jobid={self.allocation.job_id}", f"--nodelist={','.join(names)}",
+                f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
+                "--overlap", "--quiet", "--kill-on-bad-exit=0", "--export=NONE", "--label",
+                "--input=all"]
+        if tickets[0].gpus:
+            argv.append(f"--gres=gpu:{tickets[0].gpus}")
+        return [*argv, "/bin/sh", "-c", dispatch_script(self.path)]
+
+    def _run(self, step: _Step) -> None:
+        bundle = "".join(f"{t.node} {base64.b64encode(t.line.encode()).decode()}\n"
+                         for t in step.tickets).encode()
+        stdout, stderr = b"", b""
+        try:
+            step.proc = subprocess.Popen(self.argv(step.tickets), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True,
+                                         env=self.allocation.slurm.environment())
+            if all(t.abandoned for t in step.tickets):
+                _stop(step.proc)
+            stdout, stderr = step.proc.communicate(bundle)
+        except OSError as exc:
+            stderr = f"srun: {exc}".encode()
+        results = parse_output(stdout.decode(errors="replace"))
+        if not results and len(step.tickets) > 1:
+            self._one_by_one(step.tickets)
+            return
+        said = "; ".join(line.strip() for line in stderr.decode(errors="replace").splitlines()
+                         if line.startswith("srun: ") and not _TASK_EXIT.match(line))
+        for ticket in step.tickets:
+            found = results.get(ticket.node)
+            if found is not None:
+                ticket.rc, ticket.out, ticket.err = found
+            ticket.said = said
+            ticket.done.set()
+
+
+    def _one_by_one(self, tickets: Sequence[Ticket]) -> None:
+        """A combined step in which no task started (one node lost from the allocation
+        fails the whole step): each command again, in a step of its own."""
+        singles = []
+        for ticket in tickets:
+            single = _Step([ticket])
+            ticket.step = single
+            self.steps += 1
+            singles.append(threading.Thread(target=self._run, args=(single,), daemon=True,
+                                            name="gpufleet-step"))
+        for thread in singles:
+            thread.start()
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """srun ends its step on SIGTERM; one that does not is killed."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+class FanoutStream:
+    """A command carried by a combined step, as a ``Stream``: its output comes whole when
+    the step ends."""
+
+    def __init__(self, fanout: StepFanout, ticket: Ticket) -> None:
+        self.fanout, self.ticket = fanout, ticket
+        self._delivered = False
+
+    def send(self, data: bytes) -> None:
+        if data:
+            raise ValueError("a command of a combined step has no stdin")
+
+    def close_stdin(self) -> None:
+        return None
+
+    def poll(self, wait: float) -> tuple[bytes, bytes]:
+        if self._delivered or not self.ticket.done.wait(wait):
+            return b"", b""
+        self._delivered = True
+        return self.ticket.out, self.ticket.err
+
+    def finished(self) -> bool:
+        return self._delivered
+
+    def status(self) -> int:
+        if self.ticket.rc is None:
+            said = self.ticket.said or "its task printed no exit status"
+            raise Unreachable(f"{self.ticket.node}: no job step started: {said}")
+        return self.ticket.rc
+
+    def lost(self) -> str | None:
+        return None
+
+    def stop(self) -> None:
+        if not self._delivered:
+            self.fanout.abandon(self.ticket)
+
+    def cancel(self) -> None:
+        """End the wait now (the host's run was cancelled): the command counts as lost."""
+        if not self._delivered:
+            self.fanout.abandon(self.ticket)
+            self.ticket.rc = None
+            self.ticket.said = "the host's run was cancelled"
+            self._delivered = True
