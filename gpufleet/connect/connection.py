@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
@@ -31,6 +31,8 @@ KILL_GRACE_S = 5
 POLL_S = 0.2
 
 
+T = TypeVar("T")
+R = TypeVar("R")
 _NODE_LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("gpufleet_node_local",
                                                                    default=False)
 
@@ -50,6 +52,19 @@ def node_local() -> Iterator[None]:
 def in_node_local() -> bool:
     """Whether the current thread's commands are node-local (``node_local``)."""
     return _NODE_LOCAL.get()
+
+
+def keeps_node_local(fn: Callable[[T], R]) -> Callable[[T], R]:
+    """``fn`` for a worker thread: node-local there when the caller is node-local here
+    (a thread does not inherit the caller's context)."""
+    if not in_node_local():
+        return fn
+
+    def run(arg: T) -> R:
+        with node_local():
+            return fn(arg)
+
+    return run
 
 
 class Unreachable(GpufleetError):

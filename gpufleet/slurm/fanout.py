@@ -5,15 +5,17 @@ facts round trip, a node-local check run on every node at once) are not a step e
 Commands of different nodes that arrive together (all of them, or whatever arrived within
 ``WINDOW_S`` of the first) become one step over those nodes: ``srun --nodes=K
 --ntasks-per-node=1``, which slurmd fans out itself. Each node's command reaches every task
-on the step's stdin (base64, one line per node, never on a command line); each task runs
-its own node's command in an environment as plain as an SSH session's and prints its exit
-status, stdout and stderr framed and base64-encoded, lines labelled by srun with the task.
-The controller gathers them and gives each waiting command its own result.
+on the step's stdin (base64, one line per node with its command and the command's own
+stdin, never on a command line); each task runs its own node's command in an environment
+as plain as an SSH session's and prints its exit status, stdout and stderr framed and
+base64-encoded, lines labelled by srun with the task. The controller gathers them and
+gives each waiting command its own result.
 
 Checks on one node run their commands in turn and the nodes of one check end a combined
 step at the same moment, so the next round's commands arrive together again. A node whose
-task never started is unreachable, as with a step of its own. A command with stdin (a file
-being written) or a become password keeps a step of its own.
+task never started is unreachable, as with a step of its own. A command whose stdin is
+larger than ``STDIN_MAX`` (every task receives every node's line) or that needs a become
+password keeps a step of its own.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import shlex
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from gpufleet.connect.connection import Unreachable
 
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from gpufleet.slurm.launcher import Allocation
 
 WINDOW_S = 0.15
+STDIN_MAX = 256 * 1024
 STOP_GRACE_S = 3.0
 BEGIN, ERR, END = "@@gpufleet-begin", "@@gpufleet-stderr", "@@gpufleet-end"
 _LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -48,8 +52,13 @@ def dispatch_script(path: str) -> str:
         'n="$SLURMD_NODENAME"',
         't=$(mktemp -d) || exit 111',
         "trap 'rm -rf \"$t\"' EXIT",
-        "awk -v n=\"$n\" '$1 == n { print $2 }' | base64 -d > \"$t/c\" || exit 112",
-        f"/usr/bin/env -i PATH={shlex.quote(path)} /bin/sh \"$t/c\" < /dev/null "
+        "awk -v n=\"$n\" -v d=\"$t\" "
+        "'$1 == n { print $2 > (d \"/c64\"); if ($3 != \"-\") print $3 > (d \"/i64\") }'"
+        " || exit 112",
+        'base64 -d "$t/c64" > "$t/c" || exit 112',
+        'if [ -s "$t/i64" ]; then base64 -d "$t/i64" > "$t/i" || exit 112; '
+        'else : > "$t/i"; fi',
+        f"/usr/bin/env -i PATH={shlex.quote(path)} /bin/sh \"$t/c\" < \"$t/i\" "
         '> "$t/o" 2> "$t/e"',
         "rc=$?",
         f"printf '%s %s\\n' {BEGIN} \"$n\"",
@@ -67,6 +76,7 @@ class Ticket:
     node: str
     line: str
     gpus: int
+    stdin: bytes = b""
     done: threading.Event = field(default_factory=threading.Event)
     rc: int | None = None
     out: bytes = b""
@@ -83,7 +93,7 @@ class _Step:
 
 
 @dataclass
-class _TaskOutput:
+class _Task:
     node: str | None = None
     part: str = "head"
     out: list[str] = field(default_factory=list)
@@ -91,17 +101,20 @@ class _TaskOutput:
     rc: int | None = None
 
 
-def parse_output(stdout: str) -> dict[str, tuple[int | None, bytes, bytes]]:
-    """Each node's (exit status or None when its task stopped early, stdout, stderr) from
-    a combined step's labelled output."""
-    tasks: dict[str, _TaskOutput] = {}
-    for line in stdout.splitlines():
+class TaskOutputs:
+    """A combined step's labelled output, split per task as its lines arrive."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, _Task] = {}
+
+    def feed(self, line: str) -> str | None:
+        """Take one line of srun's stdout; the node whose task this line ended, or None."""
         labelled = _LABELLED.match(line)
         if labelled is None:
-            continue
-        task = tasks.setdefault(labelled.group(1), _TaskOutput())
+            return None
+        task = self._tasks.setdefault(labelled.group(1), _Task())
         text = labelled.group(2)
-        if text.startswith(BEGIN + " "):
+        if text.startswith(BEGIN + " ") and task.part == "head":
             task.node, task.part = text[len(BEGIN) + 1:].strip(), "out"
         elif text == ERR and task.part == "out":
             task.part = "err"
@@ -109,15 +122,24 @@ def parse_output(stdout: str) -> dict[str, tuple[int | None, bytes, bytes]]:
             with contextlib.suppress(ValueError):
                 task.rc = int(text[len(END) + 1:])
             task.part = "tail"
+            return task.node
         elif task.part == "out":
             task.out.append(text)
         elif task.part == "err":
             task.err.append(text)
-    results: dict[str, tuple[int | None, bytes, bytes]] = {}
-    for task in tasks.values():
-        if task.node is not None:
-            results[task.node] = (task.rc, _decoded(task.out), _decoded(task.err))
-    return results
+        return None
+
+    def result(self, node: str) -> tuple[int | None, bytes, bytes] | None:
+        """(exit status, or None when the task stopped early; stdout; stderr) of the
+        node's task, or None when it printed nothing of its own."""
+        for task in self._tasks.values():
+            if task.node == node:
+                return task.rc, _decoded(task.out), _decoded(task.err)
+        return None
+
+    def started(self) -> bool:
+        """Whether any task began its output."""
+        return any(t.node is not None for t in self._tasks.values())
 
 
 def _decoded(lines: list[str]) -> bytes:
@@ -140,9 +162,10 @@ class StepFanout:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
-    def submit(self, node: str, line: str, gpus: int) -> Ticket:
-        """Queue ``line`` for ``node``; it starts with the next combined step."""
-        ticket = Ticket(node, line, gpus)
+    def submit(self, node: str, line: str, gpus: int, stdin: bytes = b"") -> Ticket:
+        """Queue ``line`` for ``node`` (with ``stdin``); it starts with the next combined
+        step."""
+        ticket = Ticket(node, line, gpus, stdin)
         with self._lock:
             self._pending.append(ticket)
             if {t.node for t in self._pending} >= set(self._names()):
@@ -186,7 +209,8 @@ class StepFanout:
                 taken[ticket.node] = ticket
         self._pending = waiting
         by_gpus: dict[int, list[Ticket]] = {}
-        for ticket in taken.values():
+        order = {name: i for i, name in enumerate(self._names())}
+        for ticket in sorted(taken.values(), key=lambda t: order.get(t.node, len(order))):
             by_gpus.setdefault(ticket.gpus, []).append(ticket)
         for tickets in by_gpus.values():
             step = _Step(tickets)
@@ -212,32 +236,44 @@ class StepFanout:
         return [*argv, "/bin/sh", "-c", dispatch_script(self.path)]
 
     def _run(self, step: _Step) -> None:
-        bundle = "".join(f"{t.node} {base64.b64encode(t.line.encode()).decode()}\n"
-                         for t in step.tickets).encode()
-        stdout, stderr = b"", b""
+        """Run one combined step; each ticket gets its result as soon as its task ends."""
+        bundle = b"".join(b"%s %s %s\n" % (t.node.encode(), base64.b64encode(t.line.encode()),
+                                           base64.b64encode(t.stdin) or b"-")
+                          for t in step.tickets)
+        by_node = {t.node: t for t in step.tickets}
+        outputs = TaskOutputs()
+        stderr: list[str] = []
         try:
-            step.proc = subprocess.Popen(self.argv(step.tickets), stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True,
-                                         env=self.allocation.slurm.environment())
-            if all(t.abandoned for t in step.tickets):
-                _stop(step.proc)
-            stdout, stderr = step.proc.communicate(bundle)
+            proc = step.proc = subprocess.Popen(
+                self.argv(step.tickets), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+                env=self.allocation.slurm.environment())
         except OSError as exc:
-            stderr = f"srun: {exc}".encode()
-        results = parse_output(stdout.decode(errors="replace"))
-        if not results and len(step.tickets) > 1:
-            self._one_by_one(step.tickets)
+            stderr.append(f"srun: {exc}")
+        else:
+            if all(t.abandoned for t in step.tickets):
+                _stop(proc)
+            threads = [threading.Thread(target=_write_all, args=(proc.stdin, bundle),
+                                        daemon=True),
+                       threading.Thread(target=_read_lines, args=(proc.stderr, stderr),
+                                        daemon=True)]
+            for thread in threads:
+                thread.start()
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                ended = outputs.feed(raw.decode(errors="replace").rstrip("\n"))
+                if ended in by_node:
+                    _deliver(by_node.pop(ended), outputs.result(ended), "")
+            proc.wait()
+            for thread in threads:
+                thread.join()
+        if by_node and not outputs.started() and len(step.tickets) > 1:
+            self._one_by_one(list(by_node.values()))
             return
-        said = "; ".join(line.strip() for line in stderr.decode(errors="replace").splitlines()
+        said = "; ".join(line.strip() for line in stderr
                          if line.startswith("srun: ") and not _TASK_EXIT.match(line))
-        for ticket in step.tickets:
-            found = results.get(ticket.node)
-            if found is not None:
-                ticket.rc, ticket.out, ticket.err = found
-            ticket.said = said
-            ticket.done.set()
-
+        for node, ticket in by_node.items():
+            _deliver(ticket, outputs.result(node), said)
 
     def _one_by_one(self, tickets: Sequence[Ticket]) -> None:
         """A combined step in which no task started (one node lost from the allocation
@@ -251,6 +287,28 @@ class StepFanout:
                                             name="gpufleet-step"))
         for thread in singles:
             thread.start()
+
+
+def _deliver(ticket: Ticket, found: tuple[int | None, bytes, bytes] | None, said: str
+             ) -> None:
+    if found is not None:
+        ticket.rc, ticket.out, ticket.err = found
+    ticket.said = said
+    ticket.done.set()
+
+
+def _write_all(pipe: IO[bytes] | None, data: bytes) -> None:
+    if pipe is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        pipe.write(data)
+    with contextlib.suppress(OSError, ValueError):
+        pipe.close()
+
+
+def _read_lines(pipe: IO[bytes] | None, lines: list[str]) -> None:
+    if pipe is not None:
+        lines.extend(raw.decode(errors="replace").rstrip("\n") for raw in pipe)
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -270,18 +328,26 @@ class FanoutStream:
     """A command carried by a combined step, as a ``Stream``: its output comes whole when
     the step ends."""
 
-    def __init__(self, fanout: StepFanout, ticket: Ticket) -> None:
-        self.fanout, self.ticket = fanout, ticket
-        self._delivered = False
+    def __init__(self, fanout: StepFanout, node: str, line: str, gpus: int) -> None:
+        self.fanout = fanout
+        self.ticket = Ticket(node, line, gpus)
+        self._stdin = bytearray()
+        self._submitted = self._delivered = False
 
     def send(self, data: bytes) -> None:
-        if data:
-            raise ValueError("a command of a combined step has no stdin")
+        self._stdin += data
 
     def close_stdin(self) -> None:
-        return None
+        """The command is complete: it joins the next combined step."""
+        if not self._submitted:
+            self._submitted = True
+            t = self.ticket
+            self.ticket = self.fanout.submit(t.node, t.line, t.gpus, bytes(self._stdin))
 
     def poll(self, wait: float) -> tuple[bytes, bytes]:
+        if not self._submitted:
+            time.sleep(min(wait, 0.01))
+            return b"", b""
         if self._delivered or not self.ticket.done.wait(wait):
             return b"", b""
         self._delivered = True
@@ -300,13 +366,14 @@ class FanoutStream:
         return None
 
     def stop(self) -> None:
-        if not self._delivered:
+        if self._submitted and not self._delivered:
             self.fanout.abandon(self.ticket)
 
     def cancel(self) -> None:
         """End the wait now (the host's run was cancelled): the command counts as lost."""
         if not self._delivered:
-            self.fanout.abandon(self.ticket)
+            if self._submitted:
+                self.fanout.abandon(self.ticket)
             self.ticket.rc = None
             self.ticket.said = "the host's run was cancelled"
             self._delivered = True

@@ -42,7 +42,7 @@ from gpufleet.connect.local import ProcessRunner, ProcessStream
 from gpufleet.inventory.model import Host
 from gpufleet.slurm.client import Slurm, SlurmError, SlurmNode
 from gpufleet.slurm.drain import slurm_name
-from gpufleet.slurm.fanout import FanoutStream, StepFanout
+from gpufleet.slurm.fanout import STDIN_MAX, FanoutStream, StepFanout
 
 STEP_MARK = b"@@gpufleet-step@@\n"
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -237,10 +237,10 @@ class SrunConnection(ProcessRunner):
 
     def run(self, command: str, *, timeout: float = 120.0, stdin: bytes | None = None,
             become: bool | None = None) -> CommandResult:
-        """The command as a step of its own, or in a combined step when it is node-local
-        and needs no stdin or become password."""
-        combined = self.allocation.fanout is not None and in_node_local() and not stdin \
-            and self._become(become)[1] is None
+        """The command as a step of its own, or in a combined step when it is node-local,
+        its stdin small and it needs no become password."""
+        combined = self.allocation.fanout is not None and in_node_local() \
+            and len(stdin or b"") <= STDIN_MAX and self._become(become)[1] is None
         self._combined.value = combined
         try:
             return super().run(command, timeout=timeout, stdin=stdin, become=become)
@@ -254,7 +254,7 @@ class SrunConnection(ProcessRunner):
         node = self.allocation.nodes[self.host.name]
         fanout = self.allocation.fanout
         if fanout is not None and getattr(self._combined, "value", False):
-            stream = FanoutStream(fanout, fanout.submit(node.name, line, node.gpus))
+            stream = FanoutStream(fanout, node.name, line, node.gpus)
             with self._lock:
                 self._carried.add(stream)
             return stream

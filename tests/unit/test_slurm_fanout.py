@@ -15,7 +15,7 @@ import pytest
 from gpufleet.connect.connection import Unreachable, node_local
 from gpufleet.inventory.model import Host
 from gpufleet.slurm.client import Slurm
-from gpufleet.slurm.fanout import BEGIN, END, ERR, parse_output
+from gpufleet.slurm.fanout import BEGIN, END, ERR, STDIN_MAX, TaskOutputs
 from gpufleet.slurm.launcher import Allocation
 from tests.conftest import FIXTURES, stand_in
 
@@ -42,7 +42,7 @@ for task, node in enumerate(nodes):
         sys.exit(subprocess.run(command, input=stdin, env=env).returncode)
     out = subprocess.run(command, input=stdin, capture_output=True, env=env).stdout
     for line in out.decode().splitlines():
-        print(f"{task}: {line}")
+        print(f"{task}: {line}", flush=True)
 """
 
 
@@ -104,14 +104,43 @@ def test_node_local_commands_of_two_nodes_are_one_step_each_with_its_own_result(
     assert "warn" not in " ".join(step), "a command travels on stdin, not the command line"
 
 
-def test_a_command_outside_a_node_local_context_keeps_a_step_of_its_own(
+def test_a_command_outside_a_node_local_context_or_with_a_large_stdin_keeps_its_own_step(
         allocation: Allocation, tmp_path: Path) -> None:
     conn = allocation.connect(Host("node01", {}, frozenset({"all"})))
     assert conn.run("echo alone", timeout=30).stdout == "alone\n"
     with node_local():
-        assert conn.run("cat", stdin=b"written\n", timeout=30).stdout == "written\n"
+        large = b"x" * (STDIN_MAX + 1)
+        assert conn.run("wc -c", stdin=large, timeout=30).stdout.strip() == str(len(large))
     assert [s[:3] for s in _steps(tmp_path)] == [
         ["--jobid=77", "--nodelist=node01", "--nodes=1"]] * 2
+
+
+def test_a_small_stdin_travels_with_its_command_in_the_combined_step(
+        allocation: Allocation, tmp_path: Path) -> None:
+    conns = {h: allocation.connect(Host(h, {}, frozenset({"all"})))
+             for h in ("node01", "node02")}
+    written: dict[str, str] = {}
+
+    def put(host: str) -> None:
+        with node_local():
+            target = tmp_path / host / "probe.py"
+            conns[host].put(str(target), f"print('{host}')\n".encode(), backup=False)
+            written[host] = conns[host].run(f"cat {target}", timeout=30).stdout
+
+    threads = [threading.Thread(target=put, args=(h,)) for h in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert written == {"node01": "print('node01')\n", "node02": "print('node02')\n"}
+    assert [s[1] for s in _steps(tmp_path)] == ["--nodelist=node01,node02"] * 2
+
+
+def test_a_node_gets_its_result_when_its_own_task_ends_not_the_whole_step(
+        allocation: Allocation) -> None:
+    results = _together(allocation, {"node01": "echo fast", "node02": "sleep 3; echo slow"})
+    assert results["node02"].stdout == "slow\n"  # type: ignore[union-attr]
+    assert results["node01"].duration < 2.5 < results["node02"].duration  # type: ignore[union-attr]
 
 
 def test_a_node_whose_task_never_started_is_unreachable_and_the_other_keeps_its_result(
@@ -134,8 +163,11 @@ def test_a_step_in_which_no_task_started_runs_each_command_again_alone(
 
 
 def test_labelled_output_is_split_per_task_whatever_the_interleaving() -> None:
-    text = "\n".join([f" 1: {BEGIN} node02", f" 0: {BEGIN} node01", " 1: dHdv", " 0: b25l",
-                      f" 0: {ERR}", f" 1: {ERR}", " 1: ZXJy", f" 1: {END} 7", f" 0: {END} 0",
-                      "srun: not a task line", f" 2: {BEGIN} node03", " 2: cGFy"])
-    assert parse_output(text) == {"node01": (0, b"one", b""), "node02": (7, b"two", b"err"),
-                                  "node03": (None, b"par", b"")}
+    outputs, ended = TaskOutputs(), []
+    for line in [f" 1: {BEGIN} node02", f" 0: {BEGIN} node01", " 1: dHdv", " 0: b25l",
+                 f" 0: {ERR}", f" 1: {ERR}", " 1: ZXJy", f" 1: {END} 7", f" 0: {END} 0",
+                 "srun: not a task line", f" 2: {BEGIN} node03", " 2: cGFy"]:
+        ended.append(outputs.feed(line))
+    assert [n for n in ended if n] == ["node02", "node01"], "each as soon as its task ends"
+    assert [outputs.result(n) for n in ("node01", "node02", "node03", "node04")] == [
+        (0, b"one", b""), (7, b"two", b"err"), (None, b"par", b""), None]
