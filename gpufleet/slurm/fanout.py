@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 WINDOW_S = 0.15
 STDIN_MAX = 256 * 1024
 STOP_GRACE_S = 3.0
-BEGIN, ERR, END = "@@gpufleet-begin", "@@gpufleet-stderr", "@@gpufleet-end"
+START, BEGIN = "@@gpufleet-start", "@@gpufleet-begin"
+ERR, END = "@@gpufleet-stderr", "@@gpufleet-end"
+ABORTED = 137  # a command whose step ended under it, as a killed command's status
 _LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
 _TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? [0-9,-]+: "
                         r"(?:Exited with exit code \d+|Killed|Terminated)\s*$")
@@ -52,12 +54,14 @@ def dispatch_script(path: str) -> str:
         'n="$SLURMD_NODENAME"',
         't=$(mktemp -d) || exit 111',
         "trap 'rm -rf \"$t\"' EXIT",
+        "trap 'exit 143' HUP INT TERM",
         "awk -v n=\"$n\" -v d=\"$t\" "
         "'$1 == n { print $2 > (d \"/c64\"); if ($3 != \"-\") print $3 > (d \"/i64\") }'"
         " || exit 112",
         'base64 -d "$t/c64" > "$t/c" || exit 112',
         'if [ -s "$t/i64" ]; then base64 -d "$t/i64" > "$t/i" || exit 112; '
         'else : > "$t/i"; fi',
+        f"printf '%s %s\\n' {START} \"$n\"",
         f"/usr/bin/env -i PATH={shlex.quote(path)} /bin/sh \"$t/c\" < \"$t/i\" "
         '> "$t/o" 2> "$t/e"',
         "rc=$?",
@@ -95,6 +99,7 @@ class _Step:
 @dataclass
 class _Task:
     node: str | None = None
+    started: bool = False
     part: str = "head"
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
@@ -114,7 +119,9 @@ class TaskOutputs:
             return None
         task = self._tasks.setdefault(labelled.group(1), _Task())
         text = labelled.group(2)
-        if text.startswith(BEGIN + " ") and task.part == "head":
+        if text.startswith(START + " ") and task.node is None:
+            task.node, task.started = text[len(START) + 1:].strip(), True
+        elif text.startswith(BEGIN + " ") and task.part == "head":
             task.node, task.part = text[len(BEGIN) + 1:].strip(), "out"
         elif text == ERR and task.part == "out":
             task.part = "err"
@@ -137,9 +144,9 @@ class TaskOutputs:
                 return task.rc, _decoded(task.out), _decoded(task.err)
         return None
 
-    def started(self) -> bool:
-        """Whether any task began its output."""
-        return any(t.node is not None for t in self._tasks.values())
+    def started(self, node: str) -> bool:
+        """Whether the node's task got as far as starting its command."""
+        return any(t.node == node and t.started for t in self._tasks.values())
 
 
 def _decoded(lines: list[str]) -> bytes:
@@ -161,6 +168,7 @@ class StepFanout:
         self._pending: list[Ticket] = []
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._round = 0
 
     def submit(self, node: str, line: str, gpus: int, stdin: bytes = b"") -> Ticket:
         """Queue ``line`` for ``node`` (with ``stdin``); it starts with the next combined
@@ -171,14 +179,19 @@ class StepFanout:
             if {t.node for t in self._pending} >= set(self._names()):
                 self._flush_locked()
             elif self._timer is None:
-                self._timer = threading.Timer(self.window_s, self._flush)
-                self._timer.daemon = True
-                self._timer.start()
+                self._arm()
         return ticket
+
+    def _arm(self) -> None:
+        """Flush the pending commands ``window_s`` from now (this round only)."""
+        self._round += 1
+        self._timer = threading.Timer(self.window_s, self._flush, args=(self._round,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def abandon(self, ticket: Ticket) -> None:
         """The caller no longer waits: a queued command is dropped, and a step whose every
-        command was abandoned is stopped."""
+        command was abandoned or answered is stopped."""
         with self._lock:
             ticket.abandoned = True
             if ticket in self._pending:
@@ -186,15 +199,16 @@ class StepFanout:
                 ticket.done.set()
                 return
             step = ticket.step
-        if step is not None and all(t.abandoned for t in step.tickets):
+        if step is not None and all(t.abandoned or t.done.is_set() for t in step.tickets):
             _stop(step.proc)
 
     def _names(self) -> list[str]:
         return [n.name for n in self.allocation.nodes.values()]
 
-    def _flush(self) -> None:
+    def _flush(self, round_: int) -> None:
         with self._lock:
-            self._flush_locked()
+            if self._timer is not None and round_ == self._round:
+                self._flush_locked()
 
     def _flush_locked(self) -> None:
         if self._timer is not None:
@@ -220,17 +234,15 @@ class StepFanout:
             threading.Thread(target=self._run, args=(step,), daemon=True,
                              name="gpufleet-step").start()
         if self._pending:
-            self._timer = threading.Timer(self.window_s, self._flush)
-            self._timer.daemon = True
-            self._timer.start()
+            self._arm()
 
     def argv(self, tickets: Sequence[Ticket]) -> list[str]:
         """srun's words for one combined step over the tickets' nodes."""
         names = [t.node for t in tickets]
         argv = ["srun", f"--jobid={self.allocation.job_id}", f"--nodelist={','.join(names)}",
                 f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
-                "--overlap", "--quiet", "--kill-on-bad-exit=0", "--export=NONE", "--label",
-                "--input=all"]
+                "--overlap", "--quiet", "--kill-on-bad-exit=0", "--wait=0", "--export=NONE",
+                "--label", "--input=all"]
         if tickets[0].gpus:
             argv.append(f"--gres=gpu:{tickets[0].gpus}")
         return [*argv, "/bin/sh", "-c", dispatch_script(self.path)]
@@ -240,7 +252,7 @@ class StepFanout:
         bundle = b"".join(b"%s %s %s\n" % (t.node.encode(), base64.b64encode(t.line.encode()),
                                            base64.b64encode(t.stdin) or b"-")
                           for t in step.tickets)
-        by_node = {t.node: t for t in step.tickets}
+        waiting = {t.node: t for t in step.tickets}
         outputs = TaskOutputs()
         stderr: list[str] = []
         try:
@@ -248,9 +260,6 @@ class StepFanout:
                 self.argv(step.tickets), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True,
                 env=self.allocation.slurm.environment())
-        except OSError as exc:
-            stderr.append(f"srun: {exc}")
-        else:
             if all(t.abandoned for t in step.tickets):
                 _stop(proc)
             threads = [threading.Thread(target=_write_all, args=(proc.stdin, bundle),
@@ -262,18 +271,38 @@ class StepFanout:
             assert proc.stdout is not None
             for raw in proc.stdout:
                 ended = outputs.feed(raw.decode(errors="replace").rstrip("\n"))
-                if ended in by_node:
-                    _deliver(by_node.pop(ended), outputs.result(ended), "")
+                if ended in waiting:
+                    _deliver(waiting.pop(ended), outputs.result(ended), "")
             proc.wait()
             for thread in threads:
                 thread.join()
-        if by_node and not outputs.started() and len(step.tickets) > 1:
-            self._one_by_one(list(by_node.values()))
-            return
+        except OSError as exc:
+            stderr.append(f"srun: {exc}")
+        finally:
+            if step.proc is not None and step.proc.poll() is None:
+                _stop(step.proc)
+            self._settle(step, waiting, outputs, stderr)
+
+    def _settle(self, step: _Step, waiting: dict[str, Ticket], outputs: TaskOutputs,
+                stderr: list[str]) -> None:
+        """The tickets whose task printed no end: one whose command never started runs
+        again in a step of its own (a node lost from the allocation fails a whole step);
+        one whose command started and was cut off ends as killed; alone, never started,
+        the node is unreachable."""
         said = "; ".join(line.strip() for line in stderr
                          if line.startswith("srun: ") and not _TASK_EXIT.match(line))
-        for node, ticket in by_node.items():
-            _deliver(ticket, outputs.result(node), said)
+        again = [t for n, t in waiting.items() if not outputs.started(n) and not t.abandoned]
+        if len(step.tickets) > 1 and again:
+            self._one_by_one(again)
+        for node, ticket in waiting.items():
+            if ticket in again and len(step.tickets) > 1:
+                continue
+            if outputs.started(node):
+                rc, out, err = outputs.result(node) or (None, b"", b"")
+                note = f"gpufleet: the job step ended before the command: {said or 'no reason'}"
+                _deliver(ticket, (ABORTED if rc is None else rc, out, err + note.encode()), said)
+            else:
+                _deliver(ticket, None, said)
 
     def _one_by_one(self, tickets: Sequence[Ticket]) -> None:
         """A combined step in which no task started (one node lost from the allocation
@@ -332,29 +361,38 @@ class FanoutStream:
         self.fanout = fanout
         self.ticket = Ticket(node, line, gpus)
         self._stdin = bytearray()
-        self._submitted = self._delivered = False
+        self._submitted = self._delivered = self._cancelled = False
+        self._lock = threading.Lock()
 
     def send(self, data: bytes) -> None:
         self._stdin += data
 
     def close_stdin(self) -> None:
-        """The command is complete: it joins the next combined step."""
-        if not self._submitted:
+        """The command is complete: it joins the next combined step (unless cancelled)."""
+        with self._lock:
+            if self._submitted or self._cancelled:
+                return
             self._submitted = True
             t = self.ticket
             self.ticket = self.fanout.submit(t.node, t.line, t.gpus, bytes(self._stdin))
 
     def poll(self, wait: float) -> tuple[bytes, bytes]:
-        if not self._submitted:
+        with self._lock:
+            submitted, delivered = self._submitted, self._delivered
+        if delivered or not submitted:
             time.sleep(min(wait, 0.01))
             return b"", b""
-        if self._delivered or not self.ticket.done.wait(wait):
+        if not self.ticket.done.wait(wait):
             return b"", b""
-        self._delivered = True
+        with self._lock:
+            if self._delivered:
+                return b"", b""
+            self._delivered = True
         return self.ticket.out, self.ticket.err
 
     def finished(self) -> bool:
-        return self._delivered
+        with self._lock:
+            return self._delivered
 
     def status(self) -> int:
         if self.ticket.rc is None:
@@ -366,14 +404,20 @@ class FanoutStream:
         return None
 
     def stop(self) -> None:
-        if self._submitted and not self._delivered:
+        with self._lock:
+            waiting = self._submitted and not self._delivered
+        if waiting:
             self.fanout.abandon(self.ticket)
 
     def cancel(self) -> None:
-        """End the wait now (the host's run was cancelled): the command counts as lost."""
-        if not self._delivered:
-            if self._submitted:
-                self.fanout.abandon(self.ticket)
+        """End the wait now (the host's run was cancelled): the command counts as lost,
+        and one not yet queued never is."""
+        with self._lock:
+            if self._delivered:
+                return
+            self._cancelled = self._delivered = True
+            submitted = self._submitted
             self.ticket.rc = None
             self.ticket.said = "the host's run was cancelled"
-            self._delivered = True
+        if submitted:
+            self.fanout.abandon(self.ticket)

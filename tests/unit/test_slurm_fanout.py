@@ -15,15 +15,16 @@ import pytest
 from gpufleet.connect.connection import Unreachable, node_local
 from gpufleet.inventory.model import Host
 from gpufleet.slurm.client import Slurm
-from gpufleet.slurm.fanout import BEGIN, END, ERR, STDIN_MAX, TaskOutputs
+from gpufleet.slurm.fanout import BEGIN, END, ERR, START, STDIN_MAX, TaskOutputs
 from gpufleet.slurm.launcher import Allocation
 from tests.conftest import FIXTURES, stand_in
 
 SLURM = FIXTURES / "slurm"
 
-# One task per node of --nodelist, each with SLURMD_NODENAME and the whole stdin, its lines
-# labelled "I: " as srun --label does (a step of one node without --label: the command
-# as it is); a node named in $FAKE_LOST never starts.
+# One task per node of --nodelist, all at once, each with SLURMD_NODENAME and the whole
+# stdin; their lines, labelled "I: " as srun --label does, printed task after task as each
+# ends (a step of one node without --label: the command as it is); a node named in
+# $FAKE_LOST never starts, one in $FAKE_CUT stops after its command started.
 FAKE_SRUN = r"""
 import json, os, subprocess, sys
 args = sys.argv[1:]
@@ -33,6 +34,7 @@ nodes = next(a for a in args if a.startswith("--nodelist=")).split("=", 1)[1].sp
 command = args[next(i for i, a in enumerate(args) if not a.startswith("--")):]
 stdin = sys.stdin.buffer.read()
 lost = os.environ.get("FAKE_LOST", "").split(",")
+running = []
 for task, node in enumerate(nodes):
     if node in lost:
         print(f"srun: error: Task launch for StepId=77.3 failed on node {node}", file=sys.stderr)
@@ -40,8 +42,16 @@ for task, node in enumerate(nodes):
     env = dict(os.environ, SLURMD_NODENAME=node)
     if "--label" not in args:
         sys.exit(subprocess.run(command, input=stdin, env=env).returncode)
-    out = subprocess.run(command, input=stdin, capture_output=True, env=env).stdout
-    for line in out.decode().splitlines():
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    running.append((task, node, proc))
+for task, node, proc in running:
+    lines = proc.stdout.read().decode().splitlines()
+    proc.wait()
+    if node in os.environ.get("FAKE_CUT", "").split(","):
+        lines = lines[:1]
+    for line in lines:
         print(f"{task}: {line}", flush=True)
 """
 
@@ -98,9 +108,9 @@ def test_node_local_commands_of_two_nodes_are_one_step_each_with_its_own_result(
     assert (first.rc, first.stdout, first.stderr) == (3, "one\n\x00bin", "warn\n")  # type: ignore[attr-defined]
     assert (second.rc, second.stdout) == (0, " \ntwo\n")  # type: ignore[attr-defined]
     [step] = _steps(tmp_path)
-    assert step[:12] == ["--jobid=77", "--nodelist=node01,node02", "--nodes=2", "--ntasks=2",
+    assert step[:13] == ["--jobid=77", "--nodelist=node01,node02", "--nodes=2", "--ntasks=2",
                          "--ntasks-per-node=1", "--overlap", "--quiet", "--kill-on-bad-exit=0",
-                         "--export=NONE", "--label", "--input=all", "--gres=gpu:2"]
+                         "--wait=0", "--export=NONE", "--label", "--input=all", "--gres=gpu:2"]
     assert "warn" not in " ".join(step), "a command travels on stdin, not the command line"
 
 
@@ -162,12 +172,28 @@ def test_a_step_in_which_no_task_started_runs_each_command_again_alone(
     assert [results[h].stdout for h in ("node01", "node02")] == ["a\n", "b\n"]  # type: ignore[union-attr]
 
 
+def test_a_command_cut_off_by_its_step_ends_as_killed_and_is_not_run_again(
+        allocation: Allocation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_CUT", "node02")
+    runs = tmp_path / "runs"
+    results = _together(allocation, {"node01": "echo ok", "node02": f"echo started >> {runs}"})
+    assert results["node01"].stdout == "ok\n"  # type: ignore[union-attr]
+    cut = results["node02"]
+    assert cut.rc == 137  # type: ignore[union-attr]
+    assert "the job step ended before the command" in cut.stderr  # type: ignore[union-attr]
+    assert runs.read_text() == "started\n"
+    [step] = _steps(tmp_path)
+    assert "--wait=0" in step, "srun must not end the other tasks when one ends first"
+
+
 def test_labelled_output_is_split_per_task_whatever_the_interleaving() -> None:
     outputs, ended = TaskOutputs(), []
-    for line in [f" 1: {BEGIN} node02", f" 0: {BEGIN} node01", " 1: dHdv", " 0: b25l",
+    for line in [f" 1: {START} node02", f" 1: {BEGIN} node02", f" 0: {BEGIN} node01",
+                 " 1: dHdv", " 0: b25l",
                  f" 0: {ERR}", f" 1: {ERR}", " 1: ZXJy", f" 1: {END} 7", f" 0: {END} 0",
                  "srun: not a task line", f" 2: {BEGIN} node03", " 2: cGFy"]:
         ended.append(outputs.feed(line))
     assert [n for n in ended if n] == ["node02", "node01"], "each as soon as its task ends"
     assert [outputs.result(n) for n in ("node01", "node02", "node03", "node04")] == [
         (0, b"one", b""), (7, b"two", b"err"), (None, b"par", b""), None]
+    assert [outputs.started(n) for n in ("node01", "node02")] == [False, True]
