@@ -132,6 +132,16 @@ def _check_performance(v: RoleVars) -> None:
     verdict.settings(v.host)
 
 
+def _check_network(v: RoleVars) -> None:
+    for key in ("net_max_rtt_us", "net_max_jitter_us"):
+        _positive(v, key)
+    if not 1 <= v.integer("net_ping_count") <= 1000:
+        raise v.fail("net_ping_count", "an integer from 1 to 1000", v.get("net_ping_count"))
+    mtu = v.get("net_mtu")
+    if mtu is not None and not 576 <= v.integer("net_mtu") <= 65535:
+        raise v.fail("net_mtu", "an MTU from 576 to 65535", mtu)
+
+
 def _check_allreduce(v: RoleVars) -> None:
     _check_performance(v)
     _check_ranges(v)
@@ -243,6 +253,18 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "gpu_pcie_gen": _GPU["gpu_pcie_gen"],
                      "gpu_pcie_width": _GPU["gpu_pcie_width"]},
           facts=lambda host: FactRequest(custom=frozenset({host_sizing_checks.SHM}))),
+    Suite("network", ("acceptance",),
+          "one layer-2 domain, the fabric's MTU on every path, round trips and jitter",
+          variables={"net_mtu": Var(None, "integer",
+                                    "the fabric's MTU (default: the MTU most nodes' "
+                                    "inventory interfaces have)"),
+                     "net_max_rtt_us": Var(1000, "number", "smallest round trip allowed"),
+                     "net_max_jitter_us": Var(1000, "number",
+                                              "spread of the round trips allowed (10th to "
+                                              "90th percentile)"),
+                     "net_ping_count": Var(10, "integer", "echoes per pair")},
+          cross_node=frozenset({"one_layer2_domain", "path_mtu", "round_trip_time"}),
+          check=_check_network),
     Suite("p2p", ("acceptance",),
           "GPU-to-GPU and host-to-GPU copy bandwidth",
           variables={**PERFORMANCE,
