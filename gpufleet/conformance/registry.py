@@ -17,6 +17,7 @@ from pathlib import Path
 from gpufleet.conformance import verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
+from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
@@ -130,6 +131,14 @@ def _positive(v: RoleVars, key: str) -> None:
 
 def _check_performance(v: RoleVars) -> None:
     verdict.settings(v.host)
+
+
+def _check_mounts(v: RoleVars) -> None:
+    try:
+        mounts_checks.declared(v.get("shared_mounts"), f"host {v.host.name}: shared_mounts")
+    except ValueError as exc:
+        where = v.host.origin("shared_mounts") if "shared_mounts" in v.host.vars else None
+        raise GpufleetError(str(exc) + (f" ({where})" if where else "")) from None
 
 
 def _check_network(v: RoleVars) -> None:
@@ -253,6 +262,13 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "gpu_pcie_gen": _GPU["gpu_pcie_gen"],
                      "gpu_pcie_width": _GPU["gpu_pcie_width"]},
           facts=lambda host: FactRequest(custom=frozenset({host_sizing_checks.SHM}))),
+    Suite("mounts", ("acceptance",),
+          "the shared filesystems mounted alike on every node, and the same filesystem",
+          variables={"shared_mounts": Var(None, "list",
+                                          "[{path, fstype, source, options, writable}]")},
+          cross_node=frozenset({"same_filesystem", "mounts_agree_within_each_group"}),
+          facts=lambda host: FactRequest(custom=frozenset({mounts_checks.MOUNTINFO})),
+          check=_check_mounts),
     Suite("network", ("acceptance",),
           "one layer-2 domain, the fabric's MTU on every path, round trips and jitter",
           variables={"net_mtu": Var(None, "integer",
