@@ -4,8 +4,13 @@ on one node's mounts and on a group's network filesystems."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+
 import pytest
 
+from gpufleet import app
 from gpufleet.conformance.checks.mounts import (
     Mount,
     SharedMount,
@@ -73,3 +78,19 @@ def test_network_filesystems_compared_within_a_group() -> None:
         "missing /data (nfs4 from fs1:/export)", "missing /scratch (lustre from 10.0.0.1@tcp:/lfs)",
         "extra /data (nfs4 from fs2:/export)"]
     assert group_differences(usual, [usual, usual, odd]) == []
+
+
+def test_a_bad_declaration_stops_the_run_before_any_host_naming_file_and_line(
+        tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    gpu07: {ansible_host: 127.0.0.1}\n")
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "shared_mounts:\n  - {path: /datasets}\n  - {path: /ckpt, sorce: 'fs1:/e'}\n"
+        "net_mtu: 100\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert app.conformance_cmd(str(tmp_path), suites="mounts,network") == 2
+    assert err.getvalue().splitlines() == [
+        "error: host gpu07: shared_mounts[1]: unknown key 'sorce' (keys: fstype, options, "
+        f"path, source, writable) ({tmp_path}/group_vars/all.yml:1); host gpu07: variable "
+        f"net_mtu must be an MTU from 576 to 65535, got 100 ({tmp_path}/group_vars/all.yml:4)"]
