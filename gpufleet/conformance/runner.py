@@ -13,29 +13,20 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
-
-import pytest
+from typing import TYPE_CHECKING, TextIO
 
 from gpufleet import roles as role_registry
-from gpufleet.conformance import plugin, registry
-from gpufleet.conformance.launch import cleanup_active
-from gpufleet.conformance.plugin import (
-    RunState,
-    Supplied,
-    baseline_store,
-    describe_allocation,
-    open_allocation,
-    report_of,
-)
+from gpufleet.conformance import registry
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport
-from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import validate
 from gpufleet.slurm import inventory as slurm_inventory
+
+if TYPE_CHECKING:
+    from gpufleet.conformance.plugin import RunState
 
 LAUNCHERS = ("ssh", "slurm", "slurm-per-node")
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
@@ -115,6 +106,23 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
     """Run the selected suites on the target's hosts; every node ends with a result for
     every check it was selected for (an unreachable node fails each)."""
     suites = check_options(target, options)
+    # pytest, testinfra and the suites' machinery load only when suites run, so that drift,
+    # provision and facts start without them.
+    import pytest  # noqa: PLC0415
+
+    from gpufleet.conformance.launch import cleanup_active  # noqa: PLC0415
+    from gpufleet.conformance.plugin import (  # noqa: PLC0415
+        RunState,
+        baseline_store,
+        describe_allocation,
+        open_allocation,
+        report_of,
+    )
+    from gpufleet.conformance.session import (  # noqa: PLC0415
+        ConformanceSession,
+        SessionOptions,
+    )
+
     fleet = options.fleet
     session_options = SessionOptions(
         tuple(suites), options.pairs, options.with_nccl_tests, options.artifacts, fleet,
@@ -153,6 +161,11 @@ def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunStat
     # connection); it goes in as the module object it is.
     # No configuration file either: a pytest.ini or pyproject.toml above the suites or in
     # the working directory is not gpufleet's.
+    import pytest  # noqa: PLC0415
+
+    from gpufleet.conformance import plugin  # noqa: PLC0415
+    from gpufleet.conformance.plugin import Supplied  # noqa: PLC0415
+
     args = [*(str(s.path()) for s in suites), "-c", os.devnull, "-p", "no:cacheprovider",
             "--rootdir", str(registry.suites_dir()), "-q", "--tb=no", "--no-header", "-rN"]
     console = options.console or sys.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
-from gpufleet.conformance import runner
+from gpufleet.conformance import plugin
 from gpufleet.errors import InventoryError
 from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
@@ -418,7 +418,7 @@ def test_an_error_finishing_the_run_still_cancels_the_allocation(
     def disk_full(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runner, "report_of", disk_full)
+    monkeypatch.setattr(plugin, "report_of", disk_full)
     assert _jobs(slurm_lab) == []
     with pytest.raises(OSError, match="No space left"):
         app.conformance_cmd(str(slurm_lab.config.inventory_dir), suites="host_sizing",

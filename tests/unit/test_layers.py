@@ -106,3 +106,13 @@ def test_the_layout_in_architecture_md_matches_the_tree() -> None:
             shown.add(full)
             parents.append(name)
     assert shown == wanted
+
+
+def test_commands_other_than_conformance_start_without_pytest() -> None:
+    """Importing the command line (what drift, provision and facts load) brings in neither
+    pytest nor testinfra: they load when suites run."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, gpufleet.cli; "
+         "print(sorted(m for m in ('pytest', 'testinfra', '_pytest') if m in sys.modules))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
