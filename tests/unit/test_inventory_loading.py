@@ -1,0 +1,99 @@
+"""How inventories are loaded fast: libyaml's events build what the pure-Python loader
+builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.errors import InventoryError
+from gpufleet.inventory import read_yaml
+from gpufleet.inventory.files import Where, limits
+from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
+
+pytestmark = pytest.mark.skipif(not read_yaml._LIBYAML, reason="PyYAML without libyaml")
+
+DOCUMENTS = {
+    "scalars": "a: 0x1F\nb: 0o17\nc: 017\nd: 1_000\ne: 1:30\nf: .nan\ng: -.inf\nh: 1e3\n"
+               "i: yes\nj: Off\nk: ~\nl: null\nm:\nn: 2024-01-02\no: 2024-01-02T03:04:05Z\n"
+               "p: '1'\nq: \"x\\ty\"\nr: +12\ns: -0.0\nt: 0b101\n",
+    "block scalars": "a: |\n  line1\n  line2\nb: >\n  folded\n  text\nc: plain\n  continued\n",
+    "flow": "all: {hosts: {n1: {x: [1, 2, {y: z}]}, n2: }, vars: {a: b}}\n",
+    "duplicate keys": "a: 1\nb: 2\na: 3\n",
+    "scalar keys": "1: a\ntrue: b\n~: c\n2024-01-01: d\n'q': e\n? simple\n: v\n",
+    "complex key": "? [a, b]\n: c\n",
+    "merge key": "base: &b {x: 1}\nm: {<<: *b, y: 2}\n",
+    "alias": "a: &x hi\nb: *x\nc: [*x, *x]\n",
+    "tags": "a: !!str 1\nb: !unsafe '{{ x }}'\nc: !vault |\n  $ANSIBLE_VAULT\nd: !!int '5'\n",
+    "non-specific tag": "a: ! 12\nb: ! {x: 1}\n",
+    "set": "s: !!set {a, b}\n",
+    "value key": "=: x\n",
+    "two documents": "a: 1\n---\nb: 2\n",
+    "empty": "",
+    "comments only": "# only\n# comments\n",
+    "document markers": "%YAML 1.1\n---\na: 1\n...\n",
+    "empty document": "---\n...\n",
+    "scalar document": "just text\n",
+    "list document": "- a\n- b\n",
+    "unicode": "é: \"ü\\u2028x\"\nkey: \"\\U0001F600\"\n",
+    "indentless sequences": "a:\n- 1\n- 2\nb:\n  - x\n",
+    "empty collections": "a: {}\nb: []\nc: {x: {}}\n",
+    "crlf": "a: 1\r\nb:\r\n  c: 2\r\n",
+    "unclosed flow": "a: [1, 2\n",
+    "mapping in a scalar": "a: b: c\n",
+    "tab": "a:\n\tb: 1\n",
+    "invalid date": "a: 2023-02-30\n",
+    "forbidden character": "a: \"x\x01y\"\n",
+    "undefined alias": "a: *nope\n",
+    "deep flow": "a: " + "[" * 70 + "]" * 70 + "\n",
+    "deep block": "".join("  " * i + f"k{i}:\n" for i in range(70)),
+}
+
+
+def _read(text: str) -> tuple[str, Any]:
+    try:
+        return "ok", parse_yaml(text, Where(Path("hosts.yml")), limits())
+    except InventoryError as exc:
+        return "error", str(exc)
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    """Equal values of the same types, with the same lines where YAML mappings record them."""
+    if type(ours) is not type(theirs):
+        return False
+    if isinstance(ours, dict):
+        lines = (ours.line, ours.key_lines) == (theirs.line, theirs.key_lines) \
+            if isinstance(ours, Mapping) else True
+        return lines and list(ours) == list(theirs) and all(_same(ours[k], theirs[k])
+                                                            for k in ours)
+    if isinstance(ours, list):
+        return len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    if isinstance(ours, Vaulted):
+        return bool(ours.line == theirs.line)
+    return repr(ours) == repr(theirs) if isinstance(ours, float) else bool(ours == theirs)
+
+
+@pytest.mark.parametrize("text", DOCUMENTS.values(), ids=DOCUMENTS.keys())
+def test_libyaml_reads_every_document_as_the_pure_python_loader(
+        text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _read(text)
+    monkeypatch.setattr(read_yaml, "_LIBYAML", False)
+    theirs = _read(text)
+    assert ours[0] == theirs[0]
+    assert _same(ours[1], theirs[1]) if ours[0] == "ok" else ours == theirs
+
+
+def test_a_plain_inventory_is_built_from_the_parser_events(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def composed(*args: object) -> None:
+        raise AssertionError("composed")
+
+    monkeypatch.setattr(read_yaml, "_composed", composed)
+    text = "all:\n  children:\n    h200:\n      hosts:\n        gpu01: {ansible_host: 10.0.0.1}\n"
+    document = parse_yaml(text, Where(Path("hosts.yml")), limits())
+    assert document == {"all": {"children": {"h200": {"hosts": {
+        "gpu01": {"ansible_host": "10.0.0.1"}}}}}}
+    host = document["all"]["children"]["h200"]["hosts"]
+    assert (host.line, host.key_lines) == (5, {"gpu01": 5})
