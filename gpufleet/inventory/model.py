@@ -43,8 +43,8 @@ from gpufleet.inventory.read_ini import ChildLine, HostLine, Section, VarLine, r
 from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
 from gpufleet.inventory.read_yaml import Vaulted, parse_yaml, plain
-from gpufleet.inventory.secrets import remember_secret
-from gpufleet.inventory.templating import HostVars, is_template
+from gpufleet.inventory.secrets import is_secret_name, remember_secret
+from gpufleet.inventory.templating import HostVars, is_template, needs_render
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -187,7 +187,10 @@ class _Vars:
         return self.where.at(self.lines.get(key, self.where.line))
 
     def origins(self) -> dict[str, str]:
-        return {key: str(self.where_of(key)) for key in self.values}
+        """``str(self.where_of(key))`` of every key."""
+        file, default, lines = str(self.where.file), self.where.line, self.lines
+        return {key: f"{file}:{line}" if (line := lines.get(key, default)) else file
+                for key in self.values}
 
     def check(self) -> None:
         """Reject connection settings gpufleet cannot use, at the line that sets them (a
@@ -454,13 +457,20 @@ def _yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, W
 
 
 def _yaml_vars(value: Any, where: Where, what: str) -> _Vars:
-    entries = _yaml_entries(value, where, what)
-    for key, item, at in entries:
+    if not isinstance(value, YamlMapping):
+        _yaml_entries(value, where, what)  # None is no variables; anything else is refused
+        return _Vars({}, where, {})
+    values: dict[str, Any] = {}
+    for key, item in value.items():
         if not isinstance(key, str):
+            at = where.at(value.key_lines[key])
             raise at.error(f"variable names must be strings, got {_kind(key)} {key!r}")
-        _check_vault(item, at, key)
-    lines = value.key_lines if isinstance(value, YamlMapping) else {}
-    return _Vars({key: plain(item) for key, item, _ in entries}, where, lines)
+        if isinstance(item, (dict, list, Vaulted)):
+            _check_vault(item, where.at(value.key_lines[key]), key)
+            values[key] = plain(item)
+        else:
+            values[key] = item
+    return _Vars(values, where, value.key_lines)
 
 
 def _load_vars_file(file: Path, bounds: Limits) -> _Vars:
@@ -719,19 +729,18 @@ class _Builder:
         for group, names in members.items():
             for name in names:
                 host_groups[name].append(group)
-        by_groups: dict[frozenset[str], tuple[dict[str, Any], dict[str, str]]] = {}
+        by_groups: dict[frozenset[str], _Layer] = {}
         hosts: dict[str, Host] = {}
         for name, definition in self.hosts.items():
             groups = frozenset(host_groups[name])
-            if groups not in by_groups:
+            shared = by_groups.get(groups)
+            if shared is None:
                 order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
                 layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
-                by_groups[groups] = _merge(layers + [group_files[g] for g in order])
-            values, origins = _merge([by_groups[groups], (definition.vars, definition.origins),
-                                      host_files[name]])
-            for key, value in values.items():
-                remember_secret(key, value)
-            hosts[name] = Host(name, HostVars(name, _copied(values), origins), groups)
+                shared = by_groups[groups] = _Layer(
+                    *_merge(layers + [group_files[g] for g in order]))
+            hosts[name] = Host(name, shared.host_vars(name, definition, host_files[name]),
+                               groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
             name: _merge([(group.vars, group.origins), group_files[name]])[0]
@@ -860,10 +869,30 @@ def _merge(layers: Iterable[tuple[Mapping[str, Any], Mapping[str, str]]]
     return values, origins
 
 
-def _copied(values: dict[str, Any]) -> dict[str, Any]:
-    """A copy that shares no list or mapping with other hosts."""
-    return {key: copy.deepcopy(value) if isinstance(value, (dict, list)) else value
-            for key, value in values.items()}
+class _Layer:
+    """The group variables every host of one combination of groups shares, merged once:
+    which of them are secrets and which need rendering is worked out once too."""
+
+    def __init__(self, values: dict[str, Any], origins: dict[str, str]) -> None:
+        self.values = values
+        self.origins = origins
+        self.secrets = [key for key in values if is_secret_name(key)]
+        self.templated = {key for key, value in values.items() if needs_render(value)}
+
+    def host_vars(self, name: str, definition: _HostDef,
+                  files: tuple[dict[str, Any], dict[str, str]]) -> HostVars:
+        """A host's variables: these, then its own from inventory files and host_vars/.
+        The values stay shared; HostVars copies a list or mapping when it is read."""
+        values, origins = dict(self.values), dict(self.origins)
+        values.update(definition.vars)
+        origins.update(definition.origins)
+        values.update(files[0])
+        origins.update(files[1])
+        own = definition.vars.keys() | files[0].keys()
+        for key in (*self.secrets, *own):
+            remember_secret(key, values[key])
+        templated = (self.templated - own) | {key for key in own if needs_render(values[key])}
+        return HostVars(name, values, origins, templated)
 
 
 # Public functions ----------------------------------------------------------------------------

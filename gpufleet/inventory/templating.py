@@ -44,7 +44,7 @@ from gpufleet.errors import InventoryError
 from gpufleet.inventory.read_yaml import Unsafe
 from gpufleet.inventory.secrets import remember_secret
 
-__all__ = ["FILTERS", "HostVars", "TemplateError", "is_template"]
+__all__ = ["FILTERS", "HostVars", "TemplateError", "is_template", "needs_render"]
 
 MAX_RESULT = 1024 * 1024
 MAX_REFERENCE_DEPTH = 40
@@ -67,6 +67,8 @@ _UNSUPPORTED_NAMES = {
     "vars": "the vars dictionary",
 }
 _MARKERS = ("{{", "{%", "{#")
+_ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable: never copied
+_UNSET = object()
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
 
 
@@ -343,10 +345,16 @@ class HostVars(MutableMapping[str, Any]):
     """One host's variables; templated values are rendered when first read. Safe to read
     from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
 
-    def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str]) -> None:
+    def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str],
+                 templated: Iterable[str] | None = None) -> None:
+        """``raw`` is the host's own dict, but its values may be shared with other hosts: a
+        list or mapping is copied for the host when first read. ``templated`` names the
+        keys whose values need rendering, when the caller knows them."""
         self.host = host
         self._raw = raw
         self._origins = dict(origins)
+        self._templated = set(templated) if templated is not None else {
+            key for key, value in raw.items() if needs_render(value)}
         self._rendered: dict[str, Any] = {}
         self._active: list[str] = []
         self._lock = threading.RLock()
@@ -354,17 +362,26 @@ class HostVars(MutableMapping[str, Any]):
                       "inventory_hostname_short": host.split(".", 1)[0]}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
-        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins)
+        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins,
+                        self._templated)
 
     def origin(self, key: str) -> str | None:
         """Where the variable's winning value is set (``file:line`` or ``file``)."""
         return self._origins.get(key)
 
     def raw(self) -> dict[str, Any]:
-        """The variables as the inventory wrote them, templates unrendered."""
-        return dict(self._raw)
+        """The variables as the inventory wrote them, templates unrendered (the host's own
+        copies of lists and mappings)."""
+        with self._lock:
+            return {key: _detached(value) for key, value in self._raw.items()}
 
     def __getitem__(self, key: str) -> Any:
+        value = self._rendered.get(key, _UNSET)
+        if value is not _UNSET:
+            return value
+        value = self._raw[key]
+        if type(value) in _ATOMIC and key not in self._templated:
+            return value  # immutable and not a template: nothing to render or copy
         with self._lock:
             return self._get(key)
 
@@ -372,7 +389,9 @@ class HostVars(MutableMapping[str, Any]):
         if key in self._rendered:
             return self._rendered[key]
         value = self._raw[key]
-        if not _needs_render(value):
+        if key not in self._templated:
+            if isinstance(value, (dict, list)):
+                value = self._raw[key] = _detached(value)
             self._rendered[key] = value
             return value
         if key in self._active:
@@ -393,12 +412,17 @@ class HostVars(MutableMapping[str, Any]):
         with self._lock:
             self._raw[key] = value
             self._origins.pop(key, None)
+            if needs_render(value):
+                self._templated.add(key)
+            else:
+                self._templated.discard(key)
             self._rendered.clear()
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
             del self._raw[key]
             self._origins.pop(key, None)
+            self._templated.discard(key)
             self._rendered.clear()
 
     def __iter__(self) -> Iterator[str]:
@@ -419,7 +443,7 @@ class HostVars(MutableMapping[str, Any]):
         if isinstance(value, dict):
             return {name: self._render(key, item) for name, item in value.items()}
         if not is_template(value):
-            return value
+            return _detached(value)
         try:
             return self._render_text(value)
         except TemplateError:
@@ -468,11 +492,25 @@ def _compiled(text: str) -> jinja2.Template:
     return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
 
 
-def _needs_render(value: Any) -> bool:
+def _detached(value: Any) -> Any:
+    """A copy of ``value`` that shares nothing mutable with it (lists and mappings copied,
+    immutable scalars kept, anything else deep-copied)."""
+    kind = type(value)
+    if kind in _ATOMIC:
+        return value
+    if kind is list:
+        return [_detached(item) for item in value]
+    if kind is dict:
+        return {key: _detached(item) for key, item in value.items()}
+    return copy.deepcopy(value)
+
+
+def needs_render(value: Any) -> bool:
+    """Whether ``value`` holds a template: it is one, or a list or mapping has one."""
     if isinstance(value, list):
-        return any(_needs_render(item) for item in value)
+        return any(needs_render(item) for item in value)
     if isinstance(value, dict):
-        return any(_needs_render(item) for item in value.values())
+        return any(needs_render(item) for item in value.values())
     return is_template(value)
 
 

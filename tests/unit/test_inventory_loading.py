@@ -1,5 +1,5 @@
 """How inventories are loaded fast: libyaml's events build what the pure-Python loader
-builds."""
+builds, and hosts share group values without seeing each other's changes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 from gpufleet.errors import InventoryError
 from gpufleet.inventory import read_yaml
 from gpufleet.inventory.files import Where, limits
+from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
 
-pytestmark = pytest.mark.skipif(not read_yaml._LIBYAML, reason="PyYAML without libyaml")
+needs_libyaml = pytest.mark.skipif(not read_yaml._LIBYAML, reason="PyYAML without libyaml")
 
 DOCUMENTS = {
     "scalars": "a: 0x1F\nb: 0o17\nc: 017\nd: 1_000\ne: 1:30\nf: .nan\ng: -.inf\nh: 1e3\n"
@@ -75,6 +76,7 @@ def _same(ours: Any, theirs: Any) -> bool:
     return repr(ours) == repr(theirs) if isinstance(ours, float) else bool(ours == theirs)
 
 
+@needs_libyaml
 @pytest.mark.parametrize("text", DOCUMENTS.values(), ids=DOCUMENTS.keys())
 def test_libyaml_reads_every_document_as_the_pure_python_loader(
         text: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,6 +87,7 @@ def test_libyaml_reads_every_document_as_the_pure_python_loader(
     assert _same(ours[1], theirs[1]) if ours[0] == "ok" else ours == theirs
 
 
+@needs_libyaml
 def test_a_plain_inventory_is_built_from_the_parser_events(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def composed(*args: object) -> None:
@@ -97,3 +100,46 @@ def test_a_plain_inventory_is_built_from_the_parser_events(
         "gpu01": {"ansible_host": "10.0.0.1"}}}}}}
     host = document["all"]["children"]["h200"]["hosts"]
     assert (host.line, host.key_lines) == (5, {"gpu01": 5})
+
+
+# Hosts share group values, never each other's changes ---------------------------------------
+
+
+def _inventory(tmp_path: Path) -> Inventory:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "gpu.yml").write_text(
+        "nccl_env: {NCCL_DEBUG: WARN}\nservers: [a, b]\nline: \"{{ servers | join(',') }}\"\n"
+        "name: \"{{ inventory_hostname }}\"\nplain: \"{{ 'group' }}\"\n")
+    (tmp_path / "hosts.yml").write_text(
+        "gpu:\n  hosts:\n    n[1:3]:\n      nested: {list: [1, 2]}\n"
+        "    n4:\n      plain: host\n      own: \"{{ plain }}!\"\n")
+    return load_inventory(tmp_path)
+
+
+def test_a_host_changing_a_shared_value_changes_only_its_own(tmp_path: Path) -> None:
+    hosts = _inventory(tmp_path).hosts
+    hosts["n1"].vars["nccl_env"]["NCCL_DEBUG"] = "INFO"
+    hosts["n1"].vars["servers"].append("c")
+    hosts["n1"].vars["nested"]["list"].append(3)
+    hosts["n1"].vars["other"] = "set"  # forgets what was rendered, not what was changed
+    assert hosts["n1"].vars["nccl_env"] == {"NCCL_DEBUG": "INFO"}
+    assert (hosts["n1"].vars["servers"], hosts["n1"].vars["line"]) == (["a", "b", "c"], "a,b,c")
+    assert hosts["n1"].vars["nested"] == {"list": [1, 2, 3]}
+    for name in ("n2", "n3", "n4"):
+        assert hosts[name].vars["nccl_env"] == {"NCCL_DEBUG": "WARN"}
+        assert (hosts[name].vars["servers"], hosts[name].vars["line"]) == (["a", "b"], "a,b")
+    assert hosts["n2"].vars["nested"] == hosts["n3"].vars["nested"] == {"list": [1, 2]}
+    raw = hosts["n2"].vars.raw()  # type: ignore[attr-defined]
+    raw["servers"].append("z")
+    assert hosts["n2"].vars["servers"] == ["a", "b"]
+
+
+def test_templates_are_rendered_where_the_winning_value_is_one(tmp_path: Path) -> None:
+    hosts = _inventory(tmp_path).hosts
+    assert [hosts[n].vars["name"] for n in ("n1", "n4")] == ["n1", "n4"]
+    assert (hosts["n1"].vars["plain"], hosts["n4"].vars["plain"]) == ("group", "host")
+    assert hosts["n4"].vars["own"] == "host!"
+    hosts["n4"].vars["plain"] = "{{ 'set' }}"
+    assert (hosts["n4"].vars["plain"], hosts["n4"].vars["own"]) == ("set", "set!")
+    del hosts["n4"].vars["plain"]
+    assert "plain" not in hosts["n4"].vars
