@@ -14,6 +14,7 @@ import copy
 import hashlib
 import os
 import shlex
+import unicodedata
 from collections.abc import (
     Callable,
     Hashable,
@@ -414,13 +415,31 @@ def _vars_dir_files(directory: Path) -> list[Path]:
     return files
 
 
-def _vars_files(directory: Path, name: str) -> list[Path]:
+def _folded(name: str) -> str:
+    """A file name folded so that names any file system takes for one (by case or
+    Unicode normalisation) fold the same."""
+    return unicodedata.normalize("NFKD", unicodedata.normalize("NFKD", name).casefold())
+
+
+def _listed(directory: Path) -> frozenset[str] | None:
+    """The folded names of a directory's entries; None when it cannot be listed."""
+    try:
+        return frozenset(_folded(entry) for entry in os.listdir(directory))
+    except OSError:
+        return None
+
+
+def _vars_files(directory: Path, name: str, listed: frozenset[str] | None) -> list[Path]:
     """The group_vars/ or host_vars/ files of one group or host: only the first of NAME,
     NAME.yml, NAME.yaml and NAME.json that exists is read (a directory stands for its
-    files), as Ansible's host_group_vars plugin does."""
-    if not directory.is_dir() or Path(name).name != name or name in {".", ".."}:
+    files), as Ansible's host_group_vars plugin does. ``listed`` (``_listed(directory)``)
+    spares looking for a name the directory cannot hold."""
+    if Path(name).name != name or name in {".", ".."}:
         return []
+    folded = _folded(name)
     for suffix in _VARS_SUFFIXES:
+        if listed is not None and folded + suffix not in listed:
+            continue
         candidate = directory / f"{name}{suffix}"
         if candidate.is_dir():
             return _vars_dir_files(candidate)
@@ -721,9 +740,11 @@ class _Builder:
         group_dir, host_dir = root / "group_vars", root / "host_vars"
         read_group = not self.complete and group_dir.is_dir()
         read_host = not self.complete and host_dir.is_dir()
-        group_files = {name: self.vars_from(group_dir, name) if read_group else none
-                       for name in self.groups}
-        host_files = {name: self.vars_from(host_dir, name) if read_host else none
+        group_listed = _listed(group_dir) if read_group else None
+        host_listed = _listed(host_dir) if read_host else None
+        group_files = {name: self.vars_from(group_dir, name, group_listed) if read_group
+                       else none for name in self.groups}
+        host_files = {name: self.vars_from(host_dir, name, host_listed) if read_host else none
                       for name in self.hosts}
         host_groups: dict[str, list[str]] = {name: [] for name in self.hosts}
         for group, names in members.items():
@@ -832,10 +853,11 @@ class _Builder:
                 depth[child] = max(depth[child], depth[name] + 1)
         return depth
 
-    def vars_from(self, directory: Path, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def vars_from(self, directory: Path, name: str, listed: frozenset[str] | None
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
         values: dict[str, Any] = {}
         origins: dict[str, str] = {}
-        for file in _vars_files(directory, name):
+        for file in _vars_files(directory, name, listed):
             variables = _load_vars_file(file, self.bounds)
             variables.check()
             self.sources.append(file)

@@ -143,3 +143,19 @@ def test_templates_are_rendered_where_the_winning_value_is_one(tmp_path: Path) -
     assert (hosts["n4"].vars["plain"], hosts["n4"].vars["own"]) == ("set", "set!")
     del hosts["n4"].vars["plain"]
     assert "plain" not in hosts["n4"].vars
+
+
+def test_host_vars_are_found_from_one_listing_of_the_directory(tmp_path: Path) -> None:
+    host_vars = tmp_path / "host_vars"
+    (host_vars / "gpu02").mkdir(parents=True)
+    (host_vars / "gpu01.yml").write_text("found: yml\n")
+    (host_vars / "gpu02" / "main.yml").write_text("found: directory\n")
+    (host_vars / "gpu03").write_text("found: no extension\n")
+    (host_vars / "gpu04.yml").symlink_to(tmp_path / "nowhere")
+    (host_vars / "gpu04.yaml").write_text("found: yaml after a dangling link\n")
+    (host_vars / "nœud.json").write_text('{"found": "json"}\n')
+    (tmp_path / "hosts.ini").write_text("gpu0[1:5]\nnœud\n")
+    hosts = load_inventory(tmp_path).hosts
+    assert {name: host.vars.get("found") for name, host in hosts.items()} == {
+        "gpu01": "yml", "gpu02": "directory", "gpu03": "no extension",
+        "gpu04": "yaml after a dangling link", "gpu05": None, "nœud": "json"}
