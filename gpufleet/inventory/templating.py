@@ -67,7 +67,7 @@ _UNSUPPORTED_NAMES = {
     "vars": "the vars dictionary",
 }
 _MARKERS = ("{{", "{%", "{#")
-_ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable: never copied
+_ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable, never undefined
 _UNSET = object()
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
 
@@ -110,6 +110,8 @@ def _size(value: object) -> int:
 
 def _defined(value: Any) -> Any:
     """The value, after failing on any undefined part of it."""
+    if type(value) in _ATOMIC:
+        return value
     if isinstance(value, jinja2.Undefined):
         str(value)
     elif isinstance(value, (list, tuple)):
@@ -163,7 +165,7 @@ def _text_of(parts: Iterable[Any]) -> str:
     """The parts joined as text, refused once longer than ``MAX_RESULT``, before joining."""
     pieces, total = [], 0
     for part in parts:
-        piece = str(_defined(part))
+        piece = part if type(part) is str else str(_defined(part))
         total += len(piece)
         if total > MAX_RESULT:
             raise _too_large()
@@ -462,13 +464,12 @@ class HostVars(MutableMapping[str, Any]):
                               f"{_shown(value)}") from None
 
     def _render_text(self, text: str) -> Any:
-        template = _compiled(text)
-        context = template.new_context(_Scope(self), shared=True)  # type: ignore[arg-type]
+        compiled = _compiled(text)
         owner = _BUDGET.get() is None  # the outermost render: the variables it renders share
         token = _BUDGET.set(_Budget(deadline=time.monotonic() + MAX_RENDER_S)) if owner \
             else None
         try:
-            result = _ENV.concat(template.root_render_func(context))
+            result = compiled.render(_Scope(self))
         finally:
             if token is not None:
                 _BUDGET.reset(token)
@@ -484,12 +485,88 @@ class HostVars(MutableMapping[str, Any]):
         return TemplateError(f"host '{self.host}': variable '{key}'{place} {problem}{trail}")
 
 
+class _Ref:
+    """Where a variable's value goes in a template's output (see ``_Compiled.direct``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Probe(Mapping[str, Any]):
+    """A scope that has every name, each value a ``_Ref`` to it, and records the lookups."""
+
+    def __init__(self) -> None:
+        self.lookups: list[tuple[str, str]] = []
+
+    def __contains__(self, key: object) -> bool:
+        self.lookups.append(("in", str(key)))
+        return True
+
+    def __getitem__(self, key: str) -> _Ref:
+        self.lookups.append(("get", key))
+        return _Ref(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _Compiled:
+    """A template, compiled once per text. One that is only text and variables
+    (``{{ inventory_hostname }}.{{ domain }}``) is also kept as what its code does: the names
+    it looks up, in order, and the pieces it outputs, so rendering it needs no Jinja
+    context; any name missing from the scope renders it through Jinja, which fails it."""
+
+    def __init__(self, text: str) -> None:
+        tree = _ENV.parse(text)
+        _check(tree)
+        plain = all(isinstance(output, nodes.Output) and all(
+            isinstance(child, (nodes.TemplateData, nodes.Name)) for child in output.nodes)
+            for output in tree.body)
+        code = _ENV.compile(_bound(tree))
+        self.template = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+        self.direct = self._pieces() if plain else None
+
+    def _pieces(self) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+        """What the code looks up and outputs, seen by running it over a ``_Probe``: each
+        name looked up once (in, then get), each output a text or a ``_Ref``; else None."""
+        probe = _Probe()
+        try:
+            output: list[Any] = list(self.template.root_render_func(
+                self.template.new_context(probe, shared=True)))  # type: ignore[arg-type]
+        except Exception:  # such a template is rendered through Jinja only
+            return None
+        names = tuple(key for op, key in probe.lookups if op == "get")
+        expected = [(op, key) for key in names for op in ("in", "get")]
+        if probe.lookups != expected or len(set(names)) != len(names) or not all(
+                type(piece) is str or (type(piece) is _Ref and piece.name in names)
+                for piece in output):
+            return None
+        return names, tuple(output)
+
+    def render(self, scope: Mapping[str, Any]) -> Any:
+        """The template's result over ``scope``, as ``_concat`` gives it."""
+        if self.direct is not None:
+            names, pieces = self.direct
+            values: dict[str, Any] = {}
+            for name in names:
+                if name not in scope:
+                    break
+                values[name] = scope[name]
+            else:
+                return _concat(iter([values[piece.name] if type(piece) is _Ref else piece
+                                     for piece in pieces]))
+        context = self.template.new_context(scope, shared=True)  # type: ignore[arg-type]
+        return _ENV.concat(self.template.root_render_func(context))
+
+
 @functools.lru_cache(maxsize=4096)
-def _compiled(text: str) -> jinja2.Template:
-    tree = _ENV.parse(text)
-    _check(tree)
-    code = _ENV.compile(_bound(tree))
-    return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+def _compiled(text: str) -> _Compiled:
+    return _Compiled(text)
 
 
 def _detached(value: Any) -> Any:

@@ -1,5 +1,6 @@
 """How inventories are loaded fast: libyaml's events build what the pure-Python loader
-builds, and hosts share group values without seeing each other's changes."""
+builds, hosts share group values without seeing each other's changes, and templates that
+are only text and variables render as Jinja renders them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import read_yaml
+from gpufleet.inventory import read_yaml, templating
 from gpufleet.inventory.files import Where, limits
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
+from gpufleet.inventory.templating import HostVars
 
 needs_libyaml = pytest.mark.skipif(not read_yaml._LIBYAML, reason="PyYAML without libyaml")
 
@@ -159,3 +161,49 @@ def test_host_vars_are_found_from_one_listing_of_the_directory(tmp_path: Path) -
     assert {name: host.vars.get("found") for name, host in hosts.items()} == {
         "gpu01": "yml", "gpu02": "directory", "gpu03": "no extension",
         "gpu04": "yaml after a dangling link", "gpu05": None, "nœud": "json"}
+
+
+# Templates of text and variables only, rendered without a Jinja context ----------------------
+
+TEXT_AND_VARIABLES = [
+    "{{ name }}", "{{ count }}", "{{ servers }}", "{{ env }}", "{{ flag }}", "{{ nothing }}",
+    "{{ inventory_hostname }}.{{ domain }}", "{{ inventory_hostname_short }}-{{ count }}",
+    "x{{ servers }}", "{{ name }}{{ name }}{{ count }}", "{# note #}{{ count }}",
+    "{{ count }}{# note #} ", "{{- name -}} ", "{% raw %}{{ name }}{% endraw %}", "text{# #}",
+    "{{ missing }}", "{{ name }}{{ missing }}", "{{ big }}{{ big }}", "{{ loop_a }}",
+    "{{ bad }}",
+]
+VARIABLES = {"name": "gpu", "count": 3, "servers": ["a", "b"], "env": {"K": "v"}, "flag": True,
+             "nothing": None, "domain": "{{ name }}.example.net", "big": "x" * 600000,
+             "loop_a": "{{ loop_b }}", "loop_b": "{{ loop_a }}", "bad": "{{ name | nope }}"}
+
+
+def _rendered(text: str) -> tuple[str, Any]:
+    host = HostVars("gpu01.example.net", {**VARIABLES, "under_test": text}, {}, None)
+    try:
+        return "ok", host["under_test"]
+    except InventoryError as exc:
+        return "error", str(exc)
+
+
+@pytest.mark.parametrize("text", TEXT_AND_VARIABLES)
+def test_text_and_variables_render_as_jinja_renders_them(
+        text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _rendered(text)
+    templating._compiled.cache_clear()
+    monkeypatch.setattr(templating._Compiled, "_pieces", lambda self: None)
+    theirs = _rendered(text)
+    templating._compiled.cache_clear()
+    assert ours == theirs
+    assert type(ours[1]) is type(theirs[1])
+
+
+def test_text_and_variables_are_rendered_without_jinja() -> None:
+    direct = templating._compiled("{{ inventory_hostname }}.{{ domain }}").direct
+    assert direct is not None
+    names, pieces = direct
+    assert names == ("inventory_hostname", "domain")
+    assert [piece if type(piece) is str else piece.name for piece in pieces] == [
+        "inventory_hostname", ".", "domain"]
+    assert templating._compiled("{{ name | lower }}").direct is None
+    assert templating._compiled("{{ self }}").direct is None
