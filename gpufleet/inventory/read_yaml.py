@@ -208,42 +208,46 @@ _SCALARS = frozenset(f"tag:yaml.org,2002:{name}"
 _NO_KEY = object()
 
 
-def _scalar(loader: _CLoader, event: Any) -> Any:
-    """A scalar as the composer resolves and the constructor builds it."""
+def _scalar(loader: _CLoader, event: Any, known: dict[str, Any]) -> Any:
+    """A scalar as the composer resolves and the constructor builds it; ``known`` holds the
+    plain scalars of the document built so far (their values depend on their text only)."""
     if event.anchor is not None or event.tag not in (None, "!"):
         raise _Unsupported
-    resolve: Callable[[type[ScalarNode], str, tuple[bool, bool]], str] = loader.resolve
-    tag = resolve(ScalarNode, event.value, event.implicit) if event.implicit[0] else _STR
-    if tag == _STR:
+    if not event.implicit[0]:
         return event.value
-    if tag not in _SCALARS:
-        raise _Unsupported
-    return loader.yaml_constructors[tag](loader, ScalarNode(tag, event.value, event.start_mark))
+    text = event.value
+    value = known.get(text, _NO_KEY)
+    if value is _NO_KEY:
+        resolve: Callable[[type[ScalarNode], str, tuple[bool, bool]], str] = loader.resolve
+        tag = resolve(ScalarNode, text, event.implicit)
+        if tag == _STR:
+            value = text
+        elif tag in _SCALARS:
+            value = loader.yaml_constructors[tag](loader, ScalarNode(tag, text, event.start_mark))
+        else:
+            raise _Unsupported
+        known[text] = value
+    return value
 
 
-def _opened(event: Any, frames: list[list[Any]],
-            max_depth: int) -> list[Any]:
-    """A new open collection: [the collection, the key awaiting its value, its line]."""
+def _opening(event: Any, lines: list[int] | None, items: list[Any], depth: int,
+             max_depth: int) -> None:
+    """Refuse a collection only the composer builds (an anchor, a tag, a mapping key), or
+    one nested too deep."""
     if event.anchor is not None or event.tag is not None or (
-            frames and frames[-1][1] is _NO_KEY and type(frames[-1][0]) is Mapping):
+            lines is not None and len(items) % 2 == 0):
         raise _Unsupported
-    line = event.start_mark.line + 1
-    if len(frames) >= max_depth:
-        raise _too_deep(line, max_depth)
-    return [Mapping(line) if type(event) is MappingStartEvent else [], _NO_KEY, 0]
+    if depth >= max_depth:
+        raise _too_deep(event.start_mark.line + 1, max_depth)
 
 
-def _added(frame: list[Any], value: Any, line: int) -> None:
-    """``value`` added to an open collection: a list's item, a mapping's key or value."""
-    collection = frame[0]
-    if type(collection) is list:
-        collection.append(value)
-    elif frame[1] is _NO_KEY:
-        frame[1], frame[2] = value, line
-    else:
-        collection[frame[1]] = value
-        collection.key_lines[frame[1]] = frame[2]
-        frame[1] = _NO_KEY
+def _mapping(items: list[Any], lines: list[int], line: int) -> Mapping:
+    """The mapping of alternating keys and values, as the constructor builds it (a key given
+    twice keeps its first place and its last value and line)."""
+    mapping = Mapping(line)
+    mapping.update(zip(items[0::2], items[1::2], strict=True))
+    mapping.key_lines.update(zip(items[0::2], lines[0::2], strict=True))
+    return mapping
 
 
 def _built(loader: _CLoader, max_depth: int) -> Any:
@@ -255,28 +259,41 @@ def _built(loader: _CLoader, max_depth: int) -> Any:
     if loader.check_event(StreamEndEvent):
         return None
     get()
-    frames: list[list[Any]] = []
+    known: dict[str, Any] = {}
+    document: list[Any] = []
+    # The open collection: its items, its items' lines (None for a sequence), its line;
+    # those of the collections around it on the stack.
+    items: list[Any] = document
+    lines: list[int] | None = None
+    line = 0
+    stack: list[tuple[list[Any], list[int] | None, int]] = []
     while True:
         event = get()
         kind = type(event)
-        if kind is MappingStartEvent or kind is SequenceStartEvent:
-            frames.append(_opened(event, frames, max_depth))
-            continue
         if kind is ScalarEvent:
-            if len(frames) >= max_depth:
+            if len(stack) >= max_depth:
                 raise _too_deep(event.start_mark.line + 1, max_depth)
-            value = _scalar(loader, event)
+            value = _scalar(loader, event, known)
+        elif kind is MappingStartEvent or kind is SequenceStartEvent:
+            _opening(event, lines, items, len(stack), max_depth)
+            stack.append((items, lines, line))
+            items, lines = [], [] if kind is MappingStartEvent else None
+            line = event.start_mark.line + 1
+            continue
         elif kind is MappingEndEvent or kind is SequenceEndEvent:
-            value = frames.pop()[0]
+            value = items if lines is None else _mapping(items, lines, line)
+            items, lines, line = stack.pop()
         else:
             raise _Unsupported
-        if not frames:
+        items.append(value)
+        if lines is not None:
+            lines.append(event.start_mark.line + 1)
+        elif items is document:
             break
-        _added(frames[-1], value, event.start_mark.line + 1)
     get()
     if not loader.check_event(StreamEndEvent):
         raise _Unsupported
-    return value
+    return document[0]
 
 
 def _composed(loader: _Loader | _CLoader, bounds: Limits) -> Any:
