@@ -434,7 +434,7 @@ def _vars_files(directory: Path, name: str, listed: frozenset[str] | None) -> li
     NAME.yml, NAME.yaml and NAME.json that exists is read (a directory stands for its
     files), as Ansible's host_group_vars plugin does. ``listed`` (``_listed(directory)``)
     spares looking for a name the directory cannot hold."""
-    if Path(name).name != name or name in {".", ".."}:
+    if "/" in name or name in {".", ".."}:  # a name that is not one file name
         return []
     folded = _folded(name)
     for suffix in _VARS_SUFFIXES:

@@ -66,7 +66,6 @@ _UNSUPPORTED_NAMES = {
     "groups": "the inventory's groups (groups)",
     "vars": "the vars dictionary",
 }
-_MARKERS = ("{{", "{%", "{#")
 _ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable, never undefined
 _UNSET = object()
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
@@ -77,9 +76,10 @@ class TemplateError(InventoryError):
 
 
 def is_template(value: object) -> bool:
-    """Whether a value is a string that Ansible would template."""
-    return isinstance(value, str) and not isinstance(value, Unsafe) and any(
-        marker in value for marker in _MARKERS)
+    """Whether a value is a string that Ansible would template (it has ``{{``, ``{%`` or
+    ``{#``)."""
+    return isinstance(value, str) and not isinstance(value, Unsafe) and (
+        "{{" in value or "{%" in value or "{#" in value)
 
 
 def _to_bool(value: object) -> bool:
@@ -585,9 +585,9 @@ def _detached(value: Any) -> Any:
 def needs_render(value: Any) -> bool:
     """Whether ``value`` holds a template: it is one, or a list or mapping has one."""
     if isinstance(value, list):
-        return any(needs_render(item) for item in value)
+        return any(map(needs_render, value))
     if isinstance(value, dict):
-        return any(needs_render(item) for item in value.values())
+        return any(map(needs_render, value.values()))
     return is_template(value)
 
 
