@@ -39,8 +39,12 @@ _PRIVATE_KEY = re.compile(
     r"(?P<key>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?P<value>.*?)(?=-----END [A-Z0-9 ]*"
     r"PRIVATE KEY-----|\Z)", re.DOTALL)
 
+# Text none of the patterns above can match lacks all of these (each pattern needs one).
+_TRIGGER = re.compile(rf"(?i){SENSITIVE_NAME}|authorization|://|-----BEGIN")
+
 _lock = threading.Lock()
 _known: set[str] = set()
+_longest_first: list[tuple[str, ...] | None] = [()]  # _known, longest first; None: to sort
 
 
 @functools.lru_cache(maxsize=4096)
@@ -56,8 +60,11 @@ def remember_secret(name: str, value: object) -> None:
     if not is_secret_name(name) or isinstance(value, bool):
         return
     if isinstance(value, (str, int, float)) and len(str(value)) >= _MIN_LENGTH:
+        text = str(value)
         with _lock:
-            _known.add(str(value))
+            if text not in _known:
+                _known.add(text)
+                _longest_first[0] = None
 
 
 def known_secrets() -> frozenset[str]:
@@ -79,9 +86,19 @@ def redact(text: str) -> str:
     ``PASSPHRASE``, ``*_PAT``, ``PRIVATE_KEY``...) and options, ``Authorization`` headers,
     credentials in URLs (``https://user:token@host``), private key blocks, and every
     secret value an inventory holds wherever it appears (a bare password on a line)."""
-    text = _PRIVATE_KEY.sub(_masked_block, text)
-    for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
-        text = pattern.sub(_masked, text)
-    for secret in sorted(known_secrets(), key=len, reverse=True):
+    if _TRIGGER.search(text):
+        text = _PRIVATE_KEY.sub(_masked_block, text)
+        for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
+            text = pattern.sub(_masked, text)
+    for secret in _by_length():
         text = text.replace(secret, MASK)
     return text
+
+
+def _by_length() -> tuple[str, ...]:
+    """The secret values remembered so far, longest first."""
+    order = _longest_first[0]
+    if order is None:
+        with _lock:
+            order = _longest_first[0] = tuple(sorted(_known, key=len, reverse=True))
+    return order

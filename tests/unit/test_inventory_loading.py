@@ -1,6 +1,7 @@
-"""How inventories are loaded fast: libyaml's events build what the pure-Python loader
-builds, hosts share group values without seeing each other's changes, and templates that
-are only text and variables render as Jinja renders them."""
+"""How inventories are loaded and shown fast: libyaml's events build what the pure-Python
+loader builds, hosts share group values without seeing each other's changes, templates
+that are only text and variables render as Jinja renders them, and redaction skips the
+patterns that cannot match."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import read_yaml, templating
+from gpufleet.inventory import read_yaml, secrets, templating
 from gpufleet.inventory.files import Where, limits
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
@@ -207,3 +208,33 @@ def test_text_and_variables_are_rendered_without_jinja() -> None:
         "inventory_hostname", ".", "domain"]
     assert templating._compiled("{{ name | lower }}").direct is None
     assert templating._compiled("{{ self }}").direct is None
+
+
+# Redaction skips the patterns when none can match -------------------------------------------
+
+REDACTED = [
+    "DB_PASS=hunter2", "PASSPHRASE = open sesame", "GITHUB_PAT=ghp_abcdef", "Pat=1",
+    "\u017fecret: x",
+    "index-url = https://user:tok3n@pypi.example/simple", "remote https://ghp@github.com/x",
+    "machine pypi.example login user password p4ss", "tool --token=tok -v", "-----BEGIN ",
+    "-----BEGIN RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY-----", "a\nkey: v\ntoken: t",
+    "AUTHORIZATION: Basic abc", "Authorization=x", "path=/opt/pat/pass bypass_cache=1",
+    "NCCL_DEBUG=WARN", "gpu01.atlas.example.net", "10.0.0.1", "", "ssh://h", "x://y@z",
+    "paßword=1", "PASSWORD\u212a", "token", "pass", "my pass word",
+]
+
+
+@pytest.mark.parametrize("text", REDACTED)
+def test_redaction_is_what_every_pattern_gives(text: str) -> None:
+    expected = secrets._PRIVATE_KEY.sub(secrets._masked_block, text)
+    for pattern in (secrets._KEY_VALUE, secrets._OPTION, secrets._SPACED,
+                    secrets._AUTHORIZATION, secrets._URL_CREDENTIALS):
+        expected = pattern.sub(secrets._masked, expected)
+    for secret in sorted(secrets.known_secrets(), key=len, reverse=True):
+        expected = expected.replace(secret, secrets.MASK)
+    assert secrets.redact(text) == expected
+
+
+def test_a_secret_remembered_later_is_redacted_too() -> None:
+    secrets.remember_secret("later_password", "s3cr3t-later")
+    assert secrets.redact("x s3cr3t-later y") == f"x {secrets.MASK} y"
