@@ -45,7 +45,7 @@ from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
 from gpufleet.inventory.read_yaml import Vaulted, parse_yaml, plain
 from gpufleet.inventory.secrets import is_secret_name, remember_secret
-from gpufleet.inventory.templating import HostVars, is_template, needs_render
+from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -893,13 +893,15 @@ def _merge(layers: Iterable[tuple[Mapping[str, Any], Mapping[str, str]]]
 
 class _Layer:
     """The group variables every host of one combination of groups shares, merged once:
-    which of them are secrets and which need rendering is worked out once too."""
+    which of them are secrets and which need rendering is worked out once too, and a
+    template that none of its hosts' own variables reach is rendered once for them all."""
 
     def __init__(self, values: dict[str, Any], origins: dict[str, str]) -> None:
         self.values = values
         self.origins = origins
         self.secrets = [key for key in values if is_secret_name(key)]
         self.templated = {key for key, value in values.items() if needs_render(value)}
+        self.renders = SharedRenders(values)
 
     def host_vars(self, name: str, definition: _HostDef,
                   files: tuple[dict[str, Any], dict[str, str]]) -> HostVars:
@@ -914,7 +916,7 @@ class _Layer:
         for key in (*self.secrets, *own):
             remember_secret(key, values[key])
         templated = (self.templated - own) | {key for key in own if needs_render(values[key])}
-        return HostVars(name, values, origins, templated)
+        return HostVars(name, values, origins, templated, shared=self.renders, own=own)
 
 
 # Public functions ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.filters import FILTERS as JINJA_FILTERS
 from jinja2.nativetypes import NativeCodeGenerator
 from jinja2.runtime import Context
@@ -44,7 +44,8 @@ from gpufleet.errors import InventoryError
 from gpufleet.inventory.read_yaml import Unsafe
 from gpufleet.inventory.secrets import remember_secret
 
-__all__ = ["FILTERS", "HostVars", "TemplateError", "is_template", "needs_render"]
+__all__ = ["FILTERS", "HostVars", "SharedRenders", "TemplateError", "is_template",
+           "needs_render"]
 
 MAX_RESULT = 1024 * 1024
 MAX_REFERENCE_DEPTH = 40
@@ -68,6 +69,7 @@ _UNSUPPORTED_NAMES = {
 }
 _ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable, never undefined
 _UNSET = object()
+_MAGIC = frozenset({"inventory_hostname", "inventory_hostname_short"})  # HostVars.magic
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
 
 
@@ -347,25 +349,31 @@ class HostVars(MutableMapping[str, Any]):
     """One host's variables; templated values are rendered when first read. Safe to read
     from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
 
-    def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str],
-                 templated: Iterable[str] | None = None) -> None:
+    def __init__(self, host: str, raw: dict[str, Any], origins: dict[str, str],
+                 templated: set[str] | None = None, *, shared: SharedRenders | None = None,
+                 own: set[str] | None = None) -> None:
         """``raw`` is the host's own dict, but its values may be shared with other hosts: a
         list or mapping is copied for the host when first read. ``templated`` names the
-        keys whose values need rendering, when the caller knows them."""
+        keys whose values need rendering, when the caller knows them. ``shared`` holds the
+        renders of the hosts whose values are ``shared.values`` except for the keys each
+        sets itself, ``own``. ``raw``, ``origins``, ``templated`` and ``own`` are taken
+        over, not copied."""
         self.host = host
         self._raw = raw
-        self._origins = dict(origins)
-        self._templated = set(templated) if templated is not None else {
+        self._origins = origins
+        self._templated = templated if templated is not None else {
             key for key, value in raw.items() if needs_render(value)}
         self._rendered: dict[str, Any] = {}
+        self._shared = shared
+        self._own = own if own is not None else set()
         self._active: list[str] = []
         self._lock = threading.RLock()
         self.magic = {"inventory_hostname": host,
                       "inventory_hostname_short": host.split(".", 1)[0]}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
-        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins,
-                        self._templated)
+        return HostVars(self.host, copy.deepcopy(self._raw, memo), dict(self._origins),
+                        set(self._templated))
 
     def origin(self, key: str) -> str | None:
         """Where the variable's winning value is set (``file:line`` or ``file``)."""
@@ -395,7 +403,17 @@ class HostVars(MutableMapping[str, Any]):
             if isinstance(value, (dict, list)):
                 value = self._raw[key] = _detached(value)
             self._rendered[key] = value
+            self._handed_out(key, value)
             return value
+        shared = self._sharing(key)
+        if shared is not None:
+            cached = shared.rendered.get(key, _UNSET)
+            if cached is not _UNSET:
+                rendered = _detached(cached)
+                remember_secret(key, rendered)
+                self._rendered[key] = rendered
+                self._handed_out(key, rendered)
+                return rendered
         if key in self._active:
             cycle = " -> ".join([*self._active[self._active.index(key):], key])
             raise self._error(key, f"refers to itself: {cycle}")
@@ -408,10 +426,30 @@ class HostVars(MutableMapping[str, Any]):
             self._active.pop()
         remember_secret(key, rendered)
         self._rendered[key] = rendered
+        if shared is not None:
+            shared.rendered[key] = _detached(rendered)
+        self._handed_out(key, rendered)
         return rendered
+
+    def _sharing(self, key: str) -> SharedRenders | None:
+        """The shared renders that hold, or will hold, this host's render of ``key``: none
+        where the result may be the host's own (``key`` or a variable its templates reach
+        is set by the host, or is the host's name)."""
+        shared = self._shared
+        if shared is None or key in self._own:
+            return None
+        reach = shared.reach(key)
+        return shared if reach is not None and reach.isdisjoint(self._own) else None
+
+    def _handed_out(self, key: str, value: Any) -> None:
+        """A value the caller may change in place (a list, a mapping) is the host's own from
+        now on: templates that reach it render for this host alone."""
+        if self._shared is not None and type(value) not in _ATOMIC:
+            self._own.add(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
         with self._lock:
+            self._shared = None  # the host's values are no longer those it shared
             self._raw[key] = value
             self._origins.pop(key, None)
             if needs_render(value):
@@ -422,6 +460,7 @@ class HostVars(MutableMapping[str, Any]):
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
+            self._shared = None
             del self._raw[key]
             self._origins.pop(key, None)
             self._templated.discard(key)
@@ -485,6 +524,57 @@ class HostVars(MutableMapping[str, Any]):
         return TemplateError(f"host '{self.host}': variable '{key}'{place} {problem}{trail}")
 
 
+class SharedRenders:
+    """The renders that the hosts of one combination of groups share. A templated value
+    that refers, directly or through the variables it renders on the way, neither to the
+    host's name nor to a variable the host sets itself renders the same for each of these
+    hosts: the first host that reads it renders it, the others take a copy. A render that
+    fails is not kept (each host fails with its own name)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        """``values``: the variables the hosts share, as the inventory wrote them."""
+        self.values = values
+        self.rendered: dict[str, Any] = {}
+        self._reach: dict[str, frozenset[str] | None] = {}
+
+    def reach(self, key: str) -> frozenset[str] | None:
+        """Every name the templates of ``key`` can look up, and those of the shared values
+        they reach; None when one of them refers to the host's name or does not compile
+        (such a value is rendered for each host)."""
+        if key in self._reach:
+            return self._reach[key]
+        names: set[str] = set()
+        pending, seen = [key], set()
+        result: frozenset[str] | None = None
+        try:
+            while pending:
+                name = pending.pop()
+                if name in seen or name not in self.values:
+                    continue
+                seen.add(name)
+                for text in _templates(self.values[name]):
+                    looked_up = _compiled(text).names
+                    names.update(looked_up)
+                    pending.extend(looked_up)
+            result = None if not names.isdisjoint(_MAGIC) else frozenset(names)
+        except Exception:  # rendering it names the problem, host by host
+            result = None
+        self._reach[key] = result
+        return result
+
+
+def _templates(value: Any) -> Iterator[str]:
+    """The templates in a value (itself, or the items of a list or mapping)."""
+    if isinstance(value, list):
+        for item in value:
+            yield from _templates(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _templates(item)
+    elif is_template(value):
+        yield value
+
+
 class _Ref:
     """Where a variable's value goes in a template's output (see ``_Compiled.direct``)."""
 
@@ -527,9 +617,18 @@ class _Compiled:
         plain = all(isinstance(output, nodes.Output) and all(
             isinstance(child, (nodes.TemplateData, nodes.Name)) for child in output.nodes)
             for output in tree.body)
+        self._tree = tree
+        self._names: frozenset[str] | None = None
         code = _ENV.compile(_bound(tree))
         self.template = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
         self.direct = self._pieces() if plain else None
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every name the template can look up in its scope (as Jinja finds them)."""
+        if self._names is None:
+            self._names = frozenset(meta.find_undeclared_variables(self._tree))
+        return self._names
 
     def _pieces(self) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
         """What the code looks up and outputs, seen by running it over a ``_Probe``: each

@@ -1,7 +1,8 @@
 """How inventories are loaded and shown fast: libyaml's events build what the pure-Python
-loader builds, hosts share group values without seeing each other's changes, templates
-that are only text and variables render as Jinja renders them, and redaction skips the
-patterns that cannot match."""
+loader builds, hosts share group values without seeing each other's changes, hosts of the
+same groups share the renders that nothing of their own reaches, templates that are only
+text and variables render as Jinja renders them, and redaction skips the patterns that
+cannot match."""
 
 from __future__ import annotations
 
@@ -162,6 +163,96 @@ def test_host_vars_are_found_from_one_listing_of_the_directory(tmp_path: Path) -
     assert {name: host.vars.get("found") for name, host in hosts.items()} == {
         "gpu01": "yml", "gpu02": "directory", "gpu03": "no extension",
         "gpu04": "yaml after a dangling link", "gpu05": None, "nœud": "json"}
+
+
+# Hosts of the same groups share a render that nothing of their own reaches -------------------
+
+
+def _rack(tmp_path: Path) -> Inventory:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        'site: atlas\ndomain: "{{ site }}.example.net"\n'
+        'fqdn: "{{ inventory_hostname }}.{{ domain }}"\nleaf: "leaf{{ rack }}.{{ domain }}"\n'
+        'ifname: bond0\nenv: {NCCL_SOCKET_IFNAME: "{{ ifname }}"}\nservers: [a, b]\n'
+        "line: \"{{ servers | join(',') }}\"\nbroken: \"{{ nowhere }}\"\n")
+    (tmp_path / "hosts.yml").write_text(
+        "rack1:\n  vars: {rack: 1}\n  hosts:\n    n1:\n    n2:\n    n3: {ifname: eth0}\n"
+        "    n4: {site: dc2}\n")
+    return load_inventory(tmp_path)
+
+
+def test_hosts_share_a_render_that_nothing_of_their_own_reaches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[str] = []
+    render = HostVars._render_text
+
+    def counted(self: HostVars, text: str) -> Any:
+        rendered.append(text)
+        return render(self, text)
+
+    monkeypatch.setattr(HostVars, "_render_text", counted)
+    hosts = _rack(tmp_path).hosts
+    keys = ("domain", "fqdn", "leaf", "env", "line")
+    got = {name: {key: host.vars[key] for key in keys} for name, host in hosts.items()}
+    first = {"domain": "atlas.example.net", "fqdn": "n1.atlas.example.net",
+             "leaf": "leaf1.atlas.example.net", "env": {"NCCL_SOCKET_IFNAME": "bond0"},
+             "line": "a,b"}
+    assert got == {
+        "n1": first, "n2": {**first, "fqdn": "n2.atlas.example.net"},
+        "n3": {**first, "fqdn": "n3.atlas.example.net", "env": {"NCCL_SOCKET_IFNAME": "eth0"}},
+        "n4": {**first, "domain": "dc2.example.net", "fqdn": "n4.dc2.example.net",
+               "leaf": "leaf1.dc2.example.net"}}
+    assert {text: rendered.count(text) for text in set(rendered)} == {
+        "{{ site }}.example.net": 2,  # n1's for n1 to n3, n4's own (its site)
+        "{{ inventory_hostname }}.{{ domain }}": 4, "leaf{{ rack }}.{{ domain }}": 2,
+        "{{ ifname }}": 2, "{{ servers | join(',') }}": 1}
+    assert hosts["n1"].vars["env"] is not hosts["n2"].vars["env"]
+
+
+def test_a_host_changing_what_a_template_reaches_renders_it_alone(tmp_path: Path) -> None:
+    hosts = _rack(tmp_path).hosts
+    assert hosts["n1"].vars["line"] == "a,b"
+    hosts["n2"].vars["servers"].append("c")  # changed in place, not set
+    assert (hosts["n2"].vars["line"], hosts["n3"].vars["line"]) == ("a,b,c", "a,b")
+    hosts["n1"].vars["env"]["NCCL_SOCKET_IFNAME"] = "changed"
+    assert hosts["n2"].vars["env"] == {"NCCL_SOCKET_IFNAME": "bond0"}
+    hosts["n2"].vars["ifname"] = "eth9"
+    assert hosts["n2"].vars["env"] == {"NCCL_SOCKET_IFNAME": "eth9"}
+    assert hosts["n4"].vars["env"] == {"NCCL_SOCKET_IFNAME": "bond0"}
+    for name in ("n1", "n2"):  # a render that fails is each host's own failure
+        with pytest.raises(InventoryError, match=f"^host '{name}': variable 'broken' "):
+            hosts[name].vars["broken"]
+
+
+class _Recorded(dict[str, Any]):
+    """A scope that has every name and records the ones a render looks up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __contains__(self, key: object) -> bool:
+        self.seen.add(str(key))
+        return True
+
+    def __getitem__(self, key: str) -> Any:
+        self.seen.add(key)
+        return {"items": [1, 2], "a": {"b": 1}, "d": {"x": 2}, "e": "x"}.get(key, "v")
+
+
+@pytest.mark.parametrize("text", [
+    "{{ y }}{% set y = 1 %}{{ y }}", "{% for i in items %}{{ y }}{% set y = 2 %}{% endfor %}",
+    "{% with a = b %}{{ a }}{{ c }}{% endwith %}", "{{ a.b }}{{ d[e] }}",
+    "{% if x is defined %}{{ x }}{% else %}{{ z | default(w) }}{% endif %}",
+    "{% filter upper %}{{ f }}{% endfilter %}", "{{ loop }}{{ self }}{{ (a ~ b) | lower }}",
+    "{% for k in items recursive %}{{ loop.index }}{{ k }}{% endfor %}{{ k }}",
+])
+def test_a_template_looks_up_only_the_names_it_is_known_to_reach(text: str) -> None:
+    compiled = templating._compiled(text)
+    scope = _Recorded()
+    context = compiled.template.new_context(scope, shared=True)
+    "".join(map(str, compiled.template.root_render_func(context)))
+    assert scope.seen <= compiled.names
 
 
 # Templates of text and variables only, rendered without a Jinja context ----------------------
