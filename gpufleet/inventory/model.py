@@ -43,7 +43,7 @@ from gpufleet.inventory.patterns import select_hosts
 from gpufleet.inventory.read_ini import ChildLine, HostLine, Section, VarLine, read_ini
 from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
-from gpufleet.inventory.read_yaml import Vaulted, parse_yaml, plain
+from gpufleet.inventory.read_yaml import Vaulted, parse_yaml
 from gpufleet.inventory.secrets import is_secret_name, remember_secret
 from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
 
@@ -453,15 +453,20 @@ def _vault_error(where: Where, key: str | None) -> InventoryError:
     return InventoryError(f"vault-encrypted value in {where}{variable}: {_VAULT_HINT}")
 
 
-def _check_vault(value: Any, where: Where, key: str | None) -> None:
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _checked(value: Any, where: Where, key: str) -> Any:
+    """``plain(value)``, refusing a vault-encrypted value in it (at that value's line)."""
     if isinstance(value, Vaulted):
         raise _vault_error(where.at(value.line), key)
     if isinstance(value, dict):
-        for item in value.values():
-            _check_vault(item, where, key)
-    elif isinstance(value, list):
-        for item in value:
-            _check_vault(item, where, key)
+        return {name: item if type(item) in _LEAVES else _checked(item, where, key)
+                for name, item in value.items()}
+    if isinstance(value, list):
+        return [item if type(item) in _LEAVES else _checked(item, where, key)
+                for item in value]
+    return value
 
 
 def _yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, Where]]:
@@ -485,8 +490,7 @@ def _yaml_vars(value: Any, where: Where, what: str) -> _Vars:
             at = where.at(value.key_lines[key])
             raise at.error(f"variable names must be strings, got {_kind(key)} {key!r}")
         if isinstance(item, (dict, list, Vaulted)):
-            _check_vault(item, where.at(value.key_lines[key]), key)
-            values[key] = plain(item)
+            values[key] = _checked(item, where, key)
         else:
             values[key] = item
     return _Vars(values, where, value.key_lines)

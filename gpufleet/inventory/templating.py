@@ -683,10 +683,19 @@ def _detached(value: Any) -> Any:
 
 def needs_render(value: Any) -> bool:
     """Whether ``value`` holds a template: it is one, or a list or mapping has one."""
-    if isinstance(value, list):
-        return any(map(needs_render, value))
-    if isinstance(value, dict):
-        return any(map(needs_render, value.values()))
+    kind = type(value)
+    if kind is str:
+        return "{{" in value or "{%" in value or "{#" in value
+    if kind in _ATOMIC:
+        return False
+    if isinstance(value, (list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if type(item) is str:
+                if "{{" in item or "{%" in item or "{#" in item:
+                    return True
+            elif type(item) not in _ATOMIC and needs_render(item):
+                return True
+        return False
     return is_template(value)
 
 
