@@ -42,9 +42,24 @@ _PRIVATE_KEY = re.compile(
 # Text none of the patterns above can match lacks all of these (each pattern needs one).
 _TRIGGER = re.compile(rf"(?i){SENSITIVE_NAME}|authorization|://|-----BEGIN")
 
+_MEMO_TEXTS = 16384  # texts a redaction remembers, each at most _MEMO_LENGTH long
+_MEMO_LENGTH = 256
+
+
+class _Redaction:
+    """The secret values remembered when it was made, longest first, and what it made of
+    the (short) texts it has redacted."""
+
+    __slots__ = ("done", "secrets")
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.secrets = secrets
+        self.done: dict[str, str] = {}
+
+
 _lock = threading.Lock()
 _known: set[str] = set()
-_longest_first: list[tuple[str, ...] | None] = [()]  # _known, longest first; None: to sort
+_current: list[_Redaction | None] = [_Redaction(())]  # None: a secret was remembered since
 
 
 @functools.lru_cache(maxsize=4096)
@@ -64,7 +79,7 @@ def remember_secret(name: str, value: object) -> None:
         with _lock:
             if text not in _known:
                 _known.add(text)
-                _longest_first[0] = None
+                _current[0] = None
 
 
 def known_secrets() -> frozenset[str]:
@@ -86,19 +101,27 @@ def redact(text: str) -> str:
     ``PASSPHRASE``, ``*_PAT``, ``PRIVATE_KEY``...) and options, ``Authorization`` headers,
     credentials in URLs (``https://user:token@host``), private key blocks, and every
     secret value an inventory holds wherever it appears (a bare password on a line)."""
-    if _TRIGGER.search(text):
-        text = _PRIVATE_KEY.sub(_masked_block, text)
+    redaction = _current[0] or _redaction()
+    memo = type(text) is str and len(text) <= _MEMO_LENGTH
+    if memo and text in redaction.done:
+        return redaction.done[text]
+    redacted = text
+    if _TRIGGER.search(redacted):
+        redacted = _PRIVATE_KEY.sub(_masked_block, redacted)
         for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
-            text = pattern.sub(_masked, text)
-    for secret in _by_length():
-        text = text.replace(secret, MASK)
-    return text
+            redacted = pattern.sub(_masked, redacted)
+    for secret in redaction.secrets:
+        redacted = redacted.replace(secret, MASK)
+    if memo and len(redaction.done) < _MEMO_TEXTS:
+        redaction.done[text] = redacted
+    return redacted
 
 
-def _by_length() -> tuple[str, ...]:
-    """The secret values remembered so far, longest first."""
-    order = _longest_first[0]
-    if order is None:
-        with _lock:
-            order = _longest_first[0] = tuple(sorted(_known, key=len, reverse=True))
-    return order
+def _redaction() -> _Redaction:
+    """The redaction of the secret values remembered so far (a new one after a secret is
+    remembered, so what an older one remembers is never used again)."""
+    with _lock:
+        current = _current[0]
+        if current is None:
+            current = _current[0] = _Redaction(tuple(sorted(_known, key=len, reverse=True)))
+        return current
