@@ -1,18 +1,21 @@
 """How inventories are loaded and shown fast: libyaml's events build what the pure-Python
 loader builds, hosts share group values without seeing each other's changes, hosts of the
 same groups share the renders that nothing of their own reaches, templates that are only
-text and variables render as Jinja renders them, and redaction skips the patterns that
-cannot match and remembers what it made of short texts."""
+text and variables render as Jinja renders them, redaction skips the patterns that cannot
+match and remembers what it made of short texts, and the listing is written as json.dumps
+writes it."""
 
 from __future__ import annotations
 
+import datetime
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory import read_yaml, secrets, templating
+from gpufleet.inventory import listing, read_yaml, secrets, templating
 from gpufleet.inventory.files import Where, limits
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
@@ -331,3 +334,27 @@ def test_a_secret_remembered_later_is_redacted_too() -> None:
     assert secrets.redact(text) == secrets.redact(text) == text  # not a secret yet
     secrets.remember_secret("later_password", "s3cr3t-later")
     assert secrets.redact(text) == f"x {secrets.MASK} y"
+
+
+# The listing's JSON is json.dumps(indent=4, default=str) ---------------------------------------
+
+JSON_DOCUMENTS: list[Any] = [
+    {}, [], "text", 1, -2.5, True, None, float("nan"), float("inf"), float("-inf"),
+    {"a": {}, "b": [], "c": [{}], "d": [[[]]], "e": {"f": {"g": [1, "x", None, False]}}},
+    {1: "int", 2.5: "float", None: "none", "é\u2028\"\\": "ü\U0001F600\n\t"},
+    {True: "yes", False: "no", float("nan"): "nan"},
+    {"date": datetime.date(2024, 1, 2), "unsafe": read_yaml.Unsafe("{{ x }}"), "t": (1, 2)},
+    [Mapping(3), {"k": Mapping(4)}, 10**30, 1e300, -0.0, 0.1],
+]
+
+
+@pytest.mark.parametrize("document", JSON_DOCUMENTS)
+def test_the_listing_is_written_as_json_dumps_writes_it(document: Any) -> None:
+    assert listing.dumps(document) == json.dumps(document, indent=4, default=str)
+
+
+def test_a_key_json_cannot_write_is_refused_as_json_refuses_it() -> None:
+    with pytest.raises(TypeError, match=r"^keys must be str, int, float, bool or None, not tuple$"):
+        listing.dumps({(1, 2): "x"})
+    with pytest.raises(TypeError, match=r"^keys must be str, int, float, bool or None, not tuple$"):
+        json.dumps({(1, 2): "x"}, indent=4, default=str)
