@@ -675,9 +675,10 @@ def _detached(value: Any) -> Any:
     if kind in _ATOMIC:
         return value
     if kind is list:
-        return [_detached(item) for item in value]
+        return [item if type(item) in _ATOMIC else _detached(item) for item in value]
     if kind is dict:
-        return {key: _detached(item) for key, item in value.items()}
+        return {key: item if type(item) in _ATOMIC else _detached(item)
+                for key, item in value.items()}
     return copy.deepcopy(value)
 
 
