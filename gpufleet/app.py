@@ -8,7 +8,6 @@ here knows about invoke.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -163,7 +162,7 @@ def inventory_cmd(inventory: str | None, *, mode: str = "list", host: str | None
         doc = listing.listing(inv)
     else:
         raise GpufleetError(f"inventory: give one of --list, --graph or --host HOST, not {mode}")
-    stream.write(json.dumps(doc, indent=4, sort_keys=False, default=str) + "\n")
+    stream.write(listing.dumps(doc) + "\n")
     return exitcodes.OK
 
 

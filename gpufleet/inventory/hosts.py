@@ -53,6 +53,8 @@ def _port_in(token: str, text: str | None, where: Where) -> int | None:
 
 def host_names(token: str, where: Where, max_hosts: int) -> tuple[list[str], int | None]:
     """Expand an inventory host entry to its names and the port it sets (or None)."""
+    if "[" not in token and ":" not in token:  # a plain name: no range, port or IPv6
+        return [token], None
     bracketed = bracketed_ipv6(token)
     if bracketed:
         return [bracketed.group(1)], _port_in(token, bracketed.group(2), where)

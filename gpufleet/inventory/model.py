@@ -14,6 +14,7 @@ import copy
 import hashlib
 import os
 import shlex
+import unicodedata
 from collections.abc import (
     Callable,
     Hashable,
@@ -42,9 +43,9 @@ from gpufleet.inventory.patterns import select_hosts
 from gpufleet.inventory.read_ini import ChildLine, HostLine, Section, VarLine, read_ini
 from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
-from gpufleet.inventory.read_yaml import Vaulted, parse_yaml, plain
-from gpufleet.inventory.secrets import remember_secret
-from gpufleet.inventory.templating import HostVars, is_template
+from gpufleet.inventory.read_yaml import Vaulted, parse_yaml
+from gpufleet.inventory.secrets import is_secret_name, remember_secret
+from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -187,7 +188,10 @@ class _Vars:
         return self.where.at(self.lines.get(key, self.where.line))
 
     def origins(self) -> dict[str, str]:
-        return {key: str(self.where_of(key)) for key in self.values}
+        """``str(self.where_of(key))`` of every key."""
+        file, default, lines = str(self.where.file), self.where.line, self.lines
+        return {key: f"{file}:{line}" if (line := lines.get(key, default)) else file
+                for key in self.values}
 
     def check(self) -> None:
         """Reject connection settings gpufleet cannot use, at the line that sets them (a
@@ -411,13 +415,31 @@ def _vars_dir_files(directory: Path) -> list[Path]:
     return files
 
 
-def _vars_files(directory: Path, name: str) -> list[Path]:
+def _folded(name: str) -> str:
+    """A file name folded so that names any file system takes for one (by case or
+    Unicode normalisation) fold the same."""
+    return unicodedata.normalize("NFKD", unicodedata.normalize("NFKD", name).casefold())
+
+
+def _listed(directory: Path) -> frozenset[str] | None:
+    """The folded names of a directory's entries; None when it cannot be listed."""
+    try:
+        return frozenset(_folded(entry) for entry in os.listdir(directory))
+    except OSError:
+        return None
+
+
+def _vars_files(directory: Path, name: str, listed: frozenset[str] | None) -> list[Path]:
     """The group_vars/ or host_vars/ files of one group or host: only the first of NAME,
     NAME.yml, NAME.yaml and NAME.json that exists is read (a directory stands for its
-    files), as Ansible's host_group_vars plugin does."""
-    if not directory.is_dir() or Path(name).name != name or name in {".", ".."}:
+    files), as Ansible's host_group_vars plugin does. ``listed`` (``_listed(directory)``)
+    spares looking for a name the directory cannot hold."""
+    if "/" in name or name in {".", ".."}:  # a name that is not one file name
         return []
+    folded = _folded(name)
     for suffix in _VARS_SUFFIXES:
+        if listed is not None and folded + suffix not in listed:
+            continue
         candidate = directory / f"{name}{suffix}"
         if candidate.is_dir():
             return _vars_dir_files(candidate)
@@ -431,15 +453,20 @@ def _vault_error(where: Where, key: str | None) -> InventoryError:
     return InventoryError(f"vault-encrypted value in {where}{variable}: {_VAULT_HINT}")
 
 
-def _check_vault(value: Any, where: Where, key: str | None) -> None:
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _checked(value: Any, where: Where, key: str) -> Any:
+    """``plain(value)``, refusing a vault-encrypted value in it (at that value's line)."""
     if isinstance(value, Vaulted):
         raise _vault_error(where.at(value.line), key)
     if isinstance(value, dict):
-        for item in value.values():
-            _check_vault(item, where, key)
-    elif isinstance(value, list):
-        for item in value:
-            _check_vault(item, where, key)
+        return {name: item if type(item) in _LEAVES else _checked(item, where, key)
+                for name, item in value.items()}
+    if isinstance(value, list):
+        return [item if type(item) in _LEAVES else _checked(item, where, key)
+                for item in value]
+    return value
 
 
 def _yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, Where]]:
@@ -454,13 +481,19 @@ def _yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, W
 
 
 def _yaml_vars(value: Any, where: Where, what: str) -> _Vars:
-    entries = _yaml_entries(value, where, what)
-    for key, item, at in entries:
+    if not isinstance(value, YamlMapping):
+        _yaml_entries(value, where, what)  # None is no variables; anything else is refused
+        return _Vars({}, where, {})
+    values: dict[str, Any] = {}
+    for key, item in value.items():
         if not isinstance(key, str):
+            at = where.at(value.key_lines[key])
             raise at.error(f"variable names must be strings, got {_kind(key)} {key!r}")
-        _check_vault(item, at, key)
-    lines = value.key_lines if isinstance(value, YamlMapping) else {}
-    return _Vars({key: plain(item) for key, item, _ in entries}, where, lines)
+        if isinstance(item, (dict, list, Vaulted)):
+            values[key] = _checked(item, where, key)
+        else:
+            values[key] = item
+    return _Vars(values, where, value.key_lines)
 
 
 def _load_vars_file(file: Path, bounds: Limits) -> _Vars:
@@ -711,27 +744,28 @@ class _Builder:
         group_dir, host_dir = root / "group_vars", root / "host_vars"
         read_group = not self.complete and group_dir.is_dir()
         read_host = not self.complete and host_dir.is_dir()
-        group_files = {name: self.vars_from(group_dir, name) if read_group else none
-                       for name in self.groups}
-        host_files = {name: self.vars_from(host_dir, name) if read_host else none
+        group_listed = _listed(group_dir) if read_group else None
+        host_listed = _listed(host_dir) if read_host else None
+        group_files = {name: self.vars_from(group_dir, name, group_listed) if read_group
+                       else none for name in self.groups}
+        host_files = {name: self.vars_from(host_dir, name, host_listed) if read_host else none
                       for name in self.hosts}
         host_groups: dict[str, list[str]] = {name: [] for name in self.hosts}
         for group, names in members.items():
             for name in names:
                 host_groups[name].append(group)
-        by_groups: dict[frozenset[str], tuple[dict[str, Any], dict[str, str]]] = {}
+        by_groups: dict[frozenset[str], _Layer] = {}
         hosts: dict[str, Host] = {}
         for name, definition in self.hosts.items():
             groups = frozenset(host_groups[name])
-            if groups not in by_groups:
+            shared = by_groups.get(groups)
+            if shared is None:
                 order = sorted(groups, key=lambda g: (depth[g], self.groups[g].priority, g))
                 layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
-                by_groups[groups] = _merge(layers + [group_files[g] for g in order])
-            values, origins = _merge([by_groups[groups], (definition.vars, definition.origins),
-                                      host_files[name]])
-            for key, value in values.items():
-                remember_secret(key, value)
-            hosts[name] = Host(name, HostVars(name, _copied(values), origins), groups)
+                shared = by_groups[groups] = _Layer(
+                    *_merge(layers + [group_files[g] for g in order]))
+            hosts[name] = Host(name, shared.host_vars(name, definition, host_files[name]),
+                               groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
             name: _merge([(group.vars, group.origins), group_files[name]])[0]
@@ -823,10 +857,11 @@ class _Builder:
                 depth[child] = max(depth[child], depth[name] + 1)
         return depth
 
-    def vars_from(self, directory: Path, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def vars_from(self, directory: Path, name: str, listed: frozenset[str] | None
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
         values: dict[str, Any] = {}
         origins: dict[str, str] = {}
-        for file in _vars_files(directory, name):
+        for file in _vars_files(directory, name, listed):
             variables = _load_vars_file(file, self.bounds)
             variables.check()
             self.sources.append(file)
@@ -860,10 +895,32 @@ def _merge(layers: Iterable[tuple[Mapping[str, Any], Mapping[str, str]]]
     return values, origins
 
 
-def _copied(values: dict[str, Any]) -> dict[str, Any]:
-    """A copy that shares no list or mapping with other hosts."""
-    return {key: copy.deepcopy(value) if isinstance(value, (dict, list)) else value
-            for key, value in values.items()}
+class _Layer:
+    """The group variables every host of one combination of groups shares, merged once:
+    which of them are secrets and which need rendering is worked out once too, and a
+    template that none of its hosts' own variables reach is rendered once for them all."""
+
+    def __init__(self, values: dict[str, Any], origins: dict[str, str]) -> None:
+        self.values = values
+        self.origins = origins
+        self.secrets = [key for key in values if is_secret_name(key)]
+        self.templated = {key for key, value in values.items() if needs_render(value)}
+        self.renders = SharedRenders(values)
+
+    def host_vars(self, name: str, definition: _HostDef,
+                  files: tuple[dict[str, Any], dict[str, str]]) -> HostVars:
+        """A host's variables: these, then its own from inventory files and host_vars/.
+        The values stay shared; HostVars copies a list or mapping when it is read."""
+        values, origins = dict(self.values), dict(self.origins)
+        values.update(definition.vars)
+        origins.update(definition.origins)
+        values.update(files[0])
+        origins.update(files[1])
+        own = definition.vars.keys() | files[0].keys()
+        for key in (*self.secrets, *own):
+            remember_secret(key, values[key])
+        templated = (self.templated - own) | {key for key in own if needs_render(values[key])}
+        return HostVars(name, values, origins, templated, shared=self.renders, own=own)
 
 
 # Public functions ----------------------------------------------------------------------------

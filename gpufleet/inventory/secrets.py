@@ -39,8 +39,27 @@ _PRIVATE_KEY = re.compile(
     r"(?P<key>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)(?P<value>.*?)(?=-----END [A-Z0-9 ]*"
     r"PRIVATE KEY-----|\Z)", re.DOTALL)
 
+# Text none of the patterns above can match lacks all of these (each pattern needs one).
+_TRIGGER = re.compile(rf"(?i){SENSITIVE_NAME}|authorization|://|-----BEGIN")
+
+_MEMO_TEXTS = 16384  # texts a redaction remembers, each at most _MEMO_LENGTH long
+_MEMO_LENGTH = 256
+
+
+class _Redaction:
+    """The secret values remembered when it was made, longest first, and what it made of
+    the (short) texts it has redacted."""
+
+    __slots__ = ("done", "secrets")
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.secrets = secrets
+        self.done: dict[str, str] = {}
+
+
 _lock = threading.Lock()
 _known: set[str] = set()
+_current: list[_Redaction | None] = [_Redaction(())]  # None: a secret was remembered since
 
 
 @functools.lru_cache(maxsize=4096)
@@ -56,8 +75,11 @@ def remember_secret(name: str, value: object) -> None:
     if not is_secret_name(name) or isinstance(value, bool):
         return
     if isinstance(value, (str, int, float)) and len(str(value)) >= _MIN_LENGTH:
+        text = str(value)
         with _lock:
-            _known.add(str(value))
+            if text not in _known:
+                _known.add(text)
+                _current[0] = None
 
 
 def known_secrets() -> frozenset[str]:
@@ -79,9 +101,27 @@ def redact(text: str) -> str:
     ``PASSPHRASE``, ``*_PAT``, ``PRIVATE_KEY``...) and options, ``Authorization`` headers,
     credentials in URLs (``https://user:token@host``), private key blocks, and every
     secret value an inventory holds wherever it appears (a bare password on a line)."""
-    text = _PRIVATE_KEY.sub(_masked_block, text)
-    for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
-        text = pattern.sub(_masked, text)
-    for secret in sorted(known_secrets(), key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return text
+    redaction = _current[0] or _redaction()
+    memo = type(text) is str and len(text) <= _MEMO_LENGTH
+    if memo and text in redaction.done:
+        return redaction.done[text]
+    redacted = text
+    if _TRIGGER.search(redacted):
+        redacted = _PRIVATE_KEY.sub(_masked_block, redacted)
+        for pattern in (_KEY_VALUE, _OPTION, _SPACED, _AUTHORIZATION, _URL_CREDENTIALS):
+            redacted = pattern.sub(_masked, redacted)
+    for secret in redaction.secrets:
+        redacted = redacted.replace(secret, MASK)
+    if memo and len(redaction.done) < _MEMO_TEXTS:
+        redaction.done[text] = redacted
+    return redacted
+
+
+def _redaction() -> _Redaction:
+    """The redaction of the secret values remembered so far (a new one after a secret is
+    remembered, so what an older one remembers is never used again)."""
+    with _lock:
+        current = _current[0]
+        if current is None:
+            current = _current[0] = _Redaction(tuple(sorted(_known, key=len, reverse=True)))
+        return current

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.filters import FILTERS as JINJA_FILTERS
 from jinja2.nativetypes import NativeCodeGenerator
 from jinja2.runtime import Context
@@ -44,7 +44,8 @@ from gpufleet.errors import InventoryError
 from gpufleet.inventory.read_yaml import Unsafe
 from gpufleet.inventory.secrets import remember_secret
 
-__all__ = ["FILTERS", "HostVars", "TemplateError", "is_template"]
+__all__ = ["FILTERS", "HostVars", "SharedRenders", "TemplateError", "is_template",
+           "needs_render"]
 
 MAX_RESULT = 1024 * 1024
 MAX_REFERENCE_DEPTH = 40
@@ -66,7 +67,9 @@ _UNSUPPORTED_NAMES = {
     "groups": "the inventory's groups (groups)",
     "vars": "the vars dictionary",
 }
-_MARKERS = ("{{", "{%", "{#")
+_ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable, never undefined
+_UNSET = object()
+_MAGIC = frozenset({"inventory_hostname", "inventory_hostname_short"})  # HostVars.magic
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
 
 
@@ -75,9 +78,10 @@ class TemplateError(InventoryError):
 
 
 def is_template(value: object) -> bool:
-    """Whether a value is a string that Ansible would template."""
-    return isinstance(value, str) and not isinstance(value, Unsafe) and any(
-        marker in value for marker in _MARKERS)
+    """Whether a value is a string that Ansible would template (it has ``{{``, ``{%`` or
+    ``{#``)."""
+    return isinstance(value, str) and not isinstance(value, Unsafe) and (
+        "{{" in value or "{%" in value or "{#" in value)
 
 
 def _to_bool(value: object) -> bool:
@@ -108,6 +112,8 @@ def _size(value: object) -> int:
 
 def _defined(value: Any) -> Any:
     """The value, after failing on any undefined part of it."""
+    if type(value) in _ATOMIC:
+        return value
     if isinstance(value, jinja2.Undefined):
         str(value)
     elif isinstance(value, (list, tuple)):
@@ -161,7 +167,7 @@ def _text_of(parts: Iterable[Any]) -> str:
     """The parts joined as text, refused once longer than ``MAX_RESULT``, before joining."""
     pieces, total = [], 0
     for part in parts:
-        piece = str(_defined(part))
+        piece = part if type(part) is str else str(_defined(part))
         total += len(piece)
         if total > MAX_RESULT:
             raise _too_large()
@@ -343,28 +349,49 @@ class HostVars(MutableMapping[str, Any]):
     """One host's variables; templated values are rendered when first read. Safe to read
     from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
 
-    def __init__(self, host: str, raw: dict[str, Any], origins: Mapping[str, str]) -> None:
+    def __init__(self, host: str, raw: dict[str, Any], origins: dict[str, str],
+                 templated: set[str] | None = None, *, shared: SharedRenders | None = None,
+                 own: set[str] | None = None) -> None:
+        """``raw`` is the host's own dict, but its values may be shared with other hosts: a
+        list or mapping is copied for the host when first read. ``templated`` names the
+        keys whose values need rendering, when the caller knows them. ``shared`` holds the
+        renders of the hosts whose values are ``shared.values`` except for the keys each
+        sets itself, ``own``. ``raw``, ``origins``, ``templated`` and ``own`` are taken
+        over, not copied."""
         self.host = host
         self._raw = raw
-        self._origins = dict(origins)
+        self._origins = origins
+        self._templated = templated if templated is not None else {
+            key for key, value in raw.items() if needs_render(value)}
         self._rendered: dict[str, Any] = {}
+        self._shared = shared
+        self._own = own if own is not None else set()
         self._active: list[str] = []
         self._lock = threading.RLock()
         self.magic = {"inventory_hostname": host,
                       "inventory_hostname_short": host.split(".", 1)[0]}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
-        return HostVars(self.host, copy.deepcopy(self._raw, memo), self._origins)
+        return HostVars(self.host, copy.deepcopy(self._raw, memo), dict(self._origins),
+                        set(self._templated))
 
     def origin(self, key: str) -> str | None:
         """Where the variable's winning value is set (``file:line`` or ``file``)."""
         return self._origins.get(key)
 
     def raw(self) -> dict[str, Any]:
-        """The variables as the inventory wrote them, templates unrendered."""
-        return dict(self._raw)
+        """The variables as the inventory wrote them, templates unrendered (the host's own
+        copies of lists and mappings)."""
+        with self._lock:
+            return {key: _detached(value) for key, value in self._raw.items()}
 
     def __getitem__(self, key: str) -> Any:
+        value = self._rendered.get(key, _UNSET)
+        if value is not _UNSET:
+            return value
+        value = self._raw[key]
+        if type(value) in _ATOMIC and key not in self._templated:
+            return value  # immutable and not a template: nothing to render or copy
         with self._lock:
             return self._get(key)
 
@@ -372,9 +399,21 @@ class HostVars(MutableMapping[str, Any]):
         if key in self._rendered:
             return self._rendered[key]
         value = self._raw[key]
-        if not _needs_render(value):
+        if key not in self._templated:
+            if isinstance(value, (dict, list)):
+                value = self._raw[key] = _detached(value)
             self._rendered[key] = value
+            self._handed_out(key, value)
             return value
+        shared = self._sharing(key)
+        if shared is not None:
+            cached = shared.rendered.get(key, _UNSET)
+            if cached is not _UNSET:
+                rendered = _detached(cached)
+                remember_secret(key, rendered)
+                self._rendered[key] = rendered
+                self._handed_out(key, rendered)
+                return rendered
         if key in self._active:
             cycle = " -> ".join([*self._active[self._active.index(key):], key])
             raise self._error(key, f"refers to itself: {cycle}")
@@ -387,18 +426,44 @@ class HostVars(MutableMapping[str, Any]):
             self._active.pop()
         remember_secret(key, rendered)
         self._rendered[key] = rendered
+        if shared is not None:
+            shared.rendered[key] = _detached(rendered)
+        self._handed_out(key, rendered)
         return rendered
+
+    def _sharing(self, key: str) -> SharedRenders | None:
+        """The shared renders that hold, or will hold, this host's render of ``key``: none
+        where the result may be the host's own (``key`` or a variable its templates reach
+        is set by the host, or is the host's name)."""
+        shared = self._shared
+        if shared is None or key in self._own:
+            return None
+        reach = shared.reach(key)
+        return shared if reach is not None and reach.isdisjoint(self._own) else None
+
+    def _handed_out(self, key: str, value: Any) -> None:
+        """A value the caller may change in place (a list, a mapping) is the host's own from
+        now on: templates that reach it render for this host alone."""
+        if self._shared is not None and type(value) not in _ATOMIC:
+            self._own.add(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
         with self._lock:
+            self._shared = None  # the host's values are no longer those it shared
             self._raw[key] = value
             self._origins.pop(key, None)
+            if needs_render(value):
+                self._templated.add(key)
+            else:
+                self._templated.discard(key)
             self._rendered.clear()
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
+            self._shared = None
             del self._raw[key]
             self._origins.pop(key, None)
+            self._templated.discard(key)
             self._rendered.clear()
 
     def __iter__(self) -> Iterator[str]:
@@ -419,7 +484,7 @@ class HostVars(MutableMapping[str, Any]):
         if isinstance(value, dict):
             return {name: self._render(key, item) for name, item in value.items()}
         if not is_template(value):
-            return value
+            return _detached(value)
         try:
             return self._render_text(value)
         except TemplateError:
@@ -438,13 +503,12 @@ class HostVars(MutableMapping[str, Any]):
                               f"{_shown(value)}") from None
 
     def _render_text(self, text: str) -> Any:
-        template = _compiled(text)
-        context = template.new_context(_Scope(self), shared=True)  # type: ignore[arg-type]
+        compiled = _compiled(text)
         owner = _BUDGET.get() is None  # the outermost render: the variables it renders share
         token = _BUDGET.set(_Budget(deadline=time.monotonic() + MAX_RENDER_S)) if owner \
             else None
         try:
-            result = _ENV.concat(template.root_render_func(context))
+            result = compiled.render(_Scope(self))
         finally:
             if token is not None:
                 _BUDGET.reset(token)
@@ -460,19 +524,179 @@ class HostVars(MutableMapping[str, Any]):
         return TemplateError(f"host '{self.host}': variable '{key}'{place} {problem}{trail}")
 
 
-@functools.lru_cache(maxsize=4096)
-def _compiled(text: str) -> jinja2.Template:
-    tree = _ENV.parse(text)
-    _check(tree)
-    code = _ENV.compile(_bound(tree))
-    return _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+class SharedRenders:
+    """The renders that the hosts of one combination of groups share. A templated value
+    that refers, directly or through the variables it renders on the way, neither to the
+    host's name nor to a variable the host sets itself renders the same for each of these
+    hosts: the first host that reads it renders it, the others take a copy. A render that
+    fails is not kept (each host fails with its own name)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        """``values``: the variables the hosts share, as the inventory wrote them."""
+        self.values = values
+        self.rendered: dict[str, Any] = {}
+        self._reach: dict[str, frozenset[str] | None] = {}
+
+    def reach(self, key: str) -> frozenset[str] | None:
+        """Every name the templates of ``key`` can look up, and those of the shared values
+        they reach; None when one of them refers to the host's name or does not compile
+        (such a value is rendered for each host)."""
+        if key in self._reach:
+            return self._reach[key]
+        names: set[str] = set()
+        pending, seen = [key], set()
+        result: frozenset[str] | None = None
+        try:
+            while pending:
+                name = pending.pop()
+                if name in seen or name not in self.values:
+                    continue
+                seen.add(name)
+                for text in _templates(self.values[name]):
+                    looked_up = _compiled(text).names
+                    names.update(looked_up)
+                    pending.extend(looked_up)
+            result = None if not names.isdisjoint(_MAGIC) else frozenset(names)
+        except Exception:  # rendering it names the problem, host by host
+            result = None
+        self._reach[key] = result
+        return result
 
 
-def _needs_render(value: Any) -> bool:
+def _templates(value: Any) -> Iterator[str]:
+    """The templates in a value (itself, or the items of a list or mapping)."""
     if isinstance(value, list):
-        return any(_needs_render(item) for item in value)
-    if isinstance(value, dict):
-        return any(_needs_render(item) for item in value.values())
+        for item in value:
+            yield from _templates(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _templates(item)
+    elif is_template(value):
+        yield value
+
+
+class _Ref:
+    """Where a variable's value goes in a template's output (see ``_Compiled.direct``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Probe(Mapping[str, Any]):
+    """A scope that has every name, each value a ``_Ref`` to it, and records the lookups."""
+
+    def __init__(self) -> None:
+        self.lookups: list[tuple[str, str]] = []
+
+    def __contains__(self, key: object) -> bool:
+        self.lookups.append(("in", str(key)))
+        return True
+
+    def __getitem__(self, key: str) -> _Ref:
+        self.lookups.append(("get", key))
+        return _Ref(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _Compiled:
+    """A template, compiled once per text. One that is only text and variables
+    (``{{ inventory_hostname }}.{{ domain }}``) is also kept as what its code does: the names
+    it looks up, in order, and the pieces it outputs, so rendering it needs no Jinja
+    context; any name missing from the scope renders it through Jinja, which fails it."""
+
+    def __init__(self, text: str) -> None:
+        tree = _ENV.parse(text)
+        _check(tree)
+        plain = all(isinstance(output, nodes.Output) and all(
+            isinstance(child, (nodes.TemplateData, nodes.Name)) for child in output.nodes)
+            for output in tree.body)
+        self._tree = tree
+        self._names: frozenset[str] | None = None
+        code = _ENV.compile(_bound(tree))
+        self.template = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+        self.direct = self._pieces() if plain else None
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every name the template can look up in its scope (as Jinja finds them)."""
+        if self._names is None:
+            self._names = frozenset(meta.find_undeclared_variables(self._tree))
+        return self._names
+
+    def _pieces(self) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+        """What the code looks up and outputs, seen by running it over a ``_Probe``: each
+        name looked up once (in, then get), each output a text or a ``_Ref``; else None."""
+        probe = _Probe()
+        try:
+            output: list[Any] = list(self.template.root_render_func(
+                self.template.new_context(probe, shared=True)))  # type: ignore[arg-type]
+        except Exception:  # such a template is rendered through Jinja only
+            return None
+        names = tuple(key for op, key in probe.lookups if op == "get")
+        expected = [(op, key) for key in names for op in ("in", "get")]
+        if probe.lookups != expected or len(set(names)) != len(names) or not all(
+                type(piece) is str or (type(piece) is _Ref and piece.name in names)
+                for piece in output):
+            return None
+        return names, tuple(output)
+
+    def render(self, scope: Mapping[str, Any]) -> Any:
+        """The template's result over ``scope``, as ``_concat`` gives it."""
+        if self.direct is not None:
+            names, pieces = self.direct
+            values: dict[str, Any] = {}
+            for name in names:
+                if name not in scope:
+                    break
+                values[name] = scope[name]
+            else:
+                return _concat(iter([values[piece.name] if type(piece) is _Ref else piece
+                                     for piece in pieces]))
+        context = self.template.new_context(scope, shared=True)  # type: ignore[arg-type]
+        return _ENV.concat(self.template.root_render_func(context))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(text: str) -> _Compiled:
+    return _Compiled(text)
+
+
+def _detached(value: Any) -> Any:
+    """A copy of ``value`` that shares nothing mutable with it (lists and mappings copied,
+    immutable scalars kept, anything else deep-copied)."""
+    kind = type(value)
+    if kind in _ATOMIC:
+        return value
+    if kind is list:
+        return [item if type(item) in _ATOMIC else _detached(item) for item in value]
+    if kind is dict:
+        return {key: item if type(item) in _ATOMIC else _detached(item)
+                for key, item in value.items()}
+    return copy.deepcopy(value)
+
+
+def needs_render(value: Any) -> bool:
+    """Whether ``value`` holds a template: it is one, or a list or mapping has one."""
+    kind = type(value)
+    if kind is str:
+        return "{{" in value or "{%" in value or "{#" in value
+    if kind in _ATOMIC:
+        return False
+    if isinstance(value, (list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if type(item) is str:
+                if "{{" in item or "{%" in item or "{#" in item:
+                    return True
+            elif type(item) not in _ATOMIC and needs_render(item):
+                return True
+        return False
     return is_template(value)
 
 
