@@ -16,7 +16,8 @@ iterations against one budget (``MAX_ITERATIONS``, loops nested at most
 ``*``, ``%`` and the ``replace`` and ``join`` filters compute the size of their result
 first (``MAX_RESULT``), method calls are limited to an allow-list of ones that cannot grow a
 value (``.ljust(10**10)`` is refused, not attempted), and the whole render has a deadline
-(``MAX_RENDER_S``).
+(``MAX_RENDER_S`` of the rendering thread's CPU time: a controller busy with other
+work, whose renders wait for a core, fails none of them).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class _Budget:
         self.iterations -= iterations
         if self.iterations < 0:
             raise _Problem(f"loops more than {MAX_ITERATIONS} times")
-        if time.monotonic() > self.deadline:
+        if time.thread_time() > self.deadline:
             raise _Problem(f"takes more than {MAX_RENDER_S:g}s to render")
 
 
@@ -505,7 +506,7 @@ class HostVars(MutableMapping[str, Any]):
     def _render_text(self, text: str) -> Any:
         compiled = _compiled(text)
         owner = _BUDGET.get() is None  # the outermost render: the variables it renders share
-        token = _BUDGET.set(_Budget(deadline=time.monotonic() + MAX_RENDER_S)) if owner \
+        token = _BUDGET.set(_Budget(deadline=time.thread_time() + MAX_RENDER_S)) if owner \
             else None
         try:
             result = compiled.render(_Scope(self))
