@@ -113,7 +113,7 @@ class Bench:
         self.results: dict[str, Any] = {"runs": args.runs, "gpufleet_runs": args.gpufleet_runs,
                                         "machine": machine(),
                                         "lab": {"name": BENCH_LAB.name,
-                                                "subnet": f"{BENCH_LAB.subnet}.0/24"}}
+                                                "subnet": str(BENCH_LAB.network)}}
         self.desired = WORK / "desired"
         self.reports = WORK / "drift-reports"
 
@@ -124,7 +124,9 @@ class Bench:
         self.results["versions"] = {} if self.args.skip_tools else ensure_tools()
         if self.args.skip_tools:
             self.results["versions"] = common.tool_versions()
-        total = max([*self.args.nodes, *self.args.latency_nodes, self.args.facts_nodes])
+        total = max([*self.args.nodes,
+                     *([] if self.args.skip_latency else self.args.latency_nodes),
+                     *([] if self.args.skip_gpufleet_only else [self.args.facts_nodes])])
         WORK.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         statuses = self.lab.up(total)
