@@ -334,9 +334,18 @@ class Bench:
     # ---- output ----------------------------------------------------------------------
 
     def write(self) -> None:
+        """The results, their tables and plots; a failed run writes only its samples and
+        error, beside the results (``NAME-failed.json``), leaving earlier results as they
+        are."""
         self.results["machine"]["loadavg_end"] = os.getloadavg()
         self.results["samples"] = [s.to_dict() for s in self.samples]
         self.args.results.parent.mkdir(parents=True, exist_ok=True)
+        if "error" in self.results or "medians" not in self.results:
+            self.results.setdefault("error", "the run ended before its analysis")
+            failed = self.args.results.with_name(self.args.results.stem + "-failed.json")
+            failed.write_text(json.dumps(self.results, indent=2) + "\n")
+            log(f"samples and error of the failed run: {failed}")
+            return
         self.args.results.write_text(json.dumps(self.results, indent=2) + "\n")
         summary = self.args.results.with_suffix(".md")
         summary.write_text(summary_markdown(self.results))
@@ -416,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_latency:
             bench.latency()
         bench.analyse()
+    except (common.BenchError, subprocess.CalledProcessError) as exc:
+        bench.results["error"] = str(exc)
+    except BaseException as exc:
+        bench.results["error"] = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         bench.results["bench_total_s"] = round(time.monotonic() - started, 1)
         bench.write()
@@ -423,13 +437,12 @@ def main(argv: list[str] | None = None) -> int:
             log("tearing the bench lab down")
             bench.lab.down()
             shutil.rmtree(WORK, ignore_errors=True)
+    if "error" in bench.results:
+        print(f"bench failed, nothing compared: {bench.results['error']}", file=sys.stderr)
+        return 1
     print(summary_markdown(bench.results))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (common.BenchError, subprocess.CalledProcessError) as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())
