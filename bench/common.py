@@ -73,6 +73,17 @@ def limit_pattern(count: int) -> str:
     return ":".join(node_names(count))
 
 
+def check_checkout() -> None:
+    """gpufleet must be imported from this checkout, the code the bench measures (a venv
+    installed from another checkout would plan with that one's roles)."""
+    import gpufleet
+
+    found = Path(gpufleet.__file__).resolve().parent.parent
+    if found != ROOT:
+        raise BenchError(f"gpufleet is imported from {found}, not from this checkout {ROOT}: "
+                         f"run with PYTHONPATH={ROOT} or install this checkout into the venv")
+
+
 def ensure_tools() -> dict[str, str]:
     """ansible-core and pyinfra in their own venv (never in the project's); their versions."""
     python = TOOLS_VENV / "bin" / "python"

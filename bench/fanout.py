@@ -413,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: run as root (the bench lab creates namespaces, mounts and sshd nodes)",
               file=sys.stderr)
         return 2
+    try:
+        common.check_checkout()
+    except common.BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     bench = Bench(args)
     started = time.monotonic()
     try:
