@@ -9,7 +9,7 @@
    breakdown, and a projection to 1,000 nodes.
 Also: `invoke facts` on 16 nodes.
 
-Everything runs on the bench's own lab (gfbench, 10.81.0.0/24, /srv/gpufleet-lab-bench),
+Everything runs on the bench's own lab (gfbench, 10.141.0.0/16, /srv/gpufleet-lab-bench),
 which is torn down at the end (--keep-lab keeps it). Results: bench/results/latest.json
 and bench/results/latest.md; plots: docs/img/.
 """
@@ -49,7 +49,7 @@ from common import (
 from gpufleet import app
 from gpufleet.connect.fleet import DEFAULT_FORKS
 
-TARGETS = {"gpufleet/ansible": 0.2, "gpufleet/pyinfra": 0.5, "provision/drift": 1.5}
+TARGETS = {"gpufleet/ansible": 0.2, "gpufleet/pyinfra": 0.25, "provision/drift": 1.5}
 
 
 def _ints(text: str) -> list[int]:
