@@ -43,6 +43,7 @@ from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
+from gpufleet.connect.connection import node_local
 from gpufleet.errors import ParseError
 from gpufleet.facts import parsers
 
@@ -58,11 +59,15 @@ def _record(run: ProbeRun, record_property: RecordProperty) -> None:
 
 
 def _alone(conformance: ConformanceSession) -> dict[str, ProbeRun]:
-    """Every node's single-node run, all nodes at once (once per run)."""
+    """Every node's single-node run, all nodes at once (once per run; node-local)."""
+    def alone(node: Node) -> ProbeRun:
+        with node_local():
+            return _run_alone(node, settings(node.host).trials)
+
     def measure() -> dict[str, ProbeRun]:
         nodes = conformance.ready()
         with ThreadPoolExecutor(max_workers=max(1, min(conformance.forks, len(nodes)))) as pool:
-            runs = pool.map(lambda n: _run_alone(n, settings(n.host).trials), nodes)
+            runs = pool.map(alone, nodes)
             return {n.name: r for n, r in zip(nodes, runs, strict=True)}
 
     return conformance.once("allreduce-alone", measure)
@@ -126,6 +131,9 @@ def test_all_nodes_together(conformance: ConformanceSession,
     conformance.add_report("allreduce", "hierarchy", result.to_dict())
     assert result.together is not None
     _record(result.together, record_property)
+    gate = threshold(good[0], len(good))
+    if gate is not None:
+        record_property("gate_gbps", gate)
     record_property("pairs_s", round(max((r.duration for r in result.pairs), default=0.0), 2))
     leftovers = {n: p for r in [*result.pairs, result.together] for n, p in r.leftovers.items()}
     assert not leftovers, f"processes left behind: {leftovers}"

@@ -91,6 +91,8 @@ def test_nccl_environment(node: Node, record_property: RecordProperty) -> None:
 
 def test_versions_agree_within_each_group(conformance: ConformanceSession) -> None:
     facts = {n: node.facts for n, node in conformance.nodes.items() if node.facts}
+    conformance.add_report("stack", "versions", {
+        n: roles.comparable(f, conformance.nodes[n].host) for n, f in facts.items()})
     if len(facts) < 2:
         pytest.skip("fewer than two reachable nodes selected")
     found = check_consistency(conformance.inventory, facts)

@@ -1,7 +1,9 @@
 """thermal: a sustained bf16 matrix-product load on every GPU while temperature, power, SM
 clock and clock event reasons are sampled every second; fails above the temperature limit,
 on any thermal or power slowdown, or when clock and temperature move as mirror images (the
-cooling cannot keep up). The curves are saved as CSV and PNG beside the report.
+cooling cannot keep up). The curves are saved as CSV and PNG beside the report, and kept in
+its data (at most ``CURVE_POINTS`` samples per GPU) with each GPU's clock/temperature
+window, for the HTML report's plots.
 
 Variables: thermal_seconds (300), thermal_size (8192), thermal_max_temp_c (85, or
 gpu_max_temp_c), thermal_mirror_threshold (-0.8), thermal_min_clock_drop (0.05),
@@ -24,11 +26,13 @@ from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
-from gpufleet.suites.probes.thermal import thermal_verdict
+from gpufleet.suites.probes.thermal import clock_mirror, thermal_verdict
 
 PLOTTING = threading.Lock()  # pyplot is not thread-safe, and every node's soak ends at once
 COLUMNS = ("t", "gpu", "temp_c", "power_w", "sm_mhz", "reasons", "hw_thermal",
            "hw_power_brake", "sw_thermal")
+CURVES = ("temp_c", "power_w", "sm_mhz")
+CURVE_POINTS = 300
 
 
 def save_curves(samples: list[dict[str, Any]], directory: Path, name: str) -> list[Path]:
@@ -60,6 +64,30 @@ def save_curves(samples: list[dict[str, Any]], directory: Path, name: str) -> li
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return [csv_path, png_path]
+
+
+def curves(samples: list[dict[str, Any]], points: int = CURVE_POINTS
+           ) -> dict[str, dict[str, list[Any]]]:
+    """Each GPU's temperature, power and SM clock over the soak, by ``GPU<i>``: columns of
+    at most ``points`` samples (every k-th, the last kept, when the soak sampled more)."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for gpu in sorted({s["gpu"] for s in samples}):
+        series = sorted((s for s in samples if s["gpu"] == gpu), key=lambda s: s["t"])
+        step = -(-len(series) // points)
+        kept = series[::step]
+        if kept[-1] is not series[-1]:
+            kept.append(series[-1])
+        out[f"GPU{gpu}"] = {"t": [round(s["t"], 1) for s in kept],
+                            **{key: [s.get(key) for s in kept] for key in CURVES}}
+    return out
+
+
+def mirror_windows(samples: list[dict[str, Any]], threshold: float, min_drop: float,
+                   warmup_s: float) -> dict[str, dict[str, Any]]:
+    """Each GPU's clock/temperature window after the warm-up (``clock_mirror``), rounded
+    for the report, by ``GPU<i>``."""
+    return {f"GPU{gpu}": {k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}
+            for gpu, m in clock_mirror(samples, threshold, min_drop, warmup_s).items()}
 
 
 def _soak(node: Node, trials: int) -> NodeOutput:
@@ -98,15 +126,19 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     with PLOTTING:
         files = save_curves(samples, conformance.options.artifacts, node.name)
     summary = next((e for e in output.events if e.get("event") == "summary"), {})
-    conformance.add_report("thermal", node.name, {"summary": summary,
-                                                  "files": [str(f) for f in files]})
+    limit = float(node.var("thermal_max_temp_c") or node.var("gpu_max_temp_c"))
+    threshold = float(node.var("thermal_mirror_threshold"))
+    min_drop = float(node.var("thermal_min_clock_drop"))
+    conformance.add_report("thermal", node.name, {
+        "summary": summary, "files": [str(f) for f in files], "curves": curves(samples),
+        "mirror": mirror_windows(samples, threshold, min_drop, _warmup(node)),
+        "max_temp_c": limit, "mirror_threshold": threshold, "min_clock_drop": min_drop,
+        "warmup_s": _warmup(node)})
     record_property("files", [str(f) for f in files])
     record_property("tflops_per_gpu", summary.get("tflops_per_gpu"))
     record_property("max_temp_c", max(s["temp_c"] for s in samples if s.get("temp_c")))
-    problems = thermal_verdict(
-        samples, float(node.var("thermal_max_temp_c") or node.var("gpu_max_temp_c")),
-        float(node.var("thermal_mirror_threshold")),
-        float(node.var("thermal_min_clock_drop")), _warmup(node))
+    record_property("temp_limit_c", limit)
+    problems = thermal_verdict(samples, limit, threshold, min_drop, _warmup(node))
     first = _tflops(output)
     floor = node.var("thermal_min_tflops")
     figures = [Figure(name, "TFLOPS", None if floor is None else float(floor)) for name in first]

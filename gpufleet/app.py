@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,7 +23,14 @@ from gpufleet.conformance import metrics as conformance_metrics
 from gpufleet.conformance.results import FLEET, ConformanceReport
 from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
-from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome, TaskResult, run_fleet
+from gpufleet.connect.fleet import (
+    DEFAULT_FORKS,
+    FleetOptions,
+    Outcome,
+    TaskResult,
+    run_fleet,
+    summarize,
+)
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import HostDrift
 from gpufleet.drift.history import History
@@ -39,7 +47,7 @@ from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import HostRun, RunOptions, active_roles, fact_request, provision
 from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
-from gpufleet.report import junit, prometheus, terminal
+from gpufleet.report import html, junit, prometheus, terminal
 from gpufleet.report.jsonfile import envelope, write_json
 from gpufleet.report.outputs import check_writable, to_stdout
 from gpufleet.slurm import drain as scheduler
@@ -181,7 +189,9 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
         gathered = gather_facts(conn, facts_request(host))
         return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
 
+    started = time.monotonic()
     outcomes = run_fleet(target.hosts, task, options, terminal.TerminalProgress("facts"))
+    duration = time.monotonic() - started
     con = _console(out, json_path)
     con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
     for name, outcome in outcomes.items():
@@ -193,9 +203,18 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
                 con.print(f"  [dim]{terminal.markup(name)}: unknown "
                           f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
     if json_path:
-        write_json(json_path, envelope("gpufleet.facts/1", inventory=str(target.inventory.path),
-                                       hosts={n: _facts_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, envelope(
+            "gpufleet.facts/1", inventory=str(target.inventory.path),
+            inventory_digest=target.inventory.digest(), duration_s=duration,
+            summary=facts_summary(outcomes),
+            hosts={n: _facts_json(o) for n, o in outcomes.items()}))
     return _facts_code(outcomes)
+
+
+def facts_summary(outcomes: dict[str, Outcome[Any]]) -> dict[str, int]:
+    """The facts report's counts: hosts, and how many ended each way (``ok``: gathered)."""
+    counts = summarize(outcomes)
+    return {"hosts": len(outcomes), **{k: n for k, n in counts.items() if k != "changed"}}
 
 
 def _summary_only(outcome: Outcome[dict[str, Any]]) -> Outcome[Any]:
@@ -234,17 +253,21 @@ def provision_cmd(inventory: str | None, *, limit: str | None = None, check: boo
     options = RunOptions(check=check, apply=ApplyOptions(reboot=reboot,
                                                          lock_timeout_s=lock_timeout),
                          fleet=fleet.options(target, "provision"))
+    started = time.monotonic()
     outcomes = provision(target.inventory, target.hosts, selected, options,
                          terminal.TerminalProgress("check" if check else "provision"))
+    duration = time.monotonic() - started
     con = _console(out, json_path)
     print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
     notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
              if o.value and o.value.reboot_pending}
     terminal.print_recap(con, outcomes, notes)
     if json_path:
-        write_json(json_path, envelope("gpufleet.provision/1", check=check,
-                                       inventory=str(target.inventory.path),
-                                       hosts={n: run_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, envelope(
+            "gpufleet.provision/1", inventory=str(target.inventory.path),
+            inventory_digest=target.inventory.digest(), duration_s=duration,
+            summary=provision_summary(outcomes), check=check,
+            hosts={n: run_json(o) for n, o in outcomes.items()}))
     code = _outcome_code(outcomes)
     if code == exitcodes.OK and notes and not check:
         return exitcodes.REBOOT_REQUIRED
@@ -272,6 +295,24 @@ def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, tit
                             bool(run.reboot_pending))
 
 
+def provision_summary(outcomes: dict[str, Outcome[HostRun]]) -> dict[str, int]:
+    """The provision report's counts: hosts per outcome as the recap counts them, hosts
+    with a reboot pending, and the changes planned and applied (as the hosts' entries
+    list them)."""
+    counts = {"hosts": len(outcomes), **summarize(outcomes), "reboot_required": 0,
+              "changes": 0, "applied": 0}
+    for outcome in outcomes.values():
+        run = outcome.value
+        if run is None:
+            continue
+        counts["reboot_required"] += bool(run.reboot_pending)
+        if run.plan:
+            applied = {id(c) for c in run.applied}
+            counts["changes"] += len(run.plan.changes)
+            counts["applied"] += sum(id(c) in applied for c in run.plan.changes)
+    return counts
+
+
 def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
     """One host's provisioning result for the JSON report."""
     run = outcome.value
@@ -296,6 +337,7 @@ class DriftOutputs:
     prometheus_path: str | None = None
     report_dir: str = "reports/drift"
     keep: int = 30
+    html_path: str | None = None
 
 
 @guarded
@@ -313,7 +355,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     if outputs.keep < 1:
         raise GpufleetError(f"--keep must be 1 or more, got {outputs.keep}")
     _check_outputs(json=outputs.json_path, junit=outputs.junit_path,
-                   prometheus=outputs.prometheus_path)
+                   prometheus=outputs.prometheus_path, html=outputs.html_path)
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
         scheduler.check(target.hosts, "--drain-drifted")
@@ -327,6 +369,8 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                         progress=terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
+    if outputs.html_path:
+        html.write_html(outputs.html_path, html.render_drift(document, history.documents()))
     if outputs.json_path:
         write_json(outputs.json_path, document)
     if outputs.junit_path:
@@ -335,7 +379,8 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
         label, previous = metrics
         prometheus.write(outputs.prometheus_path, drift_report.to_metrics(
             run, prometheus.Textfile(label, "drift"), previous))
-    con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path)
+    con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path,
+                   outputs.html_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
         _drain_drifted(target, run, con)
@@ -403,18 +448,25 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     extra_args: list[str] | None = None, drain_failed: bool = False,
                     launcher: str = "ssh", partition: str | None = None,
                     record_baseline: bool = False, compare_baseline: bool = False,
-                    prometheus_path: str | None = None, out: TextIO | None = None) -> int:
+                    prometheus_path: str | None = None, html_path: str | None = None,
+                    out: TextIO | None = None) -> int:
     """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
-    ``slurm`` reaches the nodes as steps of one Slurm allocation instead of SSH."""
+    ``slurm`` reaches the nodes as job steps of one Slurm allocation instead of SSH
+    (node-local commands of many nodes in one step; ``slurm-per-node``: a step per
+    command). With
+    ``html_path``, an acceptance run (``acceptance`` or ``all``) writes the acceptance
+    report, any other run the conformance report."""
     target = load_target(inventory, limit)
     fleet = fleet or FleetArgs()
-    _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path)
+    _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path,
+                   html=html_path)
     metrics = _metrics_target(target, prometheus_path, limit, "conformance")
     if drain_failed:
         scheduler.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
                  if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
-    console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path) else out
+    console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path,
+                                               html_path) else out
     options = ConformanceOptions(
         suites=tuple((suites or "conformance").split(",")), pairs=pairs,
         with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
@@ -422,8 +474,13 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
         console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
+    document = report.to_json()
     if json_path:
-        write_json(json_path, report.to_json())
+        write_json(json_path, document)
+    if html_path:
+        acceptance = bool({"acceptance", "all"} & set(options.suites))
+        html.write_html(html_path, html.render_acceptance([document]) if acceptance
+                        else html.render_conformance(document))
     if prometheus_path and metrics is not None:
         label, previous = metrics
         prometheus.write(prometheus_path, conformance_metrics.to_metrics(
@@ -431,7 +488,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     if junit_path:
         junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
-        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path))
+        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path,
+                                                  html_path))
     return exitcodes.FAILED if report.failed else exitcodes.OK
 
 
@@ -458,12 +516,16 @@ def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> Non
 
 @guarded
 def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
-                  json_path: str | None = None, out: TextIO | None = None) -> int:
-    """Take a new node to certified-ready and report each step."""
+                  json_path: str | None = None, out: TextIO | None = None,
+                  html_path: str | None = None) -> int:
+    """Take a new node to certified-ready and report each step; ``html_path``: the
+    acceptance report of its certification."""
     inv = load_source(inventory)
-    _check_outputs(json=json_path)
+    _check_outputs(json=json_path, html=html_path)
+    started = time.monotonic()
     result = bootstrap(inv, options, source=inventory)
-    con = _console(out, json_path)
+    duration = time.monotonic() - started
+    con = _console(out, json_path, html_path)
     con.print(f"[bold]BOOTSTRAP {terminal.markup(result.host)}[/bold]")
     styles = {"ok": "green", "failed": "red bold", "skipped": "dim"}
     for step in result.steps:
@@ -473,7 +535,12 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     verdict = "[green]READY[/green]" if result.ready else \
         f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
     con.print(f"{terminal.markup(result.host)}: {verdict}")
+    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
+                        inventory_digest=inv.digest(), duration_s=duration,
+                        summary=result.summary(), **result.to_dict())
     if json_path:
-        write_json(json_path, envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
-                                       **result.to_dict()))
+        write_json(json_path, document)
+    if html_path:
+        html.write_html(html_path, html.render_acceptance(
+            [r.to_json() for r in result.reports], bootstrap=[document]))
     return result.exit_code

@@ -41,13 +41,14 @@ from gpufleet.provision.engine import (
 )
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.provision.role import Role, RoleVars, Var
-from gpufleet.report.jsonfile import BadJson, read_json
+from gpufleet.report.jsonfile import BadJson, opening, read_json
 from gpufleet.roles import comparable, consistency_request
 from gpufleet.slurm import drain as scheduler
 from gpufleet.slurm.client import RunFindings
 
 STATE_FILE = "/etc/gpufleet/node.json"
 NODE_SCHEMA = "gpufleet.node/1"
+STAMPS = frozenset({"generated_at", "marked_at"})  # node.json's times, not its state
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0
@@ -86,17 +87,25 @@ class BootstrapOptions:
 
 @dataclass
 class Bootstrap:
-    """Everything one bootstrap run did."""
+    """Everything one bootstrap run did; ``reports`` are the certify step's conformance
+    runs (for the acceptance report; the JSON document keeps their counts)."""
 
     host: str
     steps: list[StepResult] = field(default_factory=list)
     ready: bool = False
     reason: str | None = None
     passed_checks: list[str] = field(default_factory=list)
+    reports: list[ConformanceReport] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "ready": self.ready, "reason": self.reason,
                 "steps": [s.to_dict() for s in self.steps]}
+
+    def summary(self) -> dict[str, int]:
+        """Steps run, and how many ended ok, failed and skipped."""
+        counts = {status: sum(s.status == status for s in self.steps)
+                  for status in ("ok", "failed", "skipped")}
+        return {"steps": len(self.steps), **counts}
 
     @property
     def exit_code(self) -> int:
@@ -342,6 +351,7 @@ class Certifier:
     source: str | None = None
     recertify: bool = False
     run_suites: Runner = run_suites
+    reports: list[ConformanceReport] = field(default_factory=list)
 
     def run(self, limit: str, suites: list[Suite], only: Callable[[Suite, str], bool],
             required: list[str], *, record_baseline: bool = False
@@ -355,6 +365,7 @@ class Certifier:
                 record_baseline=record_baseline, fleet=self.fleet))
         except RunIncomplete as exc:
             raise GpufleetError(f"the {names} suites did not complete: {exc}") from None
+        self.reports.append(report)
         if report.failed:
             raise GpufleetError("; ".join(f"{r.suite}/{r.check} on {r.host}: {r.message}"
                                           for r in report.failed))
@@ -429,8 +440,18 @@ def read_state(conn: Connection) -> dict[str, Any] | None:
 
 
 def same_state(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
-    """Equal apart from the time it was written."""
-    return old is not None and {k: v for k, v in old.items() if k != "marked_at"} == new
+    """Equal apart from the time it was written (a file without that time, from an older
+    gpufleet, is written again)."""
+    return old is not None and old.keys() >= STAMPS and \
+        {k: v for k, v in old.items() if k not in STAMPS} == new
+
+
+def render_state(state: dict[str, Any]) -> bytes:
+    """The node.json document (schema gpufleet.node/1): ``state`` stamped with the opening
+    every document has and ``marked_at``, the same time."""
+    stamped = {**opening(NODE_SCHEMA), **state}
+    stamped["marked_at"] = stamped["generated_at"]
+    return (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _hook_env(host: Host, status: str, reason: str | None) -> dict[str, str]:
@@ -509,7 +530,7 @@ def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | 
         conn.close()  # the node may have rebooted: talk to it over a new connection
         conn = conn.reopen()
         certifier = Certifier(inventory, _remaining(fleet, budget), source, options.recertify,
-                              runner)
+                              runner, result.reports)
         required = required_suites(host, seen.get("preflight"))
         _timed(result, "certify", lambda: _certify_unless_done(
             certifier, conn, inventory, result, peer, required=required))
@@ -609,7 +630,6 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
     if same_state(previous, state):
         written = f"{STATE_FILE} unchanged"
     else:
-        stamped = dict(state, marked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        conn.put(STATE_FILE, (json.dumps(stamped, indent=2, sort_keys=True) + "\n").encode())
+        conn.put(STATE_FILE, render_state(state))
         written = f"wrote {STATE_FILE}"
     return f"{status}; {written}; {'; '.join(done)}", {"state": state}

@@ -233,6 +233,7 @@ def provision(c: Context, inventory: str | None = None, limit: str | None = None
 @task(help=_help(*FLEET_HELP, roles="comma-separated roles to check (default: all)",
                  junit="write a JUnit XML report to this file (- for standard output)",
                  prometheus="write a node_exporter textfile (metrics) to this file",
+                 html="write the HTML report to this file (- for standard output)",
                  report_dir="directory keeping the history of drift runs",
                  keep="number of past runs kept in the report directory (default 30)",
                  remediate="apply the plan to drifted hosts after reporting",
@@ -246,8 +247,8 @@ def drift(c: Context, inventory: str | None = None, limit: str | None = None,
           keep: str | None = None, remediate: bool = False, reboot: bool = False,
           no_diff: bool = False, forks: str | None = None, serial: str | None = None,
           max_fail_percent: str | None = None, accept_new_host_keys: bool = False,
-          timeout: str | None = None, drain_drifted: bool = False, verbose: int = 0,
-          list_hosts: bool = False) -> None:
+          timeout: str | None = None, drain_drifted: bool = False, html: str | None = None,
+          verbose: int = 0, list_hosts: bool = False) -> None:
     """Report every host's drift from the inventory and from its group (read-only)."""
     def command() -> int:
         if list_hosts:
@@ -256,7 +257,7 @@ def drift(c: Context, inventory: str | None = None, limit: str | None = None,
         outputs = app.DriftOutputs(json, junit, prometheus,
                                    report_dir or c.config.get("gpufleet", {}).get(
                                        "drift_report_dir", "reports/drift"),
-                                   30 if kept is None else kept)
+                                   30 if kept is None else kept, html)
         return int(app.drift_cmd(
             inventory, limit=limit, roles=roles, outputs=outputs, remediate=remediate,
             reboot=reboot, diff=not no_diff, drain_drifted=drain_drifted,
@@ -321,12 +322,15 @@ def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
                        "host_sizing, p2p), all",
                  junit="write a JUnit XML report to this file (- for standard output)",
                  prometheus="write a node_exporter textfile (metrics) to this file",
+                 html="write the HTML report to this file (the acceptance report for "
+                      "--suite acceptance or all; - for standard output)",
                  pairs="reachability pairs: auto (all up to 256 nodes), all, ring, sample:K",
                  with_nccl_tests="also run nccl-tests' all_reduce_perf where installed",
                  drain_failed="drain nodes with a failed check in the scheduler "
                               "(gpufleet_scheduler), resume the ones that now pass",
-                 launcher="reach nodes by ssh (default) or as steps of one Slurm allocation "
-                          "(slurm)",
+                 launcher="reach nodes by ssh (default) or as job steps of one Slurm allocation: "
+                          "slurm (node-local commands of many nodes in one step) or "
+                          "slurm-per-node (a step per command)",
                  partition="with --launcher slurm: the partition to allocate from (default: "
                            "the slurm: inventory's, else Slurm's default)",
                  record_baseline="record each passing node's performance figures on the node "
@@ -338,8 +342,8 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
                 pairs: str = "auto", with_nccl_tests: bool = False, forks: str | None = None,
                 timeout: str | None = None, drain_failed: bool = False, launcher: str = "ssh",
                 partition: str | None = None, record_baseline: bool = False,
-                compare_baseline: bool = False, prometheus: str | None = None, verbose: int = 0,
-                list_hosts: bool = False) -> None:
+                compare_baseline: bool = False, prometheus: str | None = None,
+                html: str | None = None, verbose: int = 0, list_hosts: bool = False) -> None:
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     def command() -> int:
         if list_hosts:
@@ -349,7 +353,7 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
             with_nccl_tests=with_nccl_tests, fleet=_fleet(c, forks, None, None, False, timeout),
             drain_failed=drain_failed, launcher=launcher, partition=partition,
             record_baseline=record_baseline, compare_baseline=compare_baseline,
-            prometheus_path=prometheus))
+            prometheus_path=prometheus, html_path=html))
 
     _run(c, verbose, command)
 
@@ -360,19 +364,21 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
             "reboot": "reboot when the installed driver needs it",
             "recertify": "run the conformance suites even on a node already certified",
             "json": "write the bootstrap report to this file (- for standard output)",
+            "html": "write the acceptance report of the node to this file (- for standard "
+                    "output)",
             "timeout": "seconds the whole bootstrap may take (default 7200, or "
                        "gpufleet_host_timeout)",
             "verbose": FLEET_HELP["verbose"]})
 def bootstrap(c: Context, host: str, inventory: str | None = None, peer: str | None = None,
               expect_fingerprint: str | None = None, reboot: bool = False,
               recertify: bool = False, json: str | None = None, timeout: str | None = None,
-              verbose: int = 0) -> None:
+              html: str | None = None, verbose: int = 0) -> None:
     """Take a new node to certified-ready: trust, preflight, provision, certify, mark."""
     def command() -> int:
         options = BootstrapOptions(host=host, peer=peer, expect_fingerprint=expect_fingerprint,
                                    reboot=reboot, recertify=recertify,
                                    timeout=_number(float, "--timeout", timeout))
-        return int(app.bootstrap_cmd(inventory, options, json))
+        return int(app.bootstrap_cmd(inventory, options, json, html_path=html))
 
     _run(c, verbose, command)
 

@@ -88,10 +88,18 @@ class FirewallIntent:
 
 def firewall_intent(inventory: Inventory, host: Host) -> FirewallIntent:
     """The firewall role's intent for ``host`` (VarError for a variable it cannot use)."""
-    from gpufleet.roles.firewall import ROLE  # noqa: PLC0415 - the registry's own module
+    from gpufleet.roles.firewall import (  # noqa: PLC0415 - the registry's own module
+        NAMED_SOURCES,
+        ROLE,
+    )
 
     v = RoleVars(host, ROLE.defaults)
-    sources = [s.removesuffix("/32").removesuffix("/128")
-               for s in ROLE.cluster_sources(v, PlanContext(inventory, host))
-               if s.split("/")[0] != host.address]
+    ctx = PlanContext(inventory, host)
+    members = ROLE.cluster_members(v, ctx)
+    if len(members) > NAMED_SOURCES:  # a large cluster: its prefixes, a flat cost per node
+        networks = ROLE.cluster_networks(v, ctx)
+        sources = [*networks["ipv4"], *networks["ipv6"]]
+    else:
+        sources = [s.removesuffix("/32").removesuffix("/128")
+                   for s in ROLE.cluster_sources(v, ctx) if s.split("/")[0] != host.address]
     return FirewallIntent(sources, ROLE.ports(v), ROLE.backend(v).path)

@@ -9,29 +9,36 @@ controller confirms over a NEW SSH connection that it can still get in.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
 import shlex
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
 from gpufleet.connect.connection import BACKUP_SUFFIX
 from gpufleet.errors import GpufleetError, VarError
-from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST
+from gpufleet.facts.catalog import IPTABLES_DIGEST, NFT_DIGEST, file_digest_fact
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
 from gpufleet.ports import PORT_RANGE, RENDEZVOUS_PORT, parse_range
-from gpufleet.provision.managed import HEADER, file_change, link_change, render
+from gpufleet.provision.managed import HEADER, digest_change, file_change, link_change, render
 from gpufleet.provision.plan import ApplyContext, Change, Fail, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 STATE_DIR = "/etc/gpufleet"
 STATE_FILE = f"{STATE_DIR}/firewall.state"
+CLUSTER_FILE = f"{STATE_DIR}/firewall-cluster.nft"
+CLUSTER_SETS = {"ipv4": "cluster4", "ipv6": "cluster6"}
+ADMIN_SETS = {"ipv4": "admin4", "ipv6": "admin6"}
+NAMED_SOURCES = 64
+"""Up to this many cluster addresses, the firewall check names each; above, it names the
+cluster's prefixes (its messages stay readable, its cost flat)."""
 UNIT_PATH = "/etc/systemd/system/gpufleet-firewall.service"
 UNIT_LINK = "/etc/systemd/system/multi-user.target.wants/gpufleet-firewall.service"
 LOCK = f"{STATE_DIR}/firewall.guard.lock"
@@ -104,17 +111,55 @@ def _resolve(address: str) -> tuple[str, ...]:
     return tuple(sorted({str(info[4][0]).split("%", 1)[0] for info in infos}))
 
 
+def _prefixed(source: str) -> str:
+    """An address as iptables-save prints it (``10.0.0.11/32``)."""
+    return source if "/" in source else f"{source}/{32 if ':' not in source else 128}"
+
+
 @cache
-def _split_families(networks: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """IPv4 and IPv6 sources, single addresses without their prefix; cached, because every
-    host of a group renders the same cluster sources for every port."""
-    families: dict[str, list[str]] = {"ipv4": [], "ipv6": []}
-    for net in sorted(set(networks), key=lambda n: (":" in n, n)):
-        parsed = ipaddress.ip_network(net, strict=False)
-        family = "ipv4" if parsed.version == 4 else "ipv6"
-        text = str(parsed.network_address) if parsed.num_addresses == 1 else str(parsed)
-        families[family].append(text)
-    return {family: tuple(texts) for family, texts in families.items()}
+def collapse(networks: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """IPv4 and IPv6 sources with contiguous addresses merged into prefixes (declared
+    CIDRs kept as they are, or merged into a larger one), single addresses without their
+    prefix; cached, as every host of a cluster asks for the same."""
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
+    v4 = ipaddress.collapse_addresses(n for n in parsed if isinstance(n, ipaddress.IPv4Network))
+    v6 = ipaddress.collapse_addresses(n for n in parsed if isinstance(n, ipaddress.IPv6Network))
+
+    def texts(merged: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]
+              ) -> tuple[str, ...]:
+        return tuple(str(n.network_address) if n.num_addresses == 1 else str(n) for n in merged)
+
+    return {"ipv4": texts(v4), "ipv6": texts(v6)}
+
+
+@dataclass(eq=False)
+class SetLoad:
+    """Write the cluster's address sets and, when gpufleet's table is loaded, load them
+    (checked first): a node joining the cluster changes only this file on the others."""
+
+    content: bytes
+
+    def describe(self) -> str:
+        return f"load the cluster's address sets ({CLUSTER_FILE})"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        staged = shlex.quote(f"{CLUSTER_FILE}.new")
+        final = shlex.quote(CLUSTER_FILE)
+        ctx.conn.run(f"mkdir -p {STATE_DIR}", timeout=30).check(f"creating {STATE_DIR}")
+        ctx.conn.put(f"{CLUSTER_FILE}.new", self.content, mode=0o600, backup=False)
+        loaded = ctx.conn.run(f"nft list set inet gpufleet {CLUSTER_SETS['ipv4']} "
+                              ">/dev/null 2>&1", timeout=30).ok
+        if loaded:
+            ctx.conn.run(f"nft -c -f {staged}", timeout=60).check(
+                "syntax check of the cluster's address sets")
+        ctx.conn.run(f"mv -f {staged} {final}", timeout=30).check(
+            "committing the cluster's address sets")
+        if not loaded:
+            return  # the ruleset's load, next, includes the file
+        ctx.conn.run(f"nft -f {final}", timeout=60).check("loading the cluster's address sets")
+        digest = ctx.conn.run(NFT_DIGEST, timeout=60).check("digest of the live ruleset")
+        state = {"backend": "nftables", "live_sha256": digest.stdout.strip()}
+        ctx.conn.put(STATE_FILE, (json.dumps(state, sort_keys=True) + "\n").encode())
 
 
 @dataclass(eq=False)
@@ -238,14 +283,21 @@ class FirewallRole(RoleBase):
         return _backend(name, path)
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:
-        return {"firewall_ruleset_path": self.backend(v).path, "boot unit": UNIT_PATH}
+        files = {"firewall_ruleset_path": self.backend(v).path, "boot unit": UNIT_PATH}
+        if v.string("firewall_backend") == "nftables":
+            files["cluster address sets"] = CLUSTER_FILE
+        return files
 
     def request(self, v: RoleVars) -> FactRequest:
+        custom = {LIVE_RULESET}
+        if v.string("firewall_backend") == "nftables":
+            custom.add(file_digest_fact(CLUSTER_FILE))
         return FactRequest(files=frozenset({self.backend(v).path, STATE_FILE, UNIT_PATH}),
-                           links=frozenset({UNIT_LINK}), custom=frozenset({LIVE_RULESET}))
+                           links=frozenset({UNIT_LINK}), custom=frozenset(custom))
 
-    def cluster_sources(self, v: RoleVars, ctx: PlanContext) -> list[str]:
-        """The cluster's own addresses (from the inventory) plus the extra CIDRs."""
+    def cluster_members(self, v: RoleVars, ctx: PlanContext) -> tuple[str, ...]:
+        """The addresses of the cluster group's hosts, from the inventory (resolved once
+        per run for the whole group)."""
         group = v.string("firewall_cluster_group")
         if group not in ctx.inventory.groups:
             raise VarError(f"host {v.host.name}: firewall_cluster_group {group!r} is not a "
@@ -262,9 +314,35 @@ class FirewallRole(RoleBase):
                 sources += resolved
             return tuple(sources)
 
-        return [*ctx.inventory.memo(("firewall_cluster_sources", group), members),
-                *(self._cidr(v, c, "firewall_extra_cidrs")
-                  for c in v.items("firewall_extra_cidrs"))]
+        return ctx.inventory.memo(("firewall_cluster_sources", group), members)
+
+    def extra_cidrs(self, v: RoleVars) -> tuple[str, ...]:
+        return tuple(self._cidr(v, c, "firewall_extra_cidrs")
+                     for c in v.items("firewall_extra_cidrs"))
+
+    def cluster_sources(self, v: RoleVars, ctx: PlanContext) -> list[str]:
+        """The cluster's own addresses (from the inventory) plus the extra CIDRs."""
+        return [*self.cluster_members(v, ctx), *self.extra_cidrs(v)]
+
+    def cluster_networks(self, v: RoleVars, ctx: PlanContext) -> dict[str, tuple[str, ...]]:
+        """The cluster's sources by family, contiguous addresses merged into prefixes:
+        computed once per run for every host of the group."""
+        members, extra = self.cluster_members(v, ctx), self.extra_cidrs(v)
+        return ctx.inventory.memo(("firewall_cluster_networks", members, extra),
+                                  lambda: collapse((*members, *extra)))
+
+    def cluster_file(self, v: RoleVars, ctx: PlanContext) -> tuple[bytes, str]:
+        """The cluster's address sets file and its SHA-256: the same for every host of
+        the group, rendered and hashed once per run."""
+        networks = self.cluster_networks(v, ctx)
+
+        def make() -> tuple[bytes, str]:
+            content = render("nftables-cluster.nft.j2", header=HEADER.format(role=self.name),
+                             sets=[(CLUSTER_SETS[f], networks[f]) for f in CLUSTER_SETS])
+            data = content.encode()
+            return data, hashlib.sha256(data).hexdigest()
+
+        return ctx.inventory.memo(("firewall_cluster_file", tuple(networks.items())), make)
 
     def controllers(self, facts: Facts, v: RoleVars) -> list[str]:
         """The addresses gpufleet runs from (``gpufleet_controllers``), from the inventory
@@ -303,53 +381,63 @@ class FirewallRole(RoleBase):
                            "CIDR") from None
 
     def render(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> str:
-        """The ruleset this host should run."""
+        """The ruleset this host should run (nftables: without the cluster's addresses,
+        which are in the cluster file)."""
         policy = v.string("firewall_policy")
         if policy not in ("drop", "accept"):
             raise VarError(f"host {v.host.name}: firewall_policy must be drop or accept")
-        cluster = self.cluster_sources(v, ctx)
-        ssh = cluster + [self._cidr(v, c, "firewall_ssh_cidrs")
-                         for c in v.items("firewall_ssh_cidrs")]
+        networks = self.cluster_networks(v, ctx)
+        admin = [self._cidr(v, c, "firewall_ssh_cidrs") for c in v.items("firewall_ssh_cidrs")]
         if v.boolean("firewall_allow_controller"):
-            ssh += self.controllers(facts, v)
+            admin += self.controllers(facts, v)
         low, high = parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
-        ports = [(str(self._port(v, v.get("firewall_rendezvous_port"),
-                                 "firewall_rendezvous_port")), cluster),
-                 (f"{low}-{high}", cluster),
-                 (str(v.host.port), ssh)]
-        ports += [(str(self._port(v, p)), cluster) for p in v.items("firewall_open_tcp_ports")]
+        rendezvous = str(self._port(v, v.get("firewall_rendezvous_port"),
+                                    "firewall_rendezvous_port"))
+        extra = [str(self._port(v, p)) for p in v.items("firewall_open_tcp_ports")]
+        ssh = str(v.host.port)
         header = HEADER.format(role=self.name)
         if v.string("firewall_backend") == "nftables":
-            return self._render_nft(header, policy, ports)
-        v6 = sorted({src for _, sources in ports for src in sources if ":" in src})
+            return self._render_nft(header, policy, [rendezvous, f"{low}-{high}", *extra],
+                                    ssh, collapse(tuple(admin)))
+        cluster = [*networks["ipv4"], *networks["ipv6"]]
+        v6 = sorted({src for src in [*cluster, *admin] if ":" in src})
         if v6:
             raise VarError(f"host {v.host.name}: the iptables backend handles IPv4 only, but the "
                            f"firewall would admit {', '.join(v6)}; use firewall_backend: nftables")
-        rules = [f"-p tcp -s {src} --dport {port.replace('-', ':')} -j ACCEPT"
-                 for port, sources in ports for src in sorted(set(sources))]
+        ssh_sources = collapse(tuple([*cluster, *admin]))["ipv4"]
+        ports = [(rendezvous, cluster), (f"{low}:{high}", cluster), (ssh, ssh_sources),
+                 *((p, cluster) for p in extra)]
+        rules = [f"-p tcp -s {_prefixed(src)} --dport {port} -j ACCEPT"
+                 for port, sources in ports for src in sources]
         return render("iptables.rules.j2", header=header, policy=policy, rules=rules)
 
-    def _render_nft(self, header: str, policy: str, ports: list[tuple[str, list[str]]]) -> str:
-        sets: list[tuple[str, str, tuple[str, ...]]] = []
+    def _render_nft(self, header: str, policy: str, cluster_ports: list[str], ssh: str,
+                    admin: dict[str, tuple[str, ...]]) -> str:
+        sets: list[tuple[str, str, tuple[str, ...]]] = [
+            (CLUSTER_SETS[f], f, ()) for f in CLUSTER_SETS]
+        sets += [(ADMIN_SETS[f], f, admin[f]) for f in ADMIN_SETS if admin[f]]
         rules: list[str] = []
-        names: dict[tuple[str, ...], str] = {}
-        for port, sources in ports:
-            for family, elements in _split_families(tuple(sources)).items():
-                if not elements:
-                    continue
-                key = (family, *elements)
-                if key not in names:
-                    names[key] = f"src{len(names)}_{family[-1]}"
-                    sets.append((names[key], family, elements))
-                proto = "ip" if family == "ipv4" else "ip6"
-                rules.append(f"tcp dport {port} {proto} saddr @{names[key]} accept")
-        return render("nftables.nft.j2", header=header, policy=policy, sets=sets, rules=rules)
+        for port in [*cluster_ports[:2], ssh, *cluster_ports[2:]]:
+            for family, proto in (("ipv4", "ip"), ("ipv6", "ip6")):
+                rules.append(f"tcp dport {port} {proto} saddr @{CLUSTER_SETS[family]} accept")
+            if port == ssh:
+                rules += [f"tcp dport {port} {proto} saddr @{ADMIN_SETS[family]} accept"
+                          for family, proto in (("ipv4", "ip"), ("ipv6", "ip6"))
+                          if admin[family]]
+        return render("nftables.nft.j2", header=header, policy=policy, sets=sets, rules=rules,
+                      cluster_file=CLUSTER_FILE)
 
     def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
         backend = self.backend(v)
         content = self.render(facts, v, ctx)
         load = GuardedLoad(backend, content.encode(), v.integer("firewall_guard_seconds"))
         changes: list[Change] = []
+        if backend.name == "nftables":
+            data, digest = self.cluster_file(v, ctx)
+            sets = digest_change(self.name, facts, CLUSTER_FILE, data, digest=digest,
+                                 steps=[SetLoad(data)], mode=0o600)
+            if sets is not None:
+                changes.append(sets)
         ruleset = file_change(self.name, facts, backend.path, content, mode=0o600)
         if ruleset is not None:
             ruleset.steps = [load]
@@ -359,7 +447,7 @@ class FirewallRole(RoleBase):
             if live:
                 changes.append(Change(self.name, f"live ruleset ({backend.name})", "reload",
                                       live, "as rendered", [load]))
-            else:
+            elif not changes:  # with the sets about to change, the live ones are stale
                 changes += self._shadowing(facts, v, ctx)
         stale = self._other_backend(facts, backend)
         if stale:
@@ -389,13 +477,14 @@ class FirewallRole(RoleBase):
         live = facts.get("live_ruleset")
         if live is None:
             return []
-        sources = [s.removesuffix("/32").removesuffix("/128")
-                   for s in self.cluster_sources(v, ctx)]
-        analysis = analyse_live(live, sources, self.ports(v))
+        networks = self.cluster_networks(v, ctx)
+        analysis = analyse_live(live, [*networks["ipv4"], *networks["ipv6"]], self.ports(v))
         by_rule: dict[str, list[str]] = {}
         for finding in analysis.blocked:
             assert finding.rule is not None
             ref = finding.rule.rule
+            if ref.table == "table inet gpufleet" or ref.chain == "GPUFLEET-INPUT":
+                continue  # gpufleet's own rules: their drift is the ruleset's or the sets'
             where = ref.where()
             key = f"{ref.table} chain {ref.chain}" + (f" {where}" if where else "")
             by_rule.setdefault(key, []).append(finding.message())

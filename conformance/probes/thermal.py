@@ -131,6 +131,49 @@ def mirror_score(temps: Sequence[float], clocks: Sequence[float]) -> float:
     return max(-1.0, min(1.0, cov / math.sqrt(var_t * var_c)))
 
 
+def clock_mirror(
+    samples: Sequence[dict[str, Any]],
+    mirror_threshold: float = -0.8,
+    min_clock_drop: float = 0.05,
+    warmup_s: float = 15.0,
+) -> dict[int, dict[str, Any]]:
+    """Per GPU, how its SM clock followed its temperature after the first ``warmup_s``
+    seconds: ``r`` (``mirror_score``), the clock's highest in the first third of that window
+    and lowest in the last (``high_mhz``, ``low_mhz``), its fall between them (``drop``), the
+    window (``from_s``, ``to_s``), and ``mirrored``: r at most ``mirror_threshold`` while the
+    clock fell by more than ``min_clock_drop``. GPUs with too few samples are left out.
+    """
+    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    for sample in samples:
+        by_gpu.setdefault(sample["gpu"], []).append(sample)
+    found = {}
+    for gpu in sorted(by_gpu):
+        paired = [
+            (s.get("t", 0.0), s["temp_c"], s["sm_mhz"])
+            for s in sorted(by_gpu[gpu], key=lambda sample: sample.get("t", 0.0))
+            if s.get("temp_c") is not None
+            and s.get("sm_mhz") is not None
+            and s.get("t", 0.0) >= warmup_s
+        ]
+        third = len(paired) // 3
+        if third == 0:
+            continue
+        clocks = [clock for _, _, clock in paired]
+        score = mirror_score([temp for _, temp, _ in paired], clocks)
+        high, low = max(clocks[:third]), min(clocks[-third:])
+        drop = (high - low) / high if high > 0 else 0.0
+        found[gpu] = {
+            "r": score,
+            "high_mhz": high,
+            "low_mhz": low,
+            "drop": drop,
+            "from_s": paired[0][0],
+            "to_s": paired[-1][0],
+            "mirrored": score <= mirror_threshold and drop > min_clock_drop,
+        }
+    return found
+
+
 def thermal_verdict(
     samples: Sequence[dict[str, Any]],
     max_temp_c: float,
@@ -145,14 +188,15 @@ def thermal_verdict(
     load (when clocks fall from idle boost to their power-capped level as the GPU warms up),
     a clock that mirrors the temperature (``mirror_score`` at most ``mirror_threshold``)
     while falling by more than ``min_clock_drop`` from its highest in the first third of
-    that window to its lowest in the last: the cooling cannot keep up.
+    that window to its lowest in the last: the cooling cannot keep up (``clock_mirror``).
     """
     by_gpu: dict[int, list[dict[str, Any]]] = {}
     for sample in samples:
         by_gpu.setdefault(sample["gpu"], []).append(sample)
+    mirrors = clock_mirror(samples, mirror_threshold, min_clock_drop, warmup_s)
     problems = []
     for gpu in sorted(by_gpu):
-        series = sorted(by_gpu[gpu], key=lambda sample: sample.get("t", 0.0))
+        series = by_gpu[gpu]
         temps = [s["temp_c"] for s in series if s.get("temp_c") is not None]
         if temps and max(temps) > max_temp_c:
             problems.append(f"GPU{gpu} reached {max(temps):g} C, above the {max_temp_c:g} C limit")
@@ -160,24 +204,12 @@ def thermal_verdict(
             seen = sum(1 for s in series if s.get(key))
             if seen:
                 problems.append(f"GPU{gpu} {name} in {seen} of {len(series)} samples")
-        paired = [
-            (s["temp_c"], s["sm_mhz"])
-            for s in series
-            if s.get("temp_c") is not None
-            and s.get("sm_mhz") is not None
-            and s.get("t", 0.0) >= warmup_s
-        ]
-        third = len(paired) // 3
-        if third == 0:
-            continue
-        clocks = [clock for _, clock in paired]
-        score = mirror_score([temp for temp, _ in paired], clocks)
-        high, low = max(clocks[:third]), min(clocks[-third:])
-        drop = (high - low) / high if high > 0 else 0.0
-        if score <= mirror_threshold and drop > min_clock_drop:
+        mirror = mirrors.get(gpu)
+        if mirror and mirror["mirrored"]:
             problems.append(
-                f"GPU{gpu} SM clock mirrors its temperature (r = {score:.2f}) and fell "
-                f"{drop:.0%} from {high:g} to {low:g} MHz: the cooling cannot keep up"
+                f"GPU{gpu} SM clock mirrors its temperature (r = {mirror['r']:.2f}) and fell "
+                f"{mirror['drop']:.0%} from {mirror['high_mhz']:g} to {mirror['low_mhz']:g} MHz: "
+                "the cooling cannot keep up"
             )
     return problems
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from gpufleet.conformance.verdict import Figure, Measure, Verdict, judge, settings
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.inventory.model import Host
-from gpufleet.report.jsonfile import BadJson, read_json
+from gpufleet.report.jsonfile import BadJson, opening, read_json
 
 BASELINE_FILE = "/etc/gpufleet/baseline.json"
 SCHEMA = "gpufleet.baseline/1"
@@ -61,10 +61,9 @@ def parse(text: str, where: str) -> dict[str, dict[str, Any]]:
 
 
 def render(host: str, figures: Mapping[str, dict[str, Any]]) -> bytes:
-    """The baseline document for ``host``."""
-    doc = {"schema": SCHEMA, "host": host,
-           "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "figures": dict(sorted(figures.items()))}
+    """The baseline document for ``host`` (schema gpufleet.baseline/1)."""
+    doc = opening(SCHEMA)
+    doc.update(host=host, updated_at=doc["generated_at"], figures=dict(sorted(figures.items())))
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpufleet.conformance.checks.nccl_log import condense
 from gpufleet.conformance.session import Node
-from gpufleet.connect.connection import Budget
+from gpufleet.connect.connection import Budget, keeps_node_local
 from gpufleet.errors import GpufleetError
 from gpufleet.ports import RENDEZVOUS_PORT
 from gpufleet.roles import training_python
@@ -215,7 +215,7 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-            run.outputs = dict(pool.map(one, enumerate(nodes)))
+            run.outputs = dict(pool.map(keeps_node_local(one), enumerate(nodes)))
         run.duration = time.monotonic() - start
         run.timed_out = any(o.rc in (124, 137) for o in run.outputs.values())
     finally:
@@ -246,7 +246,8 @@ def clean_up(rundir: str, nodes: list[Node]) -> dict[str, str]:
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(64, len(nodes)))) as pool:
-            return {name: left for name, left in pool.map(one, nodes) if left}
+            return {name: left for name, left in pool.map(keeps_node_local(one), nodes)
+                    if left}
     finally:
         with _ACTIVE_LOCK:
             _ACTIVE.pop(rundir, None)

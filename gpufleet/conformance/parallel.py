@@ -8,6 +8,9 @@ failed, skipped, or raised), the properties it recorded and its own duration, so
 per-host summary, the JSON report and the JUnit file read as if the items had run one by
 one. A check needs nothing to take part: its remote work is inside its function.
 
+Commands a check issues here are node-local (``node_local``): the Slurm launcher carries
+the nodes' commands of one moment in one job step.
+
 A check runs this way when every argument it takes is ``node``, ``record_property``, a
 parameter of its own, or a fixture wider than one test (session or module scope, such as
 ``conformance``); any other check runs item by item, as pytest runs it.
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from gpufleet.connect.connection import node_local
 
 PER_NODE_ARGS = frozenset({"node", "record_property"})
 
@@ -122,7 +127,8 @@ class FleetParallel:
                     (key, value))
             start = time.perf_counter()
             try:
-                function(**kwargs)
+                with node_local():
+                    function(**kwargs)
             except (Exception, pytest.skip.Exception, pytest.fail.Exception,
                     pytest.xfail.Exception) as exc:
                 run.error = exc

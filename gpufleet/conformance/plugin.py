@@ -92,7 +92,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpufleet-compare-baseline", action="store_true",
                     help="gate figures at max(floor, baseline_fraction x the node's baseline)")
     group.addoption("--gpufleet-launcher", choices=LAUNCHERS, default="ssh",
-                    help="reach nodes by SSH, or as steps of a Slurm allocation")
+                    help="reach nodes by SSH, or as steps of a Slurm allocation (slurm: node-local "
+                         "commands of many nodes in one step; slurm-per-node: a step "
+                         "per command)")
     group.addoption("--gpufleet-partition", default=None,
                     help="with --gpufleet-launcher slurm: the partition to allocate from")
 
@@ -130,14 +132,16 @@ def _state_from_options(config: pytest.Config) -> RunState:
                              connect_timeout=config.getoption("gpufleet_connect_timeout"),
                              known_hosts_base=inventory.base))
     allocation = None
-    if config.getoption("gpufleet_launcher") == "slurm":
+    launcher = config.getoption("gpufleet_launcher")
+    if launcher != "ssh":
         partition = config.getoption("gpufleet_partition") or (
             slurm_inventory.parse_source(name)[0] if slurm_inventory.is_slurm_source(name)
             else None)
         try:
-            allocation = open_allocation(hosts, fleet, partition)
+            allocation = open_allocation(hosts, fleet, partition,
+                                         combine=launcher == "slurm")
         except GpufleetError as exc:
-            raise pytest.UsageError(f"--launcher slurm: {exc}") from None
+            raise pytest.UsageError(f"--launcher {launcher}: {exc}") from None
     json_path = config.getoption("gpufleet_json")
     artifacts = config.getoption("gpufleet_artifacts") or (
         str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
@@ -154,13 +158,14 @@ def _state_from_options(config: pytest.Config) -> RunState:
     return RunState(session, owned=True, allocation=allocation)
 
 
-def open_allocation(hosts: list[Host], fleet: FleetOptions, partition: str | None
-                    ) -> Allocation:
+def open_allocation(hosts: list[Host], fleet: FleetOptions, partition: str | None,
+                    combine: bool = True) -> Allocation:
     """One Slurm allocation of the selected nodes for the whole run; the fleet's
-    connections become job steps in it."""
+    connections become job steps in it (node-local commands of many nodes one step
+    together when ``combine``)."""
     longest = max(host_timeout(h, fleet) for h in hosts)
     allocation = Allocation.open(hosts, slurm_client(hosts[0]), partition=partition,
-                                 time_limit_s=longest)
+                                 time_limit_s=longest, combine=combine)
     fleet.connector = allocation.connect
     return allocation
 
@@ -168,7 +173,8 @@ def open_allocation(hosts: list[Host], fleet: FleetOptions, partition: str | Non
 def describe_allocation(session: ConformanceSession, allocation: Allocation) -> None:
     session.add_report("launcher", "slurm", {
         "job_id": allocation.job_id, "left_out": allocation.left_out,
-        "nodes": {h: n.name for h, n in allocation.nodes.items()}})
+        "nodes": {h: n.name for h, n in allocation.nodes.items()},
+        "combined_steps": allocation.fanout is not None})
 
 
 def baselines(state: ConformanceSession, results: list[Result]) -> dict[str, dict[str, Any]]:

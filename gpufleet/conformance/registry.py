@@ -17,6 +17,7 @@ from pathlib import Path
 from gpufleet.conformance import verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
+from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
@@ -132,6 +133,24 @@ def _check_performance(v: RoleVars) -> None:
     verdict.settings(v.host)
 
 
+def _check_mounts(v: RoleVars) -> None:
+    try:
+        mounts_checks.declared(v.get("shared_mounts"), f"host {v.host.name}: shared_mounts")
+    except ValueError as exc:
+        where = v.host.origin("shared_mounts") if "shared_mounts" in v.host.vars else None
+        raise GpufleetError(str(exc) + (f" ({where})" if where else "")) from None
+
+
+def _check_network(v: RoleVars) -> None:
+    for key in ("net_max_rtt_us", "net_max_jitter_us"):
+        _positive(v, key)
+    if not 1 <= v.integer("net_ping_count") <= 1000:
+        raise v.fail("net_ping_count", "an integer from 1 to 1000", v.get("net_ping_count"))
+    mtu = v.get("net_mtu")
+    if mtu is not None and not 576 <= v.integer("net_mtu") <= 65535:
+        raise v.fail("net_mtu", "an MTU from 576 to 65535", mtu)
+
+
 def _check_allreduce(v: RoleVars) -> None:
     _check_performance(v)
     _check_ranges(v)
@@ -243,6 +262,25 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "gpu_pcie_gen": _GPU["gpu_pcie_gen"],
                      "gpu_pcie_width": _GPU["gpu_pcie_width"]},
           facts=lambda host: FactRequest(custom=frozenset({host_sizing_checks.SHM}))),
+    Suite("mounts", ("acceptance",),
+          "the shared filesystems mounted alike on every node, and the same filesystem",
+          variables={"shared_mounts": Var(None, "list",
+                                          "[{path, fstype, source, options, writable}]")},
+          cross_node=frozenset({"same_filesystem", "mounts_agree_within_each_group"}),
+          facts=lambda host: FactRequest(custom=frozenset({mounts_checks.MOUNTINFO})),
+          check=_check_mounts),
+    Suite("network", ("acceptance",),
+          "one layer-2 domain, the fabric's MTU on every path, round trips and jitter",
+          variables={"net_mtu": Var(None, "integer",
+                                    "the fabric's MTU (default: the MTU most nodes' "
+                                    "inventory interfaces have)"),
+                     "net_max_rtt_us": Var(1000, "number", "smallest round trip allowed"),
+                     "net_max_jitter_us": Var(1000, "number",
+                                              "spread of the round trips allowed (10th to "
+                                              "90th percentile)"),
+                     "net_ping_count": Var(10, "integer", "echoes per pair")},
+          cross_node=frozenset({"one_layer2_domain", "path_mtu", "round_trip_time"}),
+          check=_check_network),
     Suite("p2p", ("acceptance",),
           "GPU-to-GPU and host-to-GPU copy bandwidth",
           variables={**PERFORMANCE,

@@ -89,10 +89,10 @@ class ConformanceReport:
         """The report document (schema gpufleet.conformance/1, see docs/conformance.md)."""
         return envelope(
             SCHEMA, inventory=self.inventory, inventory_digest=self.inventory_digest,
+            duration_s=self.duration, summary=self.summary(),
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                       time.gmtime(self.started + self.duration)),
-            duration_s=round(self.duration, 3), complete=self.complete,
-            summary=self.summary(), hosts=self.hosts(),
+            complete=self.complete, hosts=self.hosts(),
             results=[r.to_dict() for r in self.results], baselines=self.baselines,
             data=self.data)

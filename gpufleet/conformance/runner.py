@@ -37,7 +37,7 @@ from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import validate
 from gpufleet.slurm import inventory as slurm_inventory
 
-LAUNCHERS = ("ssh", "slurm")
+LAUNCHERS = ("ssh", "slurm", "slurm-per-node")
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 PAIRS = ("auto", "all", "ring")
 Selection = Callable[[Suite, str], bool]
@@ -78,7 +78,8 @@ def check_options(target: Target, options: ConformanceOptions) -> list[Suite]:
     launcher, and every role and suite variable of every selected host."""
     suites = registry.select(options.suites)
     if options.launcher not in LAUNCHERS:
-        raise GpufleetError(f"--launcher must be ssh or slurm, got {options.launcher!r}")
+        raise GpufleetError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got "
+                            f"{options.launcher!r}")
     if options.pairs not in PAIRS and not _sample(options.pairs):
         raise GpufleetError(f"--pairs must be auto, all, ring or sample:K, got "
                             f"{options.pairs!r}")
@@ -119,11 +120,12 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
         tuple(suites), options.pairs, options.with_nccl_tests, options.artifacts, fleet,
         baseline_store(options.record_baseline, options.compare_baseline))
     allocation = None
-    if options.launcher == "slurm":
+    if options.launcher != "ssh":
         try:
-            allocation = open_allocation(target.hosts, fleet, _partition(options))
+            allocation = open_allocation(target.hosts, fleet, _partition(options),
+                                         combine=options.launcher == "slurm")
         except GpufleetError as exc:
-            raise GpufleetError(f"--launcher slurm: {exc}") from None
+            raise GpufleetError(f"--launcher {options.launcher}: {exc}") from None
     session: ConformanceSession | None = None
     try:
         session = ConformanceSession.start(target.inventory, target.hosts, session_options)

@@ -17,7 +17,14 @@ from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.baseline import BaselineStore
 from gpufleet.conformance.registry import Suite
-from gpufleet.connect.connection import Budget, CommandResult, Connection, ConnectOptions, Connector
+from gpufleet.connect.connection import (
+    Budget,
+    CommandResult,
+    Connection,
+    ConnectOptions,
+    Connector,
+    node_local,
+)
 from gpufleet.connect.fleet import FleetOptions, TaskResult, host_timeout, run_fleet
 from gpufleet.connect.open import connect
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
@@ -145,8 +152,11 @@ class ConformanceSession:
         """Gather every node's facts in parallel, one round trip each."""
         options = options or SessionOptions()
         fleet = options.fleet
-        outcomes = run_fleet(hosts, lambda h, c: TaskResult(
-            gather_facts(c, facts_request(h, options.suites))), fleet)
+        def gather(host: Host, conn: Connection) -> TaskResult[Facts]:
+            with node_local():
+                return TaskResult(gather_facts(conn, facts_request(host, options.suites)))
+
+        outcomes = run_fleet(hosts, gather, fleet)
         nodes = {}
         for host in hosts:
             outcome = outcomes[host.name]

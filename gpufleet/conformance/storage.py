@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
 
 START_LEAD_S = 3.0
@@ -78,7 +79,9 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     def prepare(node: Node) -> tuple[Node, str | None]:
         timeout = float(node.var("storage_timeout_s"))
         try:
-            output = run_script(node, "storage", [*probe_args(node), "--prepare"], timeout)
+            with node_local():
+                output = run_script(node, "storage", [*probe_args(node), "--prepare"],
+                                    timeout)
         except GpufleetError as exc:
             return node, str(exc)
         return node, None if output.rc == 0 and _event(output, "prepared") else _failure(output)
@@ -96,8 +99,9 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     def read(node: Node) -> tuple[str, dict[str, Any] | None, str | None]:
         timeout = float(node.var("storage_timeout_s")) + max(0.0, start_at - time.time())
         try:
-            output = run_script(node, "storage", [*probe_args(node, trials), "--start-at",
-                                                  f"{start_at:.3f}"], timeout)
+            with node_local():  # each node reads its own files; the start time is shared
+                output = run_script(node, "storage", [*probe_args(node, trials),
+                                                      "--start-at", f"{start_at:.3f}"], timeout)
         except GpufleetError as exc:
             return node.name, None, str(exc)
         result = _event(output, "result")

@@ -10,16 +10,17 @@ password is sent only when sudo asks for it, never on a command line or into a f
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import secrets
 import shlex
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
@@ -28,6 +29,42 @@ BACKUP_SUFFIX = ".gpufleet-bak"
 log = logging.getLogger("gpufleet.connect")
 KILL_GRACE_S = 5
 POLL_S = 0.2
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+_NODE_LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("gpufleet_node_local",
+                                                                   default=False)
+
+
+@contextlib.contextmanager
+def node_local() -> Iterator[None]:
+    """Commands issued inside need nothing from other nodes while they run (the facts
+    round trip, a node-local check): a launcher may carry such commands of many nodes in
+    one dispatch."""
+    token = _NODE_LOCAL.set(True)
+    try:
+        yield
+    finally:
+        _NODE_LOCAL.reset(token)
+
+
+def in_node_local() -> bool:
+    """Whether the current thread's commands are node-local (``node_local``)."""
+    return _NODE_LOCAL.get()
+
+
+def keeps_node_local(fn: Callable[[T], R]) -> Callable[[T], R]:
+    """``fn`` for a worker thread: node-local there when the caller is node-local here
+    (a thread does not inherit the caller's context)."""
+    if not in_node_local():
+        return fn
+
+    def run(arg: T) -> R:
+        with node_local():
+            return fn(arg)
+
+    return run
 
 
 class Unreachable(GpufleetError):

@@ -27,6 +27,11 @@ class History:
             return []
         return sorted(self.directory.glob(f"{self.prefix}-*.json"))
 
+    def documents(self) -> list[dict[str, Any]]:
+        """The runs kept, oldest first (an unusable file is left out, with a warning): the
+        HTML report's drift over time."""
+        return [d for d in map(self._read, self.runs()) if d is not None]
+
     def last_items(self, checked_statuses: tuple[str, ...] = ("clean", "drifted")
                    ) -> dict[str, set[str]]:
         """Per host, its items (``role/item``) as last seen: each role's items come from the

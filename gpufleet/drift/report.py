@@ -24,8 +24,8 @@ STATUS_STYLE = {"clean": "green", "drifted": "yellow", "unreachable": "red bold"
 def to_json(run: DriftRun) -> dict[str, Any]:
     """The drift report document (schema gpufleet.drift/1, see docs/drift.md)."""
     doc = envelope(SCHEMA, inventory=run.inventory, inventory_digest=run.inventory_digest,
+                   duration_s=run.duration, summary=run.summary(),
                    started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)),
-                   duration_s=round(run.duration, 3), summary=run.summary(),
                    hosts={n: h.to_dict() for n, h in run.hosts.items()},
                    consistency=[i.to_dict() for i in run.inconsistencies],
                    new_since_last=run.new, resolved_since_last=run.resolved,

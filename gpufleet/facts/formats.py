@@ -42,6 +42,30 @@ def file_state(path: str, text: str) -> FileState:
     return FileState(path, True, content, fields[1], fields[2])
 
 
+@dataclass(frozen=True)
+class FileDigest:
+    """A file on a host known by its digest only (its bytes are not transferred)."""
+
+    path: str
+    exists: bool
+    sha256: str = ""
+    size: int = 0
+    mode: str | None = None
+    owner: str | None = None
+
+
+def file_digest(path: str, text: str) -> FileDigest:
+    """``missing`` or ``present MODE OWNER SIZE SHA256``."""
+    fields = text.split()
+    if fields == ["missing"]:
+        return FileDigest(path, False)
+    if len(fields) != 5 or fields[0] != "present" or not fields[3].isdigit() \
+            or not re.fullmatch(r"[0-9a-f]{64}", fields[4]):
+        raise ParseError(f"expected 'present MODE OWNER SIZE SHA256' or 'missing' for {path}, "
+                         f"got {text.strip()[:80]!r}")
+    return FileDigest(path, True, fields[4], int(fields[3]), fields[1], fields[2])
+
+
 _TORCH_VERSION = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.MULTILINE)
 _TORCH_CUDA = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*(?:None|['"]([^'"]*)['"])""", re.MULTILINE)
 _NCCL_WHEEL = re.compile(r"-(\d[^-/]*)\.dist-info$")

@@ -9,7 +9,7 @@ from typing import Any
 from gpufleet.connect.connection import CommandTimeout, Connection
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import catalog, script
-from gpufleet.facts.formats import FileState
+from gpufleet.facts.formats import FileDigest, FileState
 from gpufleet.inventory.model import Host
 
 FACTS_TIMEOUT_S = 90.0
@@ -80,6 +80,11 @@ class Facts:
     def file(self, path: str) -> FileState:
         value = self.require(f"file:{path}")
         assert isinstance(value, FileState)
+        return value
+
+    def file_digest(self, path: str) -> FileDigest:
+        value = self.require(f"file_digest:{path}")
+        assert isinstance(value, FileDigest)
         return value
 
     def link(self, path: str) -> str | None:

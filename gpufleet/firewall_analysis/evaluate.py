@@ -562,12 +562,42 @@ def _parse_ports(ports: Sequence[tuple[int, int]]) -> Intervals:
     return Intervals.of(ports)
 
 
-def _base_order(base: tuple[int, Table, Chain]) -> tuple[int, int, int]:
-    """Hook, priority, and of equal priority the one registered (listed) last first."""
-    index, _, chain = base
-    hook = chain.hook
-    assert hook is not None
-    return HOOK_ORDER[hook.name], hook.priority, -index
+_Base = tuple[int, int, Table, Chain]  # ruleset index, position in it, table, chain
+
+
+def _order(bases: list[_Base], legacy_last: bool) -> list[tuple[Table, Chain]]:
+    """Hook, priority, and of equal priority the one registered last first: within one
+    ruleset the one listed last; between rulesets, the later ruleset's (``legacy_last``)
+    or the earlier's."""
+    def key(base: _Base) -> tuple[int, int, int, int]:
+        ruleset, position, _, chain = base
+        hook = chain.hook
+        assert hook is not None
+        return (HOOK_ORDER[hook.name], hook.priority,
+                -ruleset if legacy_last else ruleset, -position)
+
+    return [(t, c) for _, _, t, c in sorted(bases, key=key)]
+
+
+class _Either:
+    """Two runs over the same classes whose base chains of equal priority from different
+    rulesets ran in either order: a class is what both say, else uncertain."""
+
+    def __init__(self, first: _Run, second: _Run, cause: Cause) -> None:
+        self.first, self.second, self.cause = first, second, cause
+        self.first_end: dict[int, _End] = {}
+
+    def resolve(self, accepted: tuple[Flow, Flow]) -> None:
+        self.first.resolve(accepted[0])
+        self.second.resolve(accepted[1])
+        self.first_end = {**self.second.first_end, **self.first.first_end}
+
+    def outcome(self, i: int) -> _Key:
+        one, other = self.first.outcome(i), self.second.outcome(i)
+        if one[0] == other[0]:
+            return one
+        at = one[1] or other[1]
+        return "uncertain", at, self.cause
 
 
 def analyse(rulesets: Sequence[Ruleset], sources: Sequence[str],
@@ -590,30 +620,46 @@ def analyse(rulesets: Sequence[Ruleset], sources: Sequence[str],
     if not parsed or not wanted.spans:
         return Analysis((), notes)
     tables = [t for ruleset in rulesets for t in ruleset.tables]
-    listed = [(t, c) for t in tables for c in t.chains.values() if c.hook is not None]
-    bases = [(t, c) for _, t, c in sorted(((i, t, c) for i, (t, c) in enumerate(listed)),
-                                          key=_base_order)]
+    listed: list[_Base] = [
+        (index, position, t, c) for index, ruleset in enumerate(rulesets)
+        for position, (t, c) in enumerate((t, c) for t in ruleset.tables
+                                          for c in t.chains.values() if c.hook is not None)]
     space = _Space([r for t in tables for c in t.chains.values() for r in c.rules], parsed,
                    wanted)
+    legacy_last, legacy_first = _order(listed, True), _order(listed, False)
     run = _Run(space, iif)
-    return Analysis(_findings(space, run, run.run(bases)), notes)
+    accepted = run.run(legacy_last)
+    if legacy_first == legacy_last:
+        run.resolve(accepted)
+        return Analysis(_findings(space, run), notes)
+    other = _Run(space, iif)
+    (t1, tie), (t2, other_tie) = next(
+        (a, b) for a, b in zip(legacy_last, legacy_first, strict=True) if a[1] is not b[1])
+    assert tie.hook is not None
+    cause = Cause(Located(RuleRef(t1.label, tie.name, f"its order against {t2.label} chain "
+                                                      f"{other_tie.name}"),
+                          f"hook {tie.hook.name}, priority {tie.hook.priority}"),
+                  "base chains of equal priority from nft and iptables run in the order they "
+                  "were registered, which no listing shows")
+    either = _Either(run, other, cause)
+    either.resolve((accepted, other.run(legacy_first)))
+    return Analysis(_findings(space, either), notes)
 
 
 _ACCEPTED: _Key = ("accepted", None, None)
 
 
-def _findings(space: _Space, run: _Run, accepted: Flow) -> tuple[Finding, ...]:
+def _findings(space: _Space, run: _Run | _Either) -> tuple[Finding, ...]:
     """Adjacent port pieces of a group with the same outcome merged, then the groups with
     the same outcome for the same ports. Only classes that some rule may end are looked
-    at one by one; the pieces between them are accepted."""
-    run.resolve(accepted)
+    at one by one; the pieces between them are accepted (``run`` is resolved)."""
     ended: dict[int, list[int]] = {}
     for i in sorted(run.first_end):
         ended.setdefault(i // space.width, []).append(i % space.width)
     buckets: dict[tuple[int, int, _Key], list[int]] = {}
     for g in range(len(space.groups)):
         runs: list[tuple[int, int, _Key]] = []
-        for lo, hi, key in _group_outcomes(space, run, accepted, g, ended.get(g, [])):
+        for lo, hi, key in _group_outcomes(space, run, g, ended.get(g, [])):
             if runs and runs[-1][2] == key and runs[-1][1] == lo - 1:
                 runs[-1] = (runs[-1][0], hi, key)
             else:
@@ -627,7 +673,7 @@ def _findings(space: _Space, run: _Run, accepted: Flow) -> tuple[Finding, ...]:
     return tuple(findings)
 
 
-def _group_outcomes(space: _Space, run: _Run, accepted: Flow, g: int,
+def _group_outcomes(space: _Space, run: _Run | _Either, g: int,
                     ended: list[int]) -> Iterator[tuple[int, int, _Key]]:
     """(first port, last port, outcome) of one group in port order: each ended piece, and
     the accepted stretches between them, cut where the requested port ranges have gaps."""

@@ -8,6 +8,7 @@ them), and ``iptables-legacy-save`` where legacy rules exist beside nft's. Parsi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,13 +56,19 @@ def parse_live(text: str) -> dict[str, str | None]:
 LIVE_RULESET = Fact("live_ruleset", _SHELL, parse_live, "firewall")
 
 
-def _has_rules(save: str | None) -> bool:
-    return bool(save) and any(line.startswith("-A ") for line in (save or "").splitlines())
+_DROPPING_POLICY = re.compile(r"^:(INPUT|PREROUTING) DROP\b")
+
+
+def _in_use(save: str | None) -> bool:
+    """Whether a legacy save does anything: a rule, or a built-in chain on the input path
+    with a DROP policy (which drops everything with no rule at all)."""
+    return any(line.startswith("-A ") or _DROPPING_POLICY.match(line)
+               for line in (save or "").splitlines())
 
 
 def rulesets(live: dict[str, Any]) -> list[Ruleset]:
     """Every ruleset the node runs: nft's (iptables-nft tables decoded from the save texts)
-    and iptables-legacy's where it has rules."""
+    and iptables-legacy's where it has rules or a policy that drops."""
     found: list[Ruleset] = []
     if live.get("nft"):
         found.append(parse_nft(live["nft"], live.get("iptables"), live.get("ip6tables")))
@@ -70,7 +77,7 @@ def rulesets(live: dict[str, Any]) -> list[Ruleset]:
             if live.get(key) is not None:
                 found.append(parse_iptables(live[key], family))  # type: ignore[arg-type]
     for key, family in (("iptables-legacy", "ipv4"), ("ip6tables-legacy", "ipv6")):
-        if _has_rules(live.get(key)):
+        if _in_use(live.get(key)):
             found.append(parse_iptables(live[key], family, key))  # type: ignore[arg-type]
     return found
 

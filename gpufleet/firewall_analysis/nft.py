@@ -394,6 +394,15 @@ class _Compiler:
         if not isinstance(body, dict) or body.get("dir"):
             raise _Unsupported
         key, values, negate = body.get("key"), self._elements(right), op == "!="
+        if key == "state" and isinstance(right, dict) and isinstance(right.get("|"), list):
+            # ``ct state != established,related`` without braces: one value, the OR of the
+            # bits, which no packet's single state equals ("in": any of them)
+            bits = right["|"]
+            if not all(isinstance(v, str) and v in CT_STATES for v in bits):
+                raise _Unsupported
+            if op == "in" or len(bits) == 1:
+                return [CtState(frozenset(bits), negate, text)]
+            return [] if negate else [Never(f"no state is all of them: {text}")]
         if key == "state" and all(isinstance(v, str) and v in CT_STATES for v in values):
             return [CtState(frozenset(values), negate, text)]
         # Any other key of a packet without a conntrack entry ends the rule (NFT_BREAK),

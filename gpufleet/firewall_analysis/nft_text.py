@@ -88,6 +88,7 @@ _COMPOUND: dict[str, Callable[[Any, str], str]] = {
         value_text(v, key) for v in (body if isinstance(body, list) else [body])) + " }",
     "elem": lambda body, key: value_text(body["val"], key),
     "concat": lambda body, key: " . ".join(value_text(v, key) for v in body),
+    "|": lambda body, key: " | ".join(value_text(v, key) for v in body),
 }
 
 

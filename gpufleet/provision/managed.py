@@ -60,6 +60,26 @@ def file_change(role: str, facts: Facts, path: str, content: str | bytes, *,
                   diff=None if text is None else unified_diff(path, state.text, text))
 
 
+def digest_change(role: str, facts: Facts, path: str, content: bytes, *, digest: str,
+                  steps: list[Any], mode: int = 0o644, owner: str = "root:root"
+                  ) -> Change | None:
+    """The change for a file known on the host by its digest only (``file_digest_fact``):
+    None when the host's file has ``digest`` (the SHA-256 of ``content``), ``mode`` and
+    ``owner``; no diff (the host's bytes were not read)."""
+    state = facts.file_digest(path)
+    want_mode = f"{mode:o}"
+    if state.exists and state.sha256 == digest and state.mode == want_mode \
+            and state.owner == owner:
+        return None
+    if not state.exists:
+        return Change(role, f"file {path}", "create", "absent", f"{len(content)} bytes", steps)
+    if state.sha256 == digest:
+        return Change(role, f"file {path}", "set mode", f"{state.mode} {state.owner}",
+                      f"{want_mode} {owner}", steps)
+    return Change(role, f"file {path}", "update", f"{state.size} bytes (differs)",
+                  f"{len(content)} bytes", steps)
+
+
 def link_change(role: str, facts: Facts, path: str, target: str) -> Change | None:
     """The change that makes ``path`` a symbolic link to ``target``, or None."""
     current = facts.link(path)

@@ -12,10 +12,19 @@ from gpufleet.errors import GpufleetError
 from gpufleet.report.outputs import local_put
 
 
-def envelope(schema: str, **body: Any) -> dict[str, Any]:
-    """The common header of every gpufleet JSON document."""
+def opening(schema: str) -> dict[str, Any]:
+    """What every gpufleet JSON document starts with: its schema id, the version that wrote
+    it and when (UTC)."""
     return {"schema": schema, "gpufleet_version": __version__,
-            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **body}
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def envelope(schema: str, *, inventory: str, inventory_digest: str, duration_s: float,
+             summary: dict[str, int], **body: Any) -> dict[str, Any]:
+    """A report with the header every report shares (docs/outputs.md): the opening, the
+    inventory and its digest, the run's duration and its counts, then ``body``."""
+    return {**opening(schema), "inventory": inventory, "inventory_digest": inventory_digest,
+            "duration_s": round(duration_s, 3), "summary": summary, **body}
 
 
 def write_json(path: str | Path, document: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TextIO, TypeVar
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -56,7 +56,7 @@ def markup(text: object) -> str:
     return escape(plain(text))
 
 
-_FOLDABLE = re.compile(r"^[A-Za-z0-9._-]+$")
+_FOLDABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _K = TypeVar("_K", bound=Hashable)
 
 
@@ -68,7 +68,7 @@ def host_set(hosts: Iterable[str]) -> str:
     foldable = [h for h in names if _FOLDABLE.match(h)]
     others = [h for h in names if not _FOLDABLE.match(h)]
     try:
-        folded = [str(NodeSet.fromlist(foldable))] if foldable else []
+        folded = [str(NodeSet.fromlist(foldable, resolver=RESOLVER_NOGROUP))] if foldable else []
     except NodeSetException:
         folded = foldable
     return ",".join(folded + others)

@@ -3,7 +3,10 @@
 One allocation holds the run's nodes (``salloc --no-shell --exclusive``, so no other job
 shares them while they are measured); every command is a job step on its node (``srun
 --jobid J --nodelist NODE --overlap``, the node's GPUs requested for the step), so checks
-on one node run side by side as they do over SSH. A step runs in an environment as plain
+on one node run side by side as they do over SSH. Node-local commands of many nodes
+(the facts round trip, node-local checks) go together as one step across the nodes
+(``gpufleet.slurm.fanout``) unless each is asked for as a step of its own
+(``--launcher slurm-per-node``). A step runs in an environment as plain
 as an SSH session's (``--export=NONE``, ``env -i PATH=...``: nothing of the controller's
 environment reaches the node) and prints a start mark before the command: a step that
 never started (the node is down, the allocation was revoked) makes the node unreachable,
@@ -23,14 +26,23 @@ import shlex
 import signal
 import subprocess
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.connect.connection import Budget, ConnectOptions, Unreachable
+from gpufleet.connect.connection import (
+    Budget,
+    CommandResult,
+    ConnectOptions,
+    Stream,
+    Unreachable,
+    in_node_local,
+)
 from gpufleet.connect.local import ProcessRunner, ProcessStream
 from gpufleet.inventory.model import Host
 from gpufleet.slurm.client import Slurm, SlurmError, SlurmNode
 from gpufleet.slurm.drain import slurm_name
+from gpufleet.slurm.fanout import STDIN_MAX, FanoutStream, StepFanout
 
 STEP_MARK = b"@@gpufleet-step@@\n"
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -62,14 +74,19 @@ class Allocation:
     job_id: str | None
     nodes: dict[str, SlurmNode] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+    fanout: StepFanout | None = None
 
     @classmethod
     def open(cls, hosts: Sequence[Host], slurm: Slurm, *, partition: str | None,
-             time_limit_s: float, wait_s: float = 60.0) -> Allocation:
+             time_limit_s: float, wait_s: float = 60.0, combine: bool = True
+             ) -> Allocation:
         """Allocate every host Slurm can give now, whole (``--exclusive``), for at most
-        ``time_limit_s``; waiting longer than ``wait_s`` for busy nodes is an error."""
+        ``time_limit_s``; waiting longer than ``wait_s`` for busy nodes is an error.
+        ``combine``: node-local commands of many nodes share one step."""
         known = {n.name: n for n in slurm.nodes()}
         allocation = cls(slurm, None)
+        if combine:
+            allocation.fanout = StepFanout(allocation, STEP_PATH)
         for host in hosts:
             node = known.get(slurm_name(host))
             if node is None:
@@ -206,12 +223,41 @@ class SrunConnection(ProcessRunner):
     def __init__(self, host: Host, allocation: Allocation, budget: Budget | None = None
                  ) -> None:
         self.allocation = allocation
+        self._combined = threading.local()
+        self._carried: weakref.WeakSet[FanoutStream] = weakref.WeakSet()
         super().__init__(host, budget)
 
-    def _stream(self, line: str) -> SrunStream:
+    def close(self) -> None:
+        """Stop whatever still runs, a command waiting in a combined step included."""
+        with self._lock:
+            carried = list(self._carried)
+        for stream in carried:
+            stream.cancel()
+        super().close()
+
+    def run(self, command: str, *, timeout: float = 120.0, stdin: bytes | None = None,
+            become: bool | None = None) -> CommandResult:
+        """The command as a step of its own, or in a combined step when it is node-local,
+        its stdin small and it needs no become password."""
+        combined = self.allocation.fanout is not None and in_node_local() \
+            and len(stdin or b"") <= STDIN_MAX and self._become(become)[1] is None
+        self._combined.value = combined
+        try:
+            return super().run(command, timeout=timeout, stdin=stdin, become=become)
+        finally:
+            self._combined.value = False
+
+    def _stream(self, line: str) -> Stream:
         left_out = self.allocation.left_out.get(self.host.name)
         if left_out:
             raise Unreachable(f"{self.host.name}: {left_out}")
+        node = self.allocation.nodes[self.host.name]
+        fanout = self.allocation.fanout
+        if fanout is not None and getattr(self._combined, "value", False):
+            stream = FanoutStream(fanout, node.name, line, node.gpus)
+            with self._lock:
+                self._carried.add(stream)
+            return stream
         argv = [*self.allocation.step_argv(self.host.name), "/usr/bin/env", "-i",
                 f"PATH={STEP_PATH}", "/bin/sh", "-c",
                 f"printf '%s\\n' {shlex.quote(STEP_MARK.decode().strip())} && exec {line}"]

@@ -2,11 +2,14 @@
 
 One session-wide lab of 16 nodes, separate from the user's lab (its own name,
 bridge, subnet and state directory). ``provisioned`` brings node01-node04 to the
-inventory's pinned stack once per session; tests that change a node restore it.
+inventory's pinned stack once per session; tests that change a node restore it. Every JSON
+document a lab test has gpufleet write on the controller is checked against its shipped
+schema.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +23,8 @@ from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.ssh import SSHConnection
 from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.report import jsonfile
+from gpufleet.report.schemas import SchemaError, validate
 from tests.conftest import ROOT
 
 LAB_NODES = 16
@@ -27,7 +32,9 @@ PROVISIONED = "node01:node02:node03:node04"
 # Several checkouts may run their lab tests at once on one machine: each picks its own
 # second octet (GPUFLEET_TEST_NET, default 78), from which every test lab takes its subnet,
 # name and state directory. Each test lab has its own offset, so its own /16: t 0, dn 1, 32 2,
-# sl 3, bs 4, hs 5.
+# sl 3, bs 4, hs 5, the firewall-against-the-kernel namespaces (test_firewall_kernel) 6, and
+# the network placement lab (test_network_placement) 7, the shared mounts lab
+# (test_shared_mounts) 8.
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
 
@@ -40,6 +47,25 @@ def lab_config_for(role: str, offset: int, inventory_dir: Path) -> LabConfig:
     root = Path(f"/srv/gpufleet-lab-{name}")
     return LabConfig(name=name, root=root, subnet=f"10.{TEST_NET + offset}.0",
                      inventory_dir=inventory_dir)
+
+
+@pytest.fixture(autouse=True)
+def documents_validate(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Each JSON document gpufleet writes during the test (reports, the drift history) is
+    validated against its schema as it is written; the test fails on any that is not."""
+    problems: list[str] = []
+    put = jsonfile.local_put
+
+    def validated_put(path: str, content: bytes, mode: int = 0o644) -> None:
+        try:
+            validate(json.loads(content))
+        except SchemaError as exc:
+            problems.append(f"{path}: {exc}")
+        put(path, content, mode)
+
+    monkeypatch.setattr(jsonfile, "local_put", validated_put)
+    yield problems
+    assert not problems, "documents that do not match their schema:\n" + "\n".join(problems)
 
 
 def _require_root() -> None:

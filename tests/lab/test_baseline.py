@@ -1,6 +1,7 @@
 """Baselines on a real lab node: certify-time figures recorded in /etc/gpufleet/baseline.json
 on the node, then the same node, its dataset reads throttled by a blkio cgroup, fails the
-storage check with --compare-baseline although it still clears the inventory's floor."""
+storage check with --compare-baseline although it still clears the inventory's floor. The
+recorded files validate against their schema."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import yaml
 
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
+from gpufleet.report.schemas import validate
 from tests.lab.conftest import lab_config_for, node_sh
 
 DATA = "/var/tmp/gf-dataset"
@@ -99,6 +101,7 @@ def test_a_recorded_baseline_fails_the_throttled_node(
     assert doc["baselines"]["node01"]["recorded"] == (
         "recorded 2 figures in /etc/gpufleet/baseline.json")
     recorded = json.loads(node_sh(lab, "node01", "cat /etc/gpufleet/baseline.json"))
+    validate(recorded)
     assert recorded["host"] == "node01"
     baseline = recorded["figures"][SEQ]["value"]
     assert baseline == row["properties"]["verdicts"][SEQ]["median"] > 0
@@ -136,7 +139,9 @@ def test_allreduce_and_ddp_figures_are_recorded_per_size_on_a_provisioned_node(
     within = rows["test_ddp_within_the_node"]["properties"]["verdicts"]
     assert sorted(within) == ["ddp.efficiency", "ddp.throughput_1"]
     assert len(within["ddp.efficiency"]["trials"]) == 3
-    recorded = json.loads(node_sh(lab, "node01", "cat /etc/gpufleet/baseline.json"))["figures"]
+    document = json.loads(node_sh(lab, "node01", "cat /etc/gpufleet/baseline.json"))
+    validate(document)
+    recorded = document["figures"]
     assert sorted(recorded) == sorted([*alone, *within])
     assert recorded["ddp.efficiency"]["value"] == within["ddp.efficiency"]["median"]
     node_sh(lab, "node01", "rm -f /etc/gpufleet/baseline.json")

@@ -4,7 +4,8 @@ from the controller); a failing step drains the node.
 
 The tests share one fresh node and run in order: refused, then ready, then re-certified
 while the peer's own firewall closes the rendezvous port (the peer's firewall role refuses
-to admit it past a foreign rule that drops the cluster)."""
+to admit it past a foreign rule that drops the cluster). The node's files (node.json,
+baseline.json) validate against their schemas, as the reports do (the conftest)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from gpufleet import app
 from gpufleet.bootstrap import BootstrapOptions
 from gpufleet.lab.cluster import Lab
+from gpufleet.report.schemas import validate
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import override, run
 
@@ -85,8 +87,10 @@ def test_a_fresh_node_is_taken_to_ready_and_then_shows_no_drift(
     assert "node12" in admitted["unmanaged"]  # never provisioned: left without a firewall
     assert "gpufleet" not in node_sh(lab, "node12", "nft list tables")
     state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
+    validate(state)
     assert (state["status"], state["peer"], state["versions"]["nccl"]) == \
         ("ready", "node01", "2.21.5-1+cuda12.4")
+    validate(json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/baseline.json")))
     assert hooks.read_text() == f"ready {fresh}\n"
     assert app.drift_cmd(str(provisioned), limit=f"{PROVISIONED}:{fresh}",
                          outputs=app.DriftOutputs(report_dir=str(tmp_path / "drift"))) == 0
@@ -120,6 +124,7 @@ def test_a_failing_step_marks_the_node_not_ready_and_drains_it(
     assert reason.startswith(f"admit: the peer node01 could not admit {fresh}: "), reason
     assert "tcp dport 29500 from" in reason and "table inet site chain in" in reason
     state = json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))
+    validate(state)
     assert state["status"] == "not-ready"
     assert "tcp dport 29500" in state["reason"]
     drained = hooks.read_text()

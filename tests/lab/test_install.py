@@ -1,7 +1,8 @@
 """gpufleet as a platform engineer installs it on a controller that is no checkout: the
 wheel built from this tree, installed into a fresh virtual environment (its dependencies
 from the wheelhouse scripts/setup keeps, no network), then run from a directory outside the
-checkout against the session lab. pipx installs the same wheel."""
+checkout against the session lab; the JSON Schemas ship in it and validate what the
+installed command writes. pipx installs the same wheel."""
 
 from __future__ import annotations
 
@@ -67,10 +68,31 @@ def test_site_packages_holds_only_the_gpufleet_package(installed: Path) -> None:
     assert (site / "gpufleet" / "node" / "healthcheck.py").is_file()
     assert (site / "gpufleet" / "roles" / "driver.py").is_file()
     assert (site / "gpufleet" / "dashboards" / "grafana.json").is_file()
+    templates = site / "gpufleet" / "report" / "templates"
+    assert {p.name for p in templates.iterdir()} >= {
+        "base.html.j2", "macros.html.j2", "conformance.html.j2", "drift.html.j2",
+        "acceptance.html.j2", "filter.js"}
+    assert sorted(p.name for p in (site / "gpufleet" / "schemas").iterdir()) == [
+        f"{name}.schema.json" for name in ("baseline", "bootstrap", "common", "conformance",
+                                           "drift", "facts", "node", "provision")]
     for name in ("roles", "conformance", "templates", "tasks.py", "tests", "inventory"):
         assert not (site / name).exists(), name
     [record] = site.glob("gpufleet-*.dist-info/top_level.txt")
     assert record.read_text().split() == ["gpufleet"]
+
+
+def test_the_installed_package_renders_the_html_reports(installed: Path, tmp_path: Path
+                                                        ) -> None:
+    """Its templates and ClusterShell (from the wheelhouse) are there: a report renders."""
+    script = ("import json, sys; from gpufleet.report import html; "
+              "doc = json.load(open(sys.argv[1])); "
+              "print(len(html.render_conformance(doc)), html.fold(['n1', 'n2', 'n3']))")
+    done = _run([str(installed / "bin" / "python"), "-c", script,
+                 str(ROOT / "tests" / "fixtures" / "h200x2" / "gpufleet" / "conformance.json")],
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    size, folded = done.stdout.split()
+    assert int(size) > 10_000 and folded == "n[1-3]"
 
 
 def test_the_installed_command_provisions_and_checks_the_lab(
@@ -94,6 +116,26 @@ def test_the_installed_command_provisions_and_checks_the_lab(
     assert drift.returncode == 0, drift.stdout + drift.stderr
     assert json.loads(drift.stdout)["summary"]["items"] == 0
     assert not (elsewhere / "reports").exists()  # the history went where it was told
+
+
+def test_the_installed_schemas_load_and_validate_what_the_command_writes(
+        installed: Path, tmp_path: Path) -> None:
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    here:\n"
+                                        "      ansible_connection: local\n")
+    facts = _run([str(installed / "bin" / "gpufleet"), "facts", "-i", "hosts.yml", "--json",
+                  "facts.json"], cwd=tmp_path)
+    assert facts.returncode == 0, facts.stdout + facts.stderr
+    check = ("import json\n"
+             "from importlib.resources import files\n"
+             "from gpufleet.report import schemas\n"
+             "shipped = files('gpufleet').joinpath('schemas')\n"
+             "for schema_id in schemas.ids():\n"
+             "    assert schemas.load(schema_id)['$id'].endswith(schema_id)\n"
+             "schemas.validate(json.load(open('facts.json')))\n"
+             "print(sorted(p.name for p in shipped.iterdir()))\n")
+    done = _run([str(installed / "bin" / "python"), "-c", check], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "drift.schema.json" in done.stdout
 
 
 def test_pipx_installs_a_working_command(wheel: Path, tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_provisioned_nodes_run_the_pinned_stack(lab: Lab, provisioned: Path) -> 
                     "print(torch.__version__, torch.version.cuda)' 2>/dev/null")
     assert torch.strip() == "2.13.0+cpu None"
     assert node_sh(lab, "node01", "cat /etc/nccl.conf").splitlines()[1:] == \
-        ["NCCL_SOCKET_IFNAME=eth0", "NCCL_DEBUG=WARN"]
+        ["NCCL_DEBUG=WARN", "NCCL_SOCKET_IFNAME=eth0"]  # sorted by name
     assert node_sh(lab, "node01", "cat /proc/sys/net/ipv4/ip_local_port_range").split() == \
         ["49152", "65535"]
     assert "\"nvidia-\";" in node_sh(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -326,32 +327,54 @@ def _outcomes(report: Path) -> dict[tuple[str, str, str], str]:
             for r in json.loads(report.read_text())["results"]}
 
 
-def _steps(lab: Lab, node: str, job: str) -> int:
+def _steps(lab: Lab, node: str, job: str) -> set[str]:
+    """The job's steps that ran a task on ``node``, from its slurmd's log."""
     log = LabSlurm(lab.config).dir / "log" / f"slurmd-{node}.log"
-    return log.read_text().count(f"launch task StepId={job}.")
+    return set(re.findall(rf"launch task StepId={job}\.(\d+)", log.read_text()))
 
 
-def test_the_slurm_launcher_gives_the_ssh_launchers_outcomes(slurm_lab: Lab, slurm: Slurm,
-                                                              tmp_path: Path) -> None:
+def test_the_slurm_launchers_give_the_ssh_launchers_outcomes(slurm_lab: Lab, slurm: Slurm,
+                                                               tmp_path: Path) -> None:
+    """slurm (node-local commands of the nodes in one step) and slurm-per-node (a step per
+    command) against SSH: the same outcome for every (host, suite, check), far fewer steps
+    when combined, and no job left behind."""
     inventory = str(slurm_lab.config.inventory_dir)
     suites = "firewall,stack,host_sizing,reachability,allreduce"
-    by_ssh, by_slurm = tmp_path / "ssh.json", tmp_path / "slurm.json"
+    by_ssh = tmp_path / "ssh.json"
     assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_ssh)) == 1
-    assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_slurm),
-                               launcher="slurm", partition="lab") == 1
-    assert _outcomes(by_slurm) == _outcomes(by_ssh)
-    outcomes = _outcomes(by_slurm)
+    steps = {}
+    for launcher in ("slurm", "slurm-per-node"):
+        report = tmp_path / f"{launcher}.json"
+        assert app.conformance_cmd(inventory, suites=suites, json_path=str(report),
+                                   launcher=launcher, partition="lab") == 1
+        assert _outcomes(report) == _outcomes(by_ssh), launcher
+        described = json.loads(report.read_text())["data"]["launcher"]["slurm"]
+        assert described["left_out"] == {}
+        assert described["combined_steps"] is (launcher == "slurm")
+        steps[launcher] = {f"node0{i}": _steps(slurm_lab, f"node0{i}", described["job_id"])
+                           for i in range(1, NODES + 1)}
+        assert not [line for line in subprocess.run(
+            ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True,
+            check=True, env=_slurm_env(slurm_lab)).stdout.split()
+            if line == described["job_id"]]
+    outcomes = _outcomes(by_ssh)
     assert outcomes[("fleet", "allreduce", "test_all_nodes_together")] == "pass"
     assert {outcomes[(f"node0{i}", "allreduce", "test_each_node_alone")]
             for i in range(1, NODES + 1)} == {"pass"}
     assert outcomes[("node02", "firewall", "test_live_rules_admit_the_cluster")] == "pass"
-    launcher = json.loads(by_slurm.read_text())["data"]["launcher"]["slurm"]
-    assert launcher["left_out"] == {}
-    assert all(_steps(slurm_lab, f"node0{i}", launcher["job_id"]) > 10
-               for i in range(1, NODES + 1))
-    assert not [line for line in subprocess.run(
-        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True,
-        env=_slurm_env(slurm_lab)).stdout.split() if line == launcher["job_id"]]
+    tasks = {launcher: sum(map(len, by_node.values())) for launcher, by_node in steps.items()}
+    distinct = {launcher: len(set().union(*by_node.values()))
+                for launcher, by_node in steps.items()}
+    assert tasks["slurm"] == tasks["slurm-per-node"] > 10 * NODES, steps
+    assert distinct["slurm-per-node"] == tasks["slurm-per-node"], "a step per command"
+    assert distinct["slurm"] < distinct["slurm-per-node"], steps
+    local = tmp_path / "local.json"
+    app.conformance_cmd(inventory, suites="firewall,stack,host_sizing", json_path=str(local),
+                        launcher="slurm", partition="lab")
+    job = json.loads(local.read_text())["data"]["launcher"]["slurm"]["job_id"]
+    by_node = [_steps(slurm_lab, f"node0{i}", job) for i in range(1, NODES + 1)]
+    assert len(by_node[0]) >= 3 and by_node[0] == by_node[1] == by_node[2], \
+        "node-local suites: every step carries every node's command"
 
 
 def _jobs(lab: Lab) -> list[str]:

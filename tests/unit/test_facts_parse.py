@@ -19,7 +19,7 @@ from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import catalog
 from gpufleet.facts import script as fscript
 from gpufleet.facts.catalog import Fact
-from gpufleet.facts.formats import FileState, file_state, link_target
+from gpufleet.facts.formats import FileDigest, FileState, file_state, link_target
 from gpufleet.facts.gather import (
     FactMissing,
     FactRequest,
@@ -286,10 +286,12 @@ def test_fact_request_union_and_fact_order() -> None:
 
 def test_json_safe_summarises_file_states_and_sets() -> None:
     value = {"f": FileState("/x", True, b"abc", "644", "root:root"), "s": {"b", "a"},
-             "t": (1, 2)}
+             "t": (1, 2), "d": FileDigest("/y", True, "ab" * 32, 7, "600", "root:root")}
     assert catalog.json_safe(value) == {
         "f": {"path": "/x", "exists": True, "mode": "644", "owner": "root:root", "bytes": 3},
-        "s": ["a", "b"], "t": [1, 2]}
+        "s": ["a", "b"], "t": [1, 2],
+        "d": {"path": "/y", "exists": True, "mode": "600", "owner": "root:root", "bytes": 7,
+              "sha256": "ab" * 32}}
 
 
 # --------------------------------------------------------------------------- gather_facts

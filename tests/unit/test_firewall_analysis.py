@@ -26,6 +26,7 @@ from gpufleet.firewall_analysis import (
     parse_iptables,
     parse_nft,
 )
+from gpufleet.firewall_analysis.live import analyse_live, parse_live
 from gpufleet.firewall_analysis.nft_text import rule_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "firewall"
@@ -395,6 +396,44 @@ def test_conntrack_tests_other_than_the_state_never_match_without_an_entry() -> 
             rule(ct("status", "!=", "dnat")), rule(ct("direction", "==", "original"))]}
         analysis = analyse_nft(json.dumps(doc), CLUSTER, PORTS)
         assert bool(analysis.blocked) == dropped
+
+
+def _live(scenario: str) -> Analysis:
+    """The scenario as the firewall check reads it (live.txt, the check's own snippet)."""
+    return analyse_live(parse_live(capture(scenario, "live.txt") or ""), CLUSTER, PORTS,
+                        "eth0")
+
+
+def test_a_legacy_drop_policy_without_a_rule_drops_everything() -> None:
+    """Kernel: every new connection dropped. iptables-legacy's save with no rule but a DROP
+    policy used to be passed over as empty."""
+    assert _live("legacy_policy_drop").messages() == [
+        f"tcp dport{p} from {FOUR} {v} dropped by iptables-legacy table filter chain INPUT "
+        "(priority 0): policy drop" for p, v in ((" 29500", "is"), ("s 49152-65535", "are"))]
+
+
+def test_equal_priority_between_legacy_and_nft_is_uncertain() -> None:
+    """Which of two base chains of one priority runs first is their registration order,
+    which neither listing shows: where the order decides, the verdict is uncertain
+    (the kernel admitted 50000 here: its nft chain was registered last, so it ran first,
+    before the legacy notrack)."""
+    [finding] = _live("legacy_nft_tie").uncertain
+    assert (finding.ports, finding.verdict) == ((50000, 50000), "uncertain")
+    assert finding.cause is not None
+    assert finding.cause.reason == ("base chains of equal priority from nft and iptables run "
+                                    "in the order they were registered, which no listing shows")
+    assert str(finding.cause.at) == (
+        "iptables-legacy table raw chain PREROUTING (hook prerouting, priority -300): its "
+        "order against table inet early chain raw")
+    assert not _live("legacy_nft_tie").blocked
+
+
+def test_ct_state_not_of_two_states_without_braces_matches_every_state() -> None:
+    """Kernel: 50000-50099 dropped. Without braces the two states are one value (their
+    bits OR'ed), which no packet's state equals."""
+    assert analysed("ct_state_or").messages() == [
+        f"tcp dports 50000-50099 from {FIVE} are dropped by table inet orbits chain input "
+        "(priority -10) handle 2: tcp dport 50000-50099 ct state != established | related drop"]
 
 
 def test_rate_limits_are_possible_drops() -> None:

@@ -6,6 +6,7 @@ mode only: nothing is loaded) where this machine allows it.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -20,7 +21,8 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import VarError
-from gpufleet.facts.formats import FileState
+from gpufleet.facts.catalog import file_digest_fact
+from gpufleet.facts.formats import FileDigest, FileState
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, parse_live
 from gpufleet.inventory.model import Inventory, load_inventory
@@ -101,8 +103,17 @@ def rows(changes: list[Change]) -> list[tuple[str, str, str | None, str | None]]
     return [(c.item, c.action, c.before, c.after) for c in changes]
 
 
+CLUSTER_SETS = [("cluster4", "ipv4", ""), ("cluster6", "ipv6", "")]
+
+
+def cluster_rules(port: str) -> list[str]:
+    return [f"tcp dport {port} ip saddr @cluster4 accept",
+            f"tcp dport {port} ip6 saddr @cluster6 accept"]
+
+
 def nft(sets: list[tuple[str, str, str]], rules: list[str], drop: bool = True) -> str:
-    """The expected nftables ruleset text."""
+    """The expected nftables ruleset text (a set without elements is filled from the
+    cluster file)."""
     lines = [
         "#!/usr/sbin/nft -f",
         f"# {HEADER}",
@@ -111,13 +122,18 @@ def nft(sets: list[tuple[str, str, str]], rules: list[str], drop: bool = True) -
         "# The chain's policy stays accept and the last rule drops: flushing this table opens "
         "the",
         "# node instead of cutting every connection, and drift reports the flush.",
+        f"# The cluster's addresses are in sets filled from {firewall.CLUSTER_FILE}, which "
+        "is the same on",
+        "# every node of the cluster: a node joining changes that file, not this one.",
         "table inet gpufleet",
         "delete table inet gpufleet",
         "table inet gpufleet {",
     ]
     for name, family, elements in sets:
         lines += [f"\tset {name} {{", f"\t\ttype {family}_addr", "\t\tflags interval",
-                  "\t\tauto-merge", f"\t\telements = {{ {elements} }}", "\t}"]
+                  "\t\tauto-merge"]
+        lines += [f"\t\telements = {{ {elements} }}"] if elements else []
+        lines += ["\t}"]
     lines += [
         "\tchain input {",
         "\t\ttype filter hook input priority filter; policy accept;",
@@ -128,8 +144,18 @@ def nft(sets: list[tuple[str, str, str]], rules: list[str], drop: bool = True) -
     ]
     lines += [f"\t\t{rule}" for rule in rules]
     lines += ["\t\tdrop"] if drop else []
-    lines += ["\t}", "}"]
+    lines += ["\t}", "}", f'include "{firewall.CLUSTER_FILE}"']
     return "\n".join(lines) + "\n"
+
+
+def cluster_file(inv: Inventory, host: str = "gpu01") -> str:
+    v, ctx = role_args(inv, host)
+    return firewall.ROLE.cluster_file(v, ctx)[0].decode()
+
+
+def cluster_elements(text: str) -> dict[str, str]:
+    """The elements the cluster file adds to each set."""
+    return dict(re.findall(r"^add element inet gpufleet (\S+) \{ (.*) \}$", text, re.MULTILINE))
 
 
 def iptables(rules: list[str], last: str = "DROP") -> str:
@@ -163,17 +189,35 @@ def test_nft_render_sets_from_inventory_ipv6_extra_cidrs_and_controller(tmp_path
     inv = inventory(tmp_path, MAIN_VARS)
     text = rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.5"}))
     assert text == nft(
-        [("src0_4", "ipv4", "10.0.0.11, 10.0.0.12, 192.168.100.0/24"),
-         ("src1_6", "ipv6", "2001:db8::/64, fd00::13"),
-         ("src2_4", "ipv4", "10.0.0.11, 10.0.0.12, 172.16.0.5, 192.168.100.0/24")],
-        ["tcp dport 29500 ip saddr @src0_4 accept",
-         "tcp dport 29500 ip6 saddr @src1_6 accept",
-         "tcp dport 49152-65535 ip saddr @src0_4 accept",
-         "tcp dport 49152-65535 ip6 saddr @src1_6 accept",
-         "tcp dport 22 ip saddr @src2_4 accept",
-         "tcp dport 22 ip6 saddr @src1_6 accept",
-         "tcp dport 8080 ip saddr @src0_4 accept",
-         "tcp dport 8080 ip6 saddr @src1_6 accept"])
+        [*CLUSTER_SETS, ("admin4", "ipv4", "172.16.0.5")],
+        [*cluster_rules("29500"), *cluster_rules("49152-65535"), *cluster_rules("22"),
+         "tcp dport 22 ip saddr @admin4 accept", *cluster_rules("8080")])
+    assert cluster_elements(cluster_file(inv)) == {
+        "cluster4": "10.0.0.11, 10.0.0.12, 192.168.100.0/24",
+        "cluster6": "2001:db8::/64, fd00::13"}
+
+
+def test_the_cluster_file_merges_contiguous_addresses_into_prefixes(tmp_path: Path) -> None:
+    hosts = "".join(f"    n{i:03d}: {{ansible_host: 10.8.{i // 256}.{i % 256}}}\n"
+                    for i in range(1, 512))
+    inv = inventory(tmp_path, text="all:\n  vars: {firewall_enabled: true}\n  hosts:\n" + hosts)
+    text = cluster_file(inv, "n001")
+    assert cluster_elements(text) == {"cluster4": "10.8.0.1, 10.8.0.2/31, 10.8.0.4/30, "
+                                                  "10.8.0.8/29, 10.8.0.16/28, 10.8.0.32/27, "
+                                                  "10.8.0.64/26, 10.8.0.128/25, 10.8.1.0/24"}
+    assert "flush set inet gpufleet cluster6" in text
+    assert "cluster6 {" not in text  # an empty set is flushed, never given an empty list
+    assert cluster_file(inv, "n300") == text  # the same on every node
+
+
+def test_a_node_joining_changes_the_cluster_file_not_the_rulesets(tmp_path: Path) -> None:
+    before = inventory(tmp_path)
+    ruleset, sets = rendered(before, Facts("gpu01")), cluster_file(before)
+    joined = inventory(tmp_path, text=INVENTORY.replace(
+        "    login:\n", "    gpu05:\n      ansible_host: 10.0.0.15\n    login:\n"))
+    assert rendered(joined, Facts("gpu01")) == ruleset
+    assert cluster_file(joined) != sets
+    assert "10.0.0.15" in cluster_file(joined)
 
 
 def test_nft_render_ipv6_controller_ssh_cidrs_and_host_port(tmp_path: Path) -> None:
@@ -187,25 +231,19 @@ def test_nft_render_ipv6_controller_ssh_cidrs_and_host_port(tmp_path: Path) -> N
         """)
     text = rendered(inv, Facts("login", values={"ssh_client": "2001:db8:1::5"}), host="login")
     assert text == nft(
-        [("src0_4", "ipv4", "10.0.0.11, 10.0.0.12"),
-         ("src1_4", "ipv4", "10.0.0.11, 10.0.0.12, 10.9.0.0/16"),
-         ("src2_6", "ipv6", "2001:db8:1::5")],
-        ["tcp dport 29400 ip saddr @src0_4 accept",
-         "tcp dport 50000-51000 ip saddr @src0_4 accept",
-         "tcp dport 2222 ip saddr @src1_4 accept",
-         "tcp dport 2222 ip6 saddr @src2_6 accept"],
+        [*CLUSTER_SETS, ("admin4", "ipv4", "10.9.0.0/16"), ("admin6", "ipv6", "2001:db8:1::5")],
+        [*cluster_rules("29400"), *cluster_rules("50000-51000"), *cluster_rules("2222"),
+         "tcp dport 2222 ip saddr @admin4 accept", "tcp dport 2222 ip6 saddr @admin6 accept"],
         drop=False)
+    assert cluster_elements(cluster_file(inv, "login")) == {"cluster4": "10.0.0.11, 10.0.0.12"}
 
 
 def test_nft_render_without_the_controller(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "firewall_cluster_group: v4trainers\n"
                               "firewall_allow_controller: false\n")
     text = rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.5"}))
-    assert text == nft(
-        [("src0_4", "ipv4", "10.0.0.11, 10.0.0.12")],
-        ["tcp dport 29500 ip saddr @src0_4 accept",
-         "tcp dport 49152-65535 ip saddr @src0_4 accept",
-         "tcp dport 22 ip saddr @src0_4 accept"])
+    assert text == nft(CLUSTER_SETS, [*cluster_rules("29500"), *cluster_rules("49152-65535"),
+                                      *cluster_rules("22")])
 
 
 def test_cluster_group_all_includes_every_host(tmp_path: Path) -> None:
@@ -336,18 +374,21 @@ def _set_elements(text: str) -> list[tuple[str, list[str]]]:
     found = []
     for block in blocks:
         match = re.search(r"elements = \{ (.*) \}", block)
-        assert match is not None
-        found.append((block, [e.strip() for e in match.group(1).split(",")]))
+        if match is not None:  # the cluster's sets are filled from the cluster file
+            found.append((block, [e.strip() for e in match.group(1).split(",")]))
     return found
 
 
 def test_nft_sets_never_hold_overlapping_intervals(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "firewall_cluster_group: v4trainers\n"
-                    "firewall_extra_cidrs: [10.0.0.0/24]\n")
+                    "firewall_extra_cidrs: [10.0.0.0/24]\n"
+                    "firewall_ssh_cidrs: [10.9.0.0/16, 10.9.4.0/24]\n")
     text = rendered(inv, Facts("gpu01"))
-    for block, elements in _set_elements(text):
-        if "auto-merge" in block:
-            continue
+    groups = [[e.strip() for e in elements.split(",")]
+              for elements in cluster_elements(cluster_file(inv)).values()]
+    groups += [elements for _, elements in _set_elements(text)]
+    assert ["10.0.0.0/24"] in groups and ["10.9.0.0/16", "172.16.0.5"] in groups
+    for elements in groups:
         nets = [ipaddress.ip_network(e) for e in elements]
         for i, a in enumerate(nets):
             for b in nets[i + 1:]:
@@ -373,8 +414,10 @@ def test_nft_ruleset_passes_nft_check(tmp_path: Path) -> None:
     if not _tool_works(["nft", "-c", "-f", "-"], NFT_PROBE):
         pytest.skip("nft -c is not usable here")
     inv = inventory(tmp_path, MAIN_VARS)
-    path = tmp_path / "ruleset.nft"
-    path.write_text(rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.5"})))
+    sets, path = tmp_path / "cluster.nft", tmp_path / "ruleset.nft"
+    sets.write_text(cluster_file(inv))
+    path.write_text(rendered(inv, Facts("gpu01", values={"ssh_client": "172.16.0.5"}))
+                    .replace(firewall.CLUSTER_FILE, str(sets)))
     proc = subprocess.run(["nft", "-c", "-f", str(path)], capture_output=True, text=True,
                           timeout=20, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -446,7 +489,7 @@ def test_request(tmp_path: Path) -> None:
     assert firewall.ROLE.active(v)
     assert firewall.ROLE.request(v) == FactRequest(
         files=frozenset({NFT_PATH, STATE_FILE, UNIT_PATH}), links=frozenset({UNIT_LINK}),
-        custom=frozenset({LIVE_RULESET}))
+        custom=frozenset({LIVE_RULESET, file_digest_fact(firewall.CLUSTER_FILE)}))
     v, _ = role_args(inventory(tmp_path, "firewall_backend: iptables\n"
                                "firewall_ruleset_path: /srv/fw.rules\n"))
     assert firewall.ROLE.request(v).files == frozenset({"/srv/fw.rules", STATE_FILE, UNIT_PATH})
@@ -455,10 +498,11 @@ def test_request(tmp_path: Path) -> None:
 def fw_facts(ruleset: FileState, *, digest: str | None = "d1", recorded: str | None = "d1",
              unit: bool = True, link: str | None = "../gpufleet-firewall.service",
              firewall_fact: bool = True, backend: str = "nftables",
-             state_text: str | None = None) -> Facts:
+             state_text: str | None = None, sets: FileDigest | None = None) -> Facts:
     values: dict[str, Any] = {
         "ssh_client": "172.16.0.5",
         f"file:{ruleset.path}": ruleset,
+        f"file_digest:{firewall.CLUSTER_FILE}": sets or FileDigest(firewall.CLUSTER_FILE, False),
         f"file:{UNIT_PATH}": (FileState(UNIT_PATH, True, NFT_UNIT.encode(), "644", "root:root")
                               if unit else FileState(UNIT_PATH, False)),
         f"link:{UNIT_LINK}": link,
@@ -486,9 +530,28 @@ def current_ruleset(inv: Inventory) -> FileState:
     return FileState(NFT_PATH, True, text.encode(), "600", "root:root")
 
 
+def current_sets(inv: Inventory) -> FileDigest:
+    data = cluster_file(inv).encode()
+    return FileDigest(firewall.CLUSTER_FILE, True, hashlib.sha256(data).hexdigest(), len(data),
+                      "600", "root:root")
+
+
 def test_plan_converged(tmp_path: Path) -> None:
     inv = inventory(tmp_path, MAIN_VARS)
-    assert plan(inv, fw_facts(current_ruleset(inv))) == []
+    assert plan(inv, fw_facts(current_ruleset(inv), sets=current_sets(inv))) == []
+
+
+def test_a_changed_cluster_file_is_loaded_alone(tmp_path: Path) -> None:
+    """A node joined: only the cluster file changes (by digest: its bytes are not read)."""
+    inv = inventory(tmp_path, MAIN_VARS)
+    old = FileDigest(firewall.CLUSTER_FILE, True, "0" * 64, 120, "600", "root:root")
+    changes = plan(inv, fw_facts(current_ruleset(inv), sets=old))
+    data = cluster_file(inv).encode()
+    assert rows(changes) == [(f"firewall/file {firewall.CLUSTER_FILE}", "update",
+                              "120 bytes (differs)", f"{len(data)} bytes")]
+    [load] = changes[0].steps
+    assert isinstance(load, firewall.SetLoad) and load.content == data
+    assert changes[0].diff is None
 
 
 def test_plan_fresh_host(tmp_path: Path) -> None:
@@ -497,11 +560,15 @@ def test_plan_fresh_host(tmp_path: Path) -> None:
                      recorded=None)
     text = rendered(inv, facts)
     changes = plan(inv, facts)
+    sets = len(cluster_file(inv).encode())
     assert rows(changes) == [
+        (f"firewall/file {firewall.CLUSTER_FILE}", "create", "absent", f"{sets} bytes"),
         (f"firewall/file {NFT_PATH}", "create", "absent", f"{len(text.encode())} bytes"),
         (f"firewall/file {UNIT_PATH}", "create", "absent", f"{len(NFT_UNIT.encode())} bytes"),
         (f"firewall/link {UNIT_LINK}", "link", "absent", "../gpufleet-firewall.service"),
     ]
+    assert isinstance(changes[0].steps[0], firewall.SetLoad)
+    changes = changes[1:]
     [load] = changes[0].steps
     assert isinstance(load, GuardedLoad)
     assert (load.backend.name, load.backend.path, load.content, load.guard_s) == \
@@ -516,7 +583,7 @@ def test_plan_fresh_host(tmp_path: Path) -> None:
 def test_plan_changed_ruleset_file_is_loaded_not_just_written(tmp_path: Path) -> None:
     inv = inventory(tmp_path, MAIN_VARS + "firewall_guard_seconds: 45\n")
     old = FileState(NFT_PATH, True, b"table inet gpufleet {}\n", "600", "root:root")
-    changes = plan(inv, fw_facts(old))
+    changes = plan(inv, fw_facts(old, sets=current_sets(inv)))
     assert [(c.item, c.action, c.before) for c in changes] == [
         (f"firewall/file {NFT_PATH}", "update", "23 bytes (differs)")]
     [load] = changes[0].steps
@@ -536,7 +603,7 @@ def test_plan_changed_ruleset_file_is_loaded_not_just_written(tmp_path: Path) ->
 def test_plan_live_ruleset_missing_or_changed_reloads(tmp_path: Path, kwargs: dict[str, Any],
                                                      before: str) -> None:
     inv = inventory(tmp_path, MAIN_VARS)
-    changes = plan(inv, fw_facts(current_ruleset(inv), **kwargs))
+    changes = plan(inv, fw_facts(current_ruleset(inv), sets=current_sets(inv), **kwargs))
     assert rows(changes) == [("firewall/live ruleset (nftables)", "reload", before,
                               "as rendered")]
     [load] = changes[0].steps
@@ -564,7 +631,8 @@ def test_plan_iptables_backend_uses_its_own_digest(tmp_path: Path) -> None:
 
 def test_plan_unit_link_elsewhere(tmp_path: Path) -> None:
     inv = inventory(tmp_path, MAIN_VARS)
-    changes = plan(inv, fw_facts(current_ruleset(inv), link="/dev/null"))
+    changes = plan(inv, fw_facts(current_ruleset(inv), link="/dev/null",
+                                 sets=current_sets(inv)))
     assert rows(changes) == [(f"firewall/link {UNIT_LINK}", "link", "/dev/null",
                               "../gpufleet-firewall.service")]
 
@@ -575,7 +643,7 @@ def test_the_ruleset_is_the_same_from_any_controller(tmp_path: Path,
     inv = inventory(tmp_path, MAIN_VARS + "gpufleet_controllers: [172.16.0.5, 172.16.0.6]\n")
     text = rendered(inv, Facts("gpu01", values={"ssh_client": ssh_client}))
     assert text == rendered(inv, Facts("gpu01"))
-    assert "10.0.0.11, 10.0.0.12, 172.16.0.5, 172.16.0.6, 192.168.100.0/24" in text
+    assert "elements = { 172.16.0.5, 172.16.0.6 }" in text
 
 
 def test_controllers_must_be_listed_when_the_controller_is_allowed(tmp_path: Path) -> None:

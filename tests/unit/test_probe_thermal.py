@@ -316,3 +316,29 @@ def test_window_tflops_splits_the_load_after_the_warm_up() -> None:
     assert window_tflops([], 1000, 0.0, 3) == []
     assert window_tflops([(1.0, 5)], 1000, 0.0, 3) == []  # one mark: no rate
     assert window_tflops(steady, 1000, 30.0, 3) == []  # the load ended in the warm-up
+
+
+def test_clock_mirror_gives_the_window_the_verdict_judges() -> None:
+    """The real power-capped soak: counted from t=0 both GPUs' clocks mirror their
+    temperature (the warm-up fall), past the warm-up neither does."""
+    samples = _h200_trace("thermal.csv")
+    from_start = thermal.clock_mirror(samples, warmup_s=0)
+    assert sorted(from_start) == [0, 1]
+    assert all(m["mirrored"] and m["r"] <= -0.8 for m in from_start.values())
+    after = thermal.clock_mirror(samples)
+    assert not any(m["mirrored"] for m in after.values())
+    assert all(m["from_s"] >= 15 and m["to_s"] > 100 for m in after.values())
+
+
+def test_the_curves_kept_in_the_report_are_bounded_and_end_at_the_last_sample() -> None:
+    from gpufleet.suites.test_thermal import curves, mirror_windows
+
+    samples = _h200_trace("thermal.csv")
+    kept = curves(samples, points=50)
+    assert sorted(kept) == ["GPU0", "GPU1"]
+    last = max(s["t"] for s in samples if s["gpu"] == 0)
+    assert len(kept["GPU0"]["t"]) <= 51 and kept["GPU0"]["t"][-1] == round(last, 1)
+    assert len(kept["GPU0"]["temp_c"]) == len(kept["GPU0"]["sm_mhz"]) == len(kept["GPU0"]["t"])
+    assert len(curves(samples)["GPU1"]["t"]) == sum(s["gpu"] == 1 for s in samples)
+    windows = mirror_windows(samples, -0.8, 0.05, 0)
+    assert windows["GPU0"]["mirrored"] is True and isinstance(windows["GPU0"]["r"], float)

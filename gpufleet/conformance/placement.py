@@ -1,0 +1,237 @@
+"""Network placement between nodes: no routed hop, the path MTU, round-trip time and
+jitter, measured with ping from every source of the reachability plan to its targets.
+
+Per (source, target) pair, on the source, all targets at once:
+
+- **hop**: an echo with TTL 1 (``ping -t 1``) arrives only when no router is between the
+  two (a router drops it and answers "Time to live exceeded");
+- **MTU**: an echo of ``mtu - 28`` bytes with don't-fragment (``ping -M do``) arrives only
+  when every link of the path carries ``mtu``-byte packets;
+- **RTT and jitter**: ``ping -c N -i 0.05``: the minimum round trip (the path's distance)
+  and the spread between the 10th and the 90th percentile of the round trips (its
+  jitter; one slow echo of ten, such as the first one's neighbour lookup, does not count).
+
+A pair without any echo reply is unknown (ICMP blocked, or the node is down), never a
+pass. Blame: a node every one of whose measured pairs fails a check is at fault and
+named alone (one node behind a router, one node at MTU 1500 on a jumbo fabric); a pair
+that fails while both ends have good pairs fails both ends, named as a pair (a link or a
+switch port).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.conformance.reachability import pairs
+from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.connect.connection import node_local
+from gpufleet.errors import GpufleetError
+
+IP_HEADERS = 28  # IPv4 (20) and ICMP (8) headers around ping's payload
+_TIME = re.compile(r"\btime[=<]([\d.]+) ms")
+_RECEIVED = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
+_ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+$")
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """What ping saw from one source to one target."""
+
+    direct: bool  # an echo with TTL 1 arrived
+    mtu: int  # the packet size the don't-fragment echo carried
+    mtu_ok: bool
+    received: int
+    sent: int
+    rtt_min_us: float | None = None
+    jitter_us: float | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.received > 0 or self.direct or self.mtu_ok
+
+
+def parse_ping(text: str) -> tuple[int, int, float | None, float | None]:
+    """(sent, received, minimum RTT in µs, jitter in µs) from ping's output: jitter is the
+    spread between the 10th and the 90th percentile of the echoes' round trips."""
+    counts = _RECEIVED.search(text)
+    sent, received = (int(counts.group(1)), int(counts.group(2))) if counts else (0, 0)
+    times = sorted(float(t) * 1000 for t in _TIME.findall(text))
+    if not times:
+        return sent, received, None, None
+    low, high = times[int(0.1 * (len(times) - 1))], times[round(0.9 * (len(times) - 1))]
+    return sent, received, times[0], high - low
+
+
+def parse_line(line: str) -> tuple[str, PairResult]:
+    """One target's line of the source's script: address, hop, MTU, DF status, summary."""
+    fields = line.split("\t")
+    if len(fields) != 5 or not fields[2].isdigit():
+        raise GpufleetError(f"unreadable ping line {line[:120]!r}")
+    target, hop, mtu, df, summary = fields
+    sent, received, rtt, jitter = parse_ping(summary.replace("|", "\n"))
+    return target, PairResult(hop == "0", int(mtu), df == "0", received, sent, rtt, jitter)
+
+
+def source_script(targets: Iterable[str], mtu: int | None, count: int) -> str:
+    """Shell for one source: every target pinged at once, a tab-separated line each."""
+    addresses = list(targets)
+    bad = [a for a in addresses if not _ADDRESS.match(a)]
+    if bad:
+        raise GpufleetError(f"not an IP address: {bad[0]!r}")
+    size = "" if mtu is None else str(mtu)
+    return "\n".join([
+        't=$(mktemp -d) || exit 1',
+        "trap 'rm -rf \"$t\"' EXIT",
+        f"for a in {' '.join(addresses)}; do",
+        "  (",
+        f"    m={size}",
+        '    if [ -z "$m" ]; then',
+        '      d=$(ip -o route get "$a" 2>/dev/null | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p")',
+        '      m=$(cat "/sys/class/net/$d/mtu" 2>/dev/null || echo 1500)',
+        "    fi",
+        '    ping -n -c 1 -W 1 -t 1 "$a" > /dev/null 2>&1; h=$?',
+        f'    ping -n -c 1 -W 1 -M do -s $((m - {IP_HEADERS})) "$a" > /dev/null 2>&1; f=$?',
+        f'    s=$(ping -n -c {count} -i 0.05 -W 1 "$a" 2>&1 | tr "\\n" "|")',
+        '    printf "%s\\t%s\\t%s\\t%s\\t%s\\n" "$a" "$h" "$m" "$f" "$s" > "$t/$a"',
+        "  ) &",
+        "done",
+        "wait",
+        'cat "$t"/* 2>/dev/null',
+        "true",
+    ])
+
+
+@dataclass
+class Placement:
+    """Every measured pair, and the sources that could not be measured."""
+
+    results: dict[tuple[str, str], PairResult] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    mtu: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mtu": self.mtu, "errors": self.errors, "pairs": [
+            {"source": s, "target": t, "direct": r.direct, "mtu": r.mtu, "mtu_ok": r.mtu_ok,
+             "sent": r.sent, "received": r.received, "rtt_min_us": r.rtt_min_us,
+             "jitter_us": r.jitter_us} for (s, t), r in sorted(self.results.items())]}
+
+    def failures(self, node: str, failing: Callable[[PairResult], str | None]
+                 ) -> list[str]:
+        """What fails ``node`` for one check: ``failing`` says why a pair fails (None: it
+        passes); a node whose every pair fails is at fault alone, a pair that fails
+        between two otherwise good nodes fails both."""
+        bad = {pair: why for pair, r in self.results.items()
+               if r.answered and (why := failing(r)) is not None}
+        culprits = {n for n in self._nodes() if self._all_fail(n, bad)}
+        if node in culprits:
+            whys = sorted({why for pair, why in bad.items() if node in pair})
+            return [f"every measured path to and from {node}: {'; '.join(whys)}"]
+        return [f"{s} -> {t}: {why}" for (s, t), why in sorted(bad.items())
+                if node in (s, t) and not ({s, t} - {node}) & culprits]
+
+    def silent(self, node: str) -> list[str]:
+        """Where not one echo came back: every path of ``node`` (named alone), else its
+        pairs with nodes that do answer elsewhere."""
+        quiet = {p for p, r in self.results.items() if not r.answered}
+        mute = {n for n in self._nodes()
+                if all(p in quiet for p in self.results if n in p)}
+        if node in mute:
+            return [f"every path to and from {node}"]
+        return [f"{s} -> {t}" for (s, t) in sorted(quiet)
+                if node in (s, t) and not ({s, t} - {node}) & mute]
+
+    def _nodes(self) -> set[str]:
+        return {n for pair in self.results for n in pair}
+
+    def _all_fail(self, node: str, bad: dict[tuple[str, str], str]) -> bool:
+        mine = [p for p, r in self.results.items() if node in p and r.answered]
+        return bool(mine) and all(p in bad for p in mine)
+
+
+def fleet_mtu(session: ConformanceSession) -> int | None:
+    """``net_mtu`` where the inventory declares it (the first node's), else None: each
+    source then uses its own interface's MTU toward the target."""
+    first = next(iter(session.nodes.values()), None)
+    value = None if first is None else first.var("net_mtu")
+    return None if value is None else int(value)
+
+
+def interface_mtu(node: Node) -> tuple[str, int] | None:
+    """(interface, MTU) of the interface holding the node's inventory address."""
+    address = str(node.host.vars.get("ansible_host") or node.name)
+    for entry in (node.facts.get("interfaces") if node.facts else None) or []:
+        if any(a.split("/")[0] == address for a in entry.get("addresses") or []):
+            return str(entry["name"]), int(entry["mtu"])
+    return None
+
+
+def common_mtu(session: ConformanceSession) -> int | None:
+    """The MTU most nodes' inventory interfaces have."""
+    found = Counter(m[1] for n in session.ready() if (m := interface_mtu(n)))
+    return found.most_common(1)[0][0] if found else None
+
+
+def measure(session: ConformanceSession, mode: str) -> Placement:
+    """Ping every planned pair, every source at once (node-local: a source needs nothing
+    from the others while it pings)."""
+    nodes = {n.name: n for n in session.ready()}
+    placement = Placement(mtu=fleet_mtu(session) or common_mtu(session))
+    address = {n: str(node.host.vars.get("ansible_host") or n) for n, node in nodes.items()}
+    by_address = {a: n for n, a in address.items()}
+    targets: dict[str, list[str]] = {}
+    for source, target in pairs(list(nodes), mode):
+        targets.setdefault(source, []).append(address[target])
+
+    def one(source: str) -> tuple[str, list[str] | str]:
+        node = nodes[source]
+        count = int(node.var("net_ping_count"))
+        try:
+            script = source_script(targets[source], placement.mtu, count)
+            with node_local():
+                result = node.run(script, timeout=30 + 0.05 * count)
+        except GpufleetError as exc:
+            return source, str(exc)
+        return source, result.stdout.splitlines()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(session.forks, len(targets)))) as pool:
+        for source, lines in pool.map(one, list(targets)):
+            if isinstance(lines, str):
+                placement.errors[source] = lines
+                continue
+            for line in lines:
+                try:
+                    target, result = parse_line(line)
+                except GpufleetError as exc:
+                    placement.errors[source] = str(exc)
+                    continue
+                if target in by_address:
+                    placement.results[(source, by_address[target])] = result
+    return placement
+
+
+def hop_failure(r: PairResult) -> str | None:
+    return None if r.direct else "a routed hop (an echo with TTL 1 does not arrive)"
+
+
+def mtu_failure(r: PairResult) -> str | None:
+    return None if r.mtu_ok else (f"path MTU below {r.mtu} (a {r.mtu}-byte packet with "
+                                  "don't-fragment does not arrive)")
+
+
+def rtt_failure(max_rtt_us: float, max_jitter_us: float) -> Callable[[PairResult], str | None]:
+    def failing(r: PairResult) -> str | None:
+        if r.rtt_min_us is None:
+            return None
+        if r.rtt_min_us > max_rtt_us:
+            return f"round trip {r.rtt_min_us:.0f} µs (net_max_rtt_us {max_rtt_us:g})"
+        if r.jitter_us is not None and r.jitter_us > max_jitter_us:
+            return f"jitter {r.jitter_us:.0f} µs (net_max_jitter_us {max_jitter_us:g})"
+        return None
+
+    return failing
+
