@@ -6,10 +6,12 @@ firewall backend's rules are, so that their removal is planned too). Every chang
 returns becomes what the other tools manage, with the values and commands gpufleet would
 use: a file with its exact bytes, mode and owner; a package at its exact version, held; a
 link; a live sysctl; the venv and torch (pip's command line); the firewall ruleset, loaded
-and recorded in gpufleet's state file; the reboot into the installed driver. What the roles
-verify on a converged host without changing it (nvcc of the CUDA release) is added as a
-check. A change of any other kind stops the rendering (:class:`DesiredError`): the other
-tools would then manage less than gpufleet does, and the bench would compare unequal work.
+and recorded in gpufleet's state file; the cluster's address sets file, which the ruleset
+includes and which is loaded on its own when it changes under a loaded ruleset; the reboot
+into the installed driver. What the roles verify on a converged host without changing it
+(nvcc of the CUDA release) is added as a check. A change of any other kind stops the
+rendering (:class:`DesiredError`): the other tools would then manage less than gpufleet
+does, and the bench would compare unequal work.
 
 Output, per host: ``<out>/<host>/files/<path>`` and ``<out>/<host>/manifest.json``.
 """
@@ -27,8 +29,8 @@ from typing import Any
 from common import BenchError
 
 from gpufleet import roles as role_registry
-from gpufleet.facts.catalog import TORCH_FACT_PROBE
-from gpufleet.facts.formats import FileState
+from gpufleet.facts.catalog import NFT_DIGEST, TORCH_FACT_PROBE
+from gpufleet.facts.formats import FileState, file_digest
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.provision.apt import AptInstall
@@ -38,7 +40,14 @@ from gpufleet.provision.reboot import Reboot
 from gpufleet.provision.role import RoleVars
 from gpufleet.roles.cuda import NVCC_OF_RELEASE, CudaRole
 from gpufleet.roles.driver import DriverRole
-from gpufleet.roles.firewall import STATE_FILE, Backend, GuardedLoad
+from gpufleet.roles.firewall import (
+    CLUSTER_FILE,
+    CLUSTER_SETS,
+    STATE_FILE,
+    Backend,
+    GuardedLoad,
+    SetLoad,
+)
 from gpufleet.roles.pytorch import CPU_BUILD, PipInstall
 
 # How the catalog's firewall fact tells that a backend's rules are loaded.
@@ -62,6 +71,10 @@ def blank_facts(host: Host, request: FactRequest, controller: str) -> Facts:
                                 "iptables_gpufleet_digest": "stale"}
     for path in request.files:
         facts.values[f"file:{path}"] = FileState(path, False)
+    for name in (f.name for f in request.custom):
+        if name.startswith("file_digest:"):
+            path = name.removeprefix("file_digest:")
+            facts.values[name] = file_digest(path, "missing")
     for path in request.links:
         facts.values[f"link:{path}"] = None
     for key in request.sysctls:
@@ -79,6 +92,7 @@ def host_manifest(inventory: Inventory, host: Host, out: Path, controller: str) 
     manifest: dict[str, Any] = {"host": host.name, "address": host.address, "files": [],
                                 "packages": {}, "links": {}, "sysctls": {}, "venv": None,
                                 "torch": None, "firewall": None, "firewall_stale": [],
+                                "firewall_sets": None,
                                 "nvidia_module": None, "checks": []}
     for change in plan.changes:
         for step in change.steps:
@@ -130,15 +144,24 @@ def _add(manifest: dict[str, Any], out: Path, change: Change, step: object) -> N
                              "reinstall": _pip(change, replace(
                                  step, args=[*step.args[:-1], "--force-reinstall",
                                              step.args[-1]]))}
-    elif isinstance(step, GuardedLoad):
-        manifest["files"].append(_write(out, step.backend.path, step.content, 0o600,
-                                        "root:root"))
-        manifest["firewall"] = _firewall(step.backend)
+    elif isinstance(step, GuardedLoad | SetLoad):
+        _add_firewall(manifest, out, step)
     elif isinstance(step, Reboot):
         manifest["nvidia_module"] = {"reboot": f"({step.command}) >/dev/null 2>&1 &"}
     else:
         raise DesiredError(f"{change.item} ({change.action}, step {type(step).__name__}): "
                            "bench/desired.py cannot express it for Ansible and pyinfra")
+
+
+def _add_firewall(manifest: dict[str, Any], out: Path, step: GuardedLoad | SetLoad) -> None:
+    """The ruleset file and its load, or the cluster's address sets file and its load."""
+    if isinstance(step, GuardedLoad):
+        manifest["files"].append(_write(out, step.backend.path, step.content, 0o600,
+                                        "root:root"))
+        manifest["firewall"] = _firewall(step.backend)
+    else:
+        manifest["files"].append(_write(out, CLUSTER_FILE, step.content, 0o600, "root:root"))
+        manifest["firewall_sets"] = _sets()
 
 
 def _pip(change: Change, step: PipInstall) -> str:
@@ -154,13 +177,29 @@ def _firewall(backend: Backend) -> dict[str, str]:
     """The live ruleset's check (``loaded`` or ``reload``, then ``stale N`` for each other
     backend's rules present), load and record, as gpufleet's guarded load leaves them."""
     path = shlex.quote(backend.path)
-    record = (f"d=$({backend.digest}) && printf '{{\"backend\": \"%s\", \"live_sha256\": "
-              f"\"%s\"}}\\n' {backend.name} \"$d\" > {STATE_FILE}")
+    record = _record(backend.name, backend.digest)
     check = (f"if {PRESENT[backend.name]} && grep -qF \"\\\"live_sha256\\\": "
              f"\\\"$({backend.digest})\\\"\" {STATE_FILE} 2>/dev/null; then echo loaded; "
              "else echo reload; fi")
     return {"backend": backend.name, "path": backend.path, "state_file": STATE_FILE,
             "check": check, "load": f"{backend.load.replace('{staged}', path)} && {record}"}
+
+
+def _record(backend: str, digest: str) -> str:
+    """The state file gpufleet writes after a load: the backend and the live digest."""
+    return (f"d=$({digest}) && printf '{{\"backend\": \"%s\", \"live_sha256\": "
+            f"\"%s\"}}\\n' {backend} \"$d\" > {STATE_FILE}")
+
+
+def _sets() -> dict[str, str]:
+    """The cluster's address sets file and its load, as gpufleet's set load leaves them
+    once the file is in place: loaded (and the live ruleset recorded) when gpufleet's table
+    is; without the table, the ruleset's load, which includes the file, follows."""
+    record = _record("nftables", NFT_DIGEST)
+    path = shlex.quote(CLUSTER_FILE)
+    loaded = f"nft list set inet gpufleet {CLUSTER_SETS['ipv4']} >/dev/null 2>&1"
+    return {"path": CLUSTER_FILE,
+            "load": f"if {loaded}; then nft -c -f {path} && nft -f {path} && {record}; fi"}
 
 
 def _cuda_checks(v: RoleVars) -> list[dict[str, str]]:

@@ -52,6 +52,8 @@ DRIFT = {
     "driver pin removed": "rm -f /etc/apt/preferences.d/gpufleet-driver.pref",
     "port range": "sysctl -q -w net.ipv4.ip_local_port_range='32768 60999'",
     "rule added to the live ruleset": "nft add rule inet gpufleet input tcp dport 9999 accept",
+    "cluster sets file edited": "echo '# local edit' >> /etc/gpufleet/firewall-cluster.nft",
+    "live cluster set flushed": "nft flush set inet gpufleet cluster4",
     "CUDA link": "ln -sfn /usr/local/cuda-12.6 /usr/local/cuda",
     "iptables chain of the other backend": "iptables -N GPUFLEET-INPUT",
     "another module loaded": "sed -i 's/550.127.05/550.144.03/' /proc/driver/nvidia/version",

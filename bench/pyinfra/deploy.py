@@ -61,10 +61,12 @@ def reboot_into_driver(command: str, timeout_s: int = 900) -> Generator[Any, Non
 
 # nvidia_repo, driver, cuda, nccl, nccl_env, firewall: every managed file, byte for byte,
 # with mode and owner (repository keyring, sources and pin, the apt pins, the
-# unattended-upgrades blacklist, NCCL's files, the sysctl.d file, the ruleset and its unit)
-planned = [files.put(name=f"File {f['path']}", src=f["src"], dest=f["path"],
-                     mode=f["mode"][1:], user=f["owner"], group=f["group"])
-           for f in desired["files"]]
+# unattended-upgrades blacklist, NCCL's files, the sysctl.d file, the ruleset, the cluster's
+# address sets, the ruleset's unit)
+put = {f["path"]: files.put(name=f"File {f['path']}", src=f["src"], dest=f["path"],
+                            mode=f["mode"][1:], user=f["owner"], group=f["group"])
+       for f in desired["files"]}
+planned = list(put.values())
 
 # driver, cuda, nccl: exact versions, held
 names = " ".join(shlex.quote(n) for n in desired["packages"])
@@ -107,7 +109,11 @@ if not version_ok or (torch["cuda_is_checked"] and info.get("cuda") != torch["cu
 for key, value in desired["sysctls"].items():
     server.sysctl(name=f"sysctl {key}", key=key, value=value.split())
 
-# firewall: the live ruleset is the one recorded at its load; no rules of the other backend
+# firewall: the cluster's address sets, loaded when their file changes under a loaded
+# ruleset; the live ruleset is the one recorded at its load; no rules of the other backend
+sets = desired["firewall_sets"]
+if sets is not None and put[sets["path"]].will_change:
+    server.shell(name="Load the cluster's address sets", commands=[sets["load"]])
 fw = desired["firewall"]
 live = fact(fw["check"]).splitlines()
 if "loaded" not in live:
