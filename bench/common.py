@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,35 @@ from gpufleet.lab.cluster import Lab, LabConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BENCH_LAB = LabConfig(name="gfbench", root=Path("/srv/gpufleet-lab-bench"), subnet="10.81.0",
-                      inventory_dir=Path("/srv/gpufleet-lab-bench/inventory/lab"))
-INVOKE = ROOT / ".venv" / "bin" / "invoke"
+DEFAULT_LAB_NAME = "gfbench"
+# Outside the test labs' subnets (10.<GPUFLEET_TEST_NET + 0..6>, 10.78-10.84 by default) and
+# fleet_scale.py's default lab (10.140).
+DEFAULT_LAB_SUBNET = "10.141.0"
+_NAME = re.compile(r"^gf[a-z0-9]{1,10}$")
+
+
+def lab_config(env: Mapping[str, str]) -> LabConfig:
+    """The bench's lab: name and subnet from ``GPUFLEET_BENCH_LAB`` and
+    ``GPUFLEET_BENCH_SUBNET`` (the first three octets, ``10.141.0``), state in
+    ``/srv/gpufleet-lab-<name without gf>``."""
+    name = env.get("GPUFLEET_BENCH_LAB") or DEFAULT_LAB_NAME
+    subnet = env.get("GPUFLEET_BENCH_SUBNET") or DEFAULT_LAB_SUBNET
+    if not _NAME.match(name):
+        raise SystemExit(f"GPUFLEET_BENCH_LAB must be gf and 1-10 lowercase letters or digits, "
+                         f"got {name!r}")
+    octets = subnet.split(".")
+    if len(octets) != 3 or not all(o.isdigit() and int(o) <= 255 for o in octets):
+        raise SystemExit(f"GPUFLEET_BENCH_SUBNET must be the lab's first three octets "
+                         f"(10.141.0), got {subnet!r}")
+    root = Path(f"/srv/gpufleet-lab-{name.removeprefix('gf')}")
+    return LabConfig(name=name, root=root, subnet=subnet, inventory_dir=root / "inventory" / "lab")
+
+
+BENCH_LAB = lab_config(os.environ)
+INVOKE = Path(sys.executable).parent / "invoke"
 TOOLS_VENV = Path("/srv/gpufleet-bench-venv")
 TOOL_PINS = ("ansible-core==2.19.14", "pyinfra==3.10.0")
-WORK = Path("/srv/gpufleet-lab-bench/work")
+WORK = BENCH_LAB.root / "work"
 
 
 def log(message: str) -> None:
@@ -47,6 +71,17 @@ def node_names(count: int) -> list[str]:
 def limit_pattern(count: int) -> str:
     """An Ansible host pattern (understood by gpufleet too) for node01..nodeNN."""
     return ":".join(node_names(count))
+
+
+def check_checkout() -> None:
+    """gpufleet must be imported from this checkout, the code the bench measures (a venv
+    installed from another checkout would plan with that one's roles)."""
+    import gpufleet
+
+    found = Path(gpufleet.__file__).resolve().parent.parent
+    if found != ROOT:
+        raise BenchError(f"gpufleet is imported from {found}, not from this checkout {ROOT}: "
+                         f"run with PYTHONPATH={ROOT} or install this checkout into the venv")
 
 
 def ensure_tools() -> dict[str, str]:

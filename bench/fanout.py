@@ -9,7 +9,7 @@
    breakdown, and a projection to 1,000 nodes.
 Also: `invoke facts` on 16 nodes.
 
-Everything runs on the bench's own lab (gfbench, 10.81.0.0/24, /srv/gpufleet-lab-bench),
+Everything runs on the bench's own lab (gfbench, 10.141.0.0/16, /srv/gpufleet-lab-bench),
 which is torn down at the end (--keep-lab keeps it). Results: bench/results/latest.json
 and bench/results/latest.md; plots: docs/img/.
 """
@@ -49,7 +49,7 @@ from common import (
 from gpufleet import app
 from gpufleet.connect.fleet import DEFAULT_FORKS
 
-TARGETS = {"gpufleet/ansible": 0.2, "gpufleet/pyinfra": 0.5, "provision/drift": 1.5}
+TARGETS = {"gpufleet/ansible": 0.2, "gpufleet/pyinfra": 0.25, "provision/drift": 1.5}
 
 
 def _ints(text: str) -> list[int]:
@@ -113,7 +113,7 @@ class Bench:
         self.results: dict[str, Any] = {"runs": args.runs, "gpufleet_runs": args.gpufleet_runs,
                                         "machine": machine(),
                                         "lab": {"name": BENCH_LAB.name,
-                                                "subnet": f"{BENCH_LAB.subnet}.0/24"}}
+                                                "subnet": str(BENCH_LAB.network)}}
         self.desired = WORK / "desired"
         self.reports = WORK / "drift-reports"
 
@@ -124,7 +124,9 @@ class Bench:
         self.results["versions"] = {} if self.args.skip_tools else ensure_tools()
         if self.args.skip_tools:
             self.results["versions"] = common.tool_versions()
-        total = max([*self.args.nodes, *self.args.latency_nodes, self.args.facts_nodes])
+        total = max([*self.args.nodes,
+                     *([] if self.args.skip_latency else self.args.latency_nodes),
+                     *([] if self.args.skip_gpufleet_only else [self.args.facts_nodes])])
         WORK.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         statuses = self.lab.up(total)
@@ -332,9 +334,18 @@ class Bench:
     # ---- output ----------------------------------------------------------------------
 
     def write(self) -> None:
+        """The results, their tables and plots; a failed run writes only its samples and
+        error, beside the results (``NAME-failed.json``), leaving earlier results as they
+        are."""
         self.results["machine"]["loadavg_end"] = os.getloadavg()
         self.results["samples"] = [s.to_dict() for s in self.samples]
         self.args.results.parent.mkdir(parents=True, exist_ok=True)
+        if "error" in self.results or "medians" not in self.results:
+            self.results.setdefault("error", "the run ended before its analysis")
+            failed = self.args.results.with_name(self.args.results.stem + "-failed.json")
+            failed.write_text(json.dumps(self.results, indent=2) + "\n")
+            log(f"samples and error of the failed run: {failed}")
+            return
         self.args.results.write_text(json.dumps(self.results, indent=2) + "\n")
         summary = self.args.results.with_suffix(".md")
         summary.write_text(summary_markdown(self.results))
@@ -402,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: run as root (the bench lab creates namespaces, mounts and sshd nodes)",
               file=sys.stderr)
         return 2
+    try:
+        common.check_checkout()
+    except common.BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     bench = Bench(args)
     started = time.monotonic()
     try:
@@ -414,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_latency:
             bench.latency()
         bench.analyse()
+    except (common.BenchError, subprocess.CalledProcessError) as exc:
+        bench.results["error"] = str(exc)
+    except BaseException as exc:
+        bench.results["error"] = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         bench.results["bench_total_s"] = round(time.monotonic() - started, 1)
         bench.write()
@@ -421,13 +442,12 @@ def main(argv: list[str] | None = None) -> int:
             log("tearing the bench lab down")
             bench.lab.down()
             shutil.rmtree(WORK, ignore_errors=True)
+    if "error" in bench.results:
+        print(f"bench failed, nothing compared: {bench.results['error']}", file=sys.stderr)
+        return 1
     print(summary_markdown(bench.results))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (common.BenchError, subprocess.CalledProcessError) as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())

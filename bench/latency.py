@@ -27,7 +27,7 @@ from gpufleet.facts.gather import gather_facts, parse_sections
 from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 
-TABLE = "gfbench_delay"
+TABLE = f"{BENCH_LAB.name}_delay"
 RELAY_PORT = 47022
 BYPASS_MARK = 0x6662  # the relay's own connections to the nodes (bench/delay_relay.py)
 

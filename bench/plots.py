@@ -16,11 +16,14 @@ TOOL_STYLE = {"gpufleet": ("gpufleet drift", "tab:green", "o"),
 
 
 def _medians(results: dict[str, Any], experiment: str, tool: str) -> list[tuple[int, float]]:
-    rows = results["medians"].get(experiment, {}).get(tool, {})
+    rows = results.get("medians", {}).get(experiment, {}).get(tool, {})
     return sorted((int(n), float(v)) for n, v in rows.items())
 
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The plots of a completed run; none for a run that failed (it has no medians)."""
+    if "medians" not in results:
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,5 +91,8 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
 if __name__ == "__main__":
     data = json.loads(Path(sys.argv[1]).read_text())
+    if "medians" not in data:
+        sys.exit(f"{sys.argv[1]}: no medians to plot, the run failed: "
+                 f"{data.get('error', 'no error recorded')}")
     for p in plot(data, Path(sys.argv[2])):
         print(p)
