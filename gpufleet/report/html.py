@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -709,12 +710,15 @@ def _since(doc: Mapping[str, Any]) -> list[Row]:
 
 def _runs(doc: Mapping[str, Any], history: Sequence[Mapping[str, Any]]
           ) -> list[Mapping[str, Any]]:
-    """The history's runs and the current one, oldest first, each once."""
-    seen: dict[tuple[str, str], Mapping[str, Any]] = {}
+    """The history's runs and the current one, oldest first, each once: two runs that
+    started within one second (the times have seconds) stay two runs, and the current run
+    is not counted twice when the history holds it."""
+    seen: dict[str, Mapping[str, Any]] = {}
     for run in [*history, doc]:
         if isinstance(run, Mapping) and isinstance(run.get("hosts"), dict):
-            seen[(str(run.get("started_at")), str(run.get("generated_at")))] = run
-    return [seen[k] for k in sorted(seen)]
+            seen.setdefault(json.dumps(run, sort_keys=True, default=str), run)
+    return sorted(seen.values(),
+                  key=lambda r: (str(r.get("started_at")), str(r.get("generated_at"))))
 
 
 def _run_ticks(runs: Sequence[Mapping[str, Any]]) -> list[tuple[float, str]]:

@@ -191,6 +191,9 @@ def test_drift_shows_each_item_with_its_hosts_and_its_history() -> None:
     assert "last 5 runs" in "".join(Page(again).text)
     alone = html.render_drift(runs[0])
     assert "Drift over time" not in alone
+    same_second = [dict(r, started_at=runs[0]["started_at"], generated_at=runs[0]["generated_at"])
+                   for r in runs]
+    assert "last 5 runs" in "".join(Page(html.render_drift(same_second[-1], same_second)).text)
 
 
 def test_drift_of_a_real_single_node_run() -> None:
