@@ -34,6 +34,10 @@ def placement_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.skip("lab tests need root: they create network namespaces and mounts")
     inventory_dir = tmp_path_factory.mktemp("placement-inventory") / "lab"
     shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
+    # Round trips on lab nodes that share two busy cores vary with the load, not the path:
+    # the bounds here leave room for it (the fault below sets one node's out of reach).
+    (inventory_dir / "group_vars" / "lab.yml").write_text(
+        "net_max_rtt_us: 20000\nnet_max_jitter_us: 20000\n")
     lab = Lab(lab_config_for("np", 7, inventory_dir))
     lab.down()
     lab.up(NODES)
