@@ -13,7 +13,11 @@ allreduce_busbw_thresholds ({model: {nodes: GB/s}}, e.g. {"NVIDIA H200": {1: 330
 allreduce_transport_intra (p2p; p2p|nvls|shm|any) and allreduce_transport_inter (ib;
 ib|socket|any): the least transport NCCL's channels must use inside a node and across
 nodes (read from its INFO log; not checked on gloo or with one rank),
-topology_domain or groups named rack*/leaf* (topology_group_prefixes).
+topology_domain or groups named rack*/leaf* (topology_group_prefixes),
+allreduce_min_line_rate_fraction (0.7 of the slowest node's line rate, nic_line_rate_gbps
+or its link speed, across nodes), nic_max_drops (100), nic_max_errors (0) and
+net_max_retransmit_ratio (0.01): what the NIC counters may move by during the pairs and
+the run of all nodes.
 
 Alone, every size is timed ``perf_trials`` times and gated on the median (the largest size
 against the threshold; every size against the node's baseline with --compare-baseline), and
@@ -28,9 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpufleet.conformance.allreduce import (
+    Hierarchy,
     figure,
     gpu_model,
     hierarchical,
+    line_rate_share,
     port_of,
     probe_args,
     problem,
@@ -41,6 +47,7 @@ from gpufleet.conformance.allreduce import (
 )
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
+from gpufleet.conformance.nic_counters import Bounds, slow_run_note
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.connect.connection import node_local
@@ -113,27 +120,47 @@ def test_each_node_alone(node: Node, conformance: ConformanceSession,
     assert not problems, (f"{gpu_model(node)} x1 node: " + "; ".join(problems))
 
 
+def _together(conformance: ConformanceSession) -> tuple[list[Node], list[str], Hierarchy]:
+    """The nodes that passed alone, those that did not, and the pairs, the run of all and
+    the search over them (once per run; needs at least two nodes that passed alone)."""
+    def measure() -> tuple[list[Node], list[str], Hierarchy]:
+        nodes = conformance.ready()
+        alone = _alone(conformance)
+        good = [n for n in nodes if problem(alone[n.name], n, 1) is None
+                and not alone[n.name].leftovers]
+        left_out = [n.name for n in nodes if n not in good]
+        if len(good) < 2:
+            return good, left_out, Hierarchy()
+        result = hierarchical(good, conformance.forks, [alone[n.name] for n in good])
+        conformance.add_report("allreduce", "all nodes", result.together.to_dict()
+                               if result.together else None)
+        conformance.add_report("allreduce", "hierarchy", result.to_dict())
+        return good, left_out, result
+
+    if len(conformance.ready()) < 2:
+        pytest.skip("fewer than two reachable nodes selected")
+    return conformance.once("allreduce-together", measure)
+
+
 def test_all_nodes_together(conformance: ConformanceSession,
                             record_property: RecordProperty) -> None:
-    nodes = conformance.ready()
-    if len(nodes) < 2:
-        pytest.skip("fewer than two reachable nodes selected")
-    alone = _alone(conformance)
-    good = [n for n in nodes if problem(alone[n.name], n, 1) is None
-            and not alone[n.name].leftovers]
-    left_out = [n.name for n in nodes if n not in good]
+    good, left_out, result = _together(conformance)
     record_property("left_out", left_out)
     if len(good) < 2:
         pytest.fail(f"fewer than two nodes passed alone (failed alone: {', '.join(left_out)})")
-    result = hierarchical(good, conformance.forks, [alone[n.name] for n in good])
-    conformance.add_report("allreduce", "all nodes", result.together.to_dict()
-                           if result.together else None)
-    conformance.add_report("allreduce", "hierarchy", result.to_dict())
     assert result.together is not None
     _record(result.together, record_property)
     gate = threshold(good[0], len(good))
     if gate is not None:
         record_property("gate_gbps", gate)
+    share = line_rate_share(result.together, result.line_rates)
+    if share is not None:
+        record_property("line_rate_fraction", float(figure(share[0])))
+        record_property("line_rate_gbps", share[1].gbps)
+        record_property("line_rate_nics", f"{share[1].node}: {share[1].nics}")
+    else:
+        record_property("line_rate_fraction", "not checked: " + "; ".join(
+            r.nics for r in result.line_rates.values() if r.gbps is None))
     record_property("pairs_s", round(max((r.duration for r in result.pairs), default=0.0), 2))
     leftovers = {n: p for r in [*result.pairs, result.together] for n, p in r.leftovers.items()}
     assert not leftovers, f"processes left behind: {leftovers}"
@@ -141,9 +168,10 @@ def test_all_nodes_together(conformance: ConformanceSession,
         return
     record_property("bisection_rounds", result.search.rounds)
     record_property("bisection_s", round(result.search_s, 1))
-    failing = problem(result.together, good[0], len(good)) or next(
+    rates = result.line_rates
+    failing = problem(result.together, good[0], len(good), rates) or next(
         (r.error() or "under the pair threshold" for r in result.pairs
-         if problem(r, good[0], 2)), "a pair failed")
+         if problem(r, good[0], 2, rates)), "a pair failed")
     verdicts = "; ".join(v.message() for v in result.verdicts) or (
         "no culprit named (the failure did not reproduce in smaller groups)")
     spent = (f"{result.search.rounds} rounds, {result.search_s:.0f}s of a "
@@ -151,7 +179,24 @@ def test_all_nodes_together(conformance: ConformanceSession,
                                                   else ""))
     skipped = f"; failed alone and left out: {', '.join(left_out)}" if left_out else ""
     pytest.fail(f"{len(good)}-node AllReduce failed: {failing} -- bisection ({spent}): "
-                f"{verdicts}{skipped}")
+                f"{verdicts}{skipped}{slow_run_note(result.counters.get('all', {}))}")
+
+
+def test_nic_counters_during_allreduce(node: Node, conformance: ConformanceSession,
+                                       record_property: RecordProperty) -> None:
+    good, _, result = _together(conformance)
+    if node not in good or len(good) < 2:
+        pytest.skip("not in a multi-node run (it failed alone, or too few nodes passed)")
+    phases = {phase: by_node[node.name] for phase, by_node in result.counters.items()}
+    record_property("counters", {p: c.to_dict() for p, c in phases.items()})
+    unknown = [f"{p}: {c.error}" for p, c in phases.items() if c.error]
+    if unknown:
+        pytest.fail(f"unknown: the counters of {node.name} could not be read "
+                    f"({'; '.join(unknown)})")
+    bounds = Bounds.of(node)
+    problems = [f"{text} during the {'pairs' if p == 'pairs' else 'run of all nodes'}"
+                for p, c in phases.items() for text in c.problems(bounds)]
+    assert not problems, f"{node.name}: " + "; ".join(problems)
 
 
 def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,

@@ -5,8 +5,10 @@ ruleset on the node opens every one of them.
 Variables: firewall_rendezvous_port (29500), firewall_port_range (49152-65535),
 reachability_range_samples (3 evenly spaced ports between the range's ends, on every
 pair), reachability_random_ports (128 random ports of the range per target, shared out
-between its sources), reachability_seed (default: a new sample every run). Pairs: --pairs
-auto | all | ring | sample:K (invoke conformance --pairs).
+between its sources), reachability_seed (default: a new sample every run),
+nic_max_drops (100), nic_max_errors (0) and net_max_retransmit_ratio (0.01): what the NIC
+counters may move by during the connects (sampled on every node before and after).
+Pairs: --pairs auto | all | ring | sample:K (invoke conformance --pairs).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance.checks.portrange import opened_ports
+from gpufleet.conformance.nic_counters import Bounds, NodeCounters, deltas, take_all
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -42,12 +45,22 @@ def _spec(conformance: ConformanceSession) -> PortSpec:
 
 
 @pytest.fixture(scope="session")
-def matrix(conformance: ConformanceSession) -> Matrix:
+def measured(conformance: ConformanceSession) -> tuple[Matrix, dict[str, NodeCounters]]:
     spec = _spec(conformance)
+    nodes = {n.name: n for n in conformance.ready()}
+    before = take_all(nodes.values(), conformance.forks)
     result = run_matrix(conformance, spec, conformance.options.pairs, seed=spec.seed)
+    counters = deltas(nodes, before, take_all(nodes.values(), conformance.forks))
     conformance.add_report("reachability", "matrix", result.to_dict())
     conformance.add_report("reachability", "seed", spec.seed)
-    return result
+    conformance.add_report("reachability", "counters",
+                           {n: c.to_dict() for n, c in sorted(counters.items())})
+    return result, counters
+
+
+@pytest.fixture(scope="session")
+def matrix(measured: tuple[Matrix, dict[str, NodeCounters]]) -> Matrix:
+    return measured[0]
 
 
 def test_reachable_from_the_cluster(node: Node, matrix: Matrix,
@@ -61,6 +74,21 @@ def test_reachable_from_the_cluster(node: Node, matrix: Matrix,
         f"port {port} not reachable from {', '.join(sources)}"
         for port, sources in failures.items()) + (f" (listener: {listener})"
                                                    if listener != "ok" else "")
+
+
+def test_nic_counters_during_reachability(node: Node, measured: tuple[Matrix, dict[
+        str, NodeCounters]], record_property: RecordProperty) -> None:
+    result, counters = measured
+    if len(result.results) == 0:
+        pytest.skip("fewer than two reachable nodes selected")
+    mine = counters.get(node.name)
+    if mine is None:
+        pytest.skip("not measured: the node was not reachable when the run started")
+    record_property("counters", {"connects": mine.to_dict()})
+    if mine.error:
+        pytest.fail(f"unknown: the counters of {node.name} could not be read ({mine.error})")
+    problems = mine.problems(Bounds.of(node))
+    assert not problems, f"{node.name}: " + "; ".join(problems) + " during the connects"
 
 
 def test_ephemeral_ports_inside_the_open_range(node: Node) -> None:

@@ -3,7 +3,10 @@ pairs (all at once), then all nodes together; a failing or slow run is searched 
 adaptive group testing (``grouptest``) to the bad nodes and pairs, each confirmed before it
 is blamed, and a bad pair's direction is read with a connect probe both ways. On NCCL, a
 run whose channels use a transport below the inventory's expectation fails (NCCL's INFO
-log, ``nccl_log``)."""
+log, ``nccl_log``). A multi-node run also fails when its busbw is under
+``allreduce_min_line_rate_fraction`` of the slowest node's line rate, and every node's NIC
+counters are sampled before and after the pairs and the run of all nodes
+(``nic_counters``)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
+from gpufleet.conformance.nic_counters import LineRate, NodeCounters, deltas, line_rate, take_all
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -98,8 +102,10 @@ def figure(value: float) -> str:
     return f"{value:.{digits}f}"
 
 
-def problem(run: ProbeRun, node: Node, count: int) -> str | None:
-    """Why a run fails the check: its error, or busbw under the threshold for ``count``."""
+def problem(run: ProbeRun, node: Node, count: int,
+            rates: Mapping[str, LineRate] | None = None) -> str | None:
+    """Why a run fails the check: its error, busbw under the threshold for ``count``, or
+    (across nodes, with their ``rates``) under its share of the slowest line rate."""
     error = run.error()
     if error:
         return error
@@ -109,7 +115,29 @@ def problem(run: ProbeRun, node: Node, count: int) -> str | None:
     if minimum is not None and largest["world_size"] > 1 and largest["busbw"] < minimum:
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
                 f"under the {minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
+    share = line_rate_share(run, rates or {}) if count > 1 else None
+    least = float(node.var("allreduce_min_line_rate_fraction"))
+    if share is not None and share[0] < least:
+        fraction, slowest = share
+        return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
+                f"{figure(fraction)} of the slowest line rate ({slowest.node}: "
+                f"{slowest.nics}), under allreduce_min_line_rate_fraction {least:g}")
     return transport_problem(run, node)
+
+
+def line_rate_share(run: ProbeRun, rates: Mapping[str, LineRate]
+                    ) -> tuple[float, LineRate] | None:
+    """The run's busbw at its largest size as a fraction of the slowest of its nodes' line
+    rates, and that node's; None when a node's rate is unknown or the run moved nothing
+    between ranks."""
+    largest = run.largest
+    known = [rates[n] for n in run.nodes if n in rates]
+    if largest is None or int(largest["world_size"]) < 2 or len(known) != len(run.nodes):
+        return None
+    if any(r.gbps is None for r in known):
+        return None
+    slowest = min(known, key=lambda r: r.gbps or 0.0)
+    return float(largest["busbw"]) * 8 / (slowest.gbps or 1.0), slowest
 
 
 def run_links(run: ProbeRun) -> tuple[list[Link], dict[int, str]]:
@@ -255,6 +283,8 @@ class Hierarchy:
 
     pairs: list[ProbeRun] = field(default_factory=list)
     together: ProbeRun | None = None
+    line_rates: dict[str, LineRate] = field(default_factory=dict)
+    counters: dict[str, dict[str, NodeCounters]] = field(default_factory=dict)
     search: Search | None = None
     verdicts: list[Verdict] = field(default_factory=list)
     trial_timeout_s: float = 0.0
@@ -270,7 +300,10 @@ class Hierarchy:
                     "exhausted": search.exhausted, "trial_timeout_s": self.trial_timeout_s,
                     "budget_s": round(self.budget_s, 1), "seconds": round(self.search_s, 1),
                     "trials": [trial_dict(t) for t in search.trials]},
-                "verdicts": [v.to_dict() for v in self.verdicts]}
+                "verdicts": [v.to_dict() for v in self.verdicts],
+                "line_rates": {n: r.to_dict() for n, r in sorted(self.line_rates.items())},
+                "counters": {phase: {n: c.to_dict() for n, c in sorted(by_node.items())}
+                             for phase, by_node in self.counters.items()}}
 
 
 def trial_timeout(first: Node, passing: list[ProbeRun]) -> float:
@@ -291,14 +324,22 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
     by_name = {n.name: n for n in nodes}
     out = Hierarchy(trial_timeout_s=trial_timeout(first, alone))
     out.budget_s = max_rounds(len(nodes)) * out.trial_timeout_s
+    before = take_all(nodes, workers)
+    out.line_rates = {n.name: line_rate(n, before[n.name]) for n in nodes}
+    rates = out.line_rates
     known: list[Trial] = []
     if len(nodes) > 2:
         pair_groups = disjoint_pairs(nodes)
         out.pairs = run_groups(pair_groups, out.trial_timeout_s, workers, args)
-        known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2) is None,
-                        problem(r, g[0], 2)) for g, r in zip(pair_groups, out.pairs, strict=True)]
+        after = take_all(nodes, workers)
+        out.counters["pairs"] = deltas(by_name, before, after)
+        before = after
+        known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2, rates) is None,
+                        problem(r, g[0], 2, rates))
+                  for g, r in zip(pair_groups, out.pairs, strict=True)]
     out.together = run_allreduce(nodes, args, timeout_of(first), port_of(first))
-    failed = problem(out.together, first, len(nodes))
+    out.counters["all"] = deltas(by_name, before, take_all(nodes, workers))
+    failed = problem(out.together, first, len(nodes), rates)
     known.append(Trial(tuple(by_name), failed is None, failed))
     if failed is None and all(t.ok for t in known):
         return out
@@ -306,8 +347,9 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
     def test(groups: list[Group]) -> list[Trial]:
         runs = run_groups([[by_name[n] for n in g] for g in groups], out.trial_timeout_s,
                           workers, args)
-        return [Trial(g, problem(r, by_name[g[0]], len(g)) is None,
-                      problem(r, by_name[g[0]], len(g))) for g, r in zip(groups, runs, strict=True)]
+        return [Trial(g, problem(r, by_name[g[0]], len(g), rates) is None,
+                      problem(r, by_name[g[0]], len(g), rates))
+                for g, r in zip(groups, runs, strict=True)]
 
     start = time.monotonic()
     out.search = find_faults(list(by_name), test, domains={n.name: domain(n) for n in nodes},

@@ -50,7 +50,9 @@ FIGURES = (
 ``gpufleet_conformance_a_b_<unit>``)."""
 
 PLAIN = {"max_temp_c": ("thermal_max_temperature_celsius", 1.0),
-         "aggregate_mbps": ("storage_aggregate_read_bytes_per_second", 1e6)}
+         "aggregate_mbps": ("storage_aggregate_read_bytes_per_second", 1e6),
+         "line_rate_fraction": ("allreduce_line_rate_ratio", 1.0),
+         "line_rate_gbps": ("allreduce_line_rate_bytes_per_second", 1e9 / 8)}
 """Recorded numbers that are not gated figures, by property name."""
 
 
@@ -99,6 +101,7 @@ def to_metrics(report: ConformanceReport, textfile: Textfile,
                    host=host, status=status)
         tf.set("gpufleet_conformance_host_last_run_timestamp_seconds", finished, host=host)
     _figures(tf, report.results)
+    _counters(tf, report.results)
     if previous is not None:
         tf.keep_others(previous, {r.host for r in report.results})
     tf.gauge("gpufleet_conformance_hosts", "Hosts per verdict (each host as of its last "
@@ -154,3 +157,30 @@ def _figures(tf: Textfile, results: list[Result]) -> None:
                              ["host", "check"])
                     made.add(family)
                 tf.set(family, float(value) * factor, host=r.host, check=check)
+
+
+def _counters(tf: Textfile, results: list[Result]) -> None:
+    """The NIC counters that moved during each measurement across nodes, and the TCP
+    retransmits (``nic_counters_during_*`` checks; a counter that did not move has no
+    series)."""
+    moved = "gpufleet_conformance_nic_statistic_delta"
+    retransmits = "gpufleet_conformance_tcp_retransmitted_segments"
+    tf.gauge(moved, "How much a NIC counter that means trouble (drops, errors, pause, ecn, "
+             "retransmits) moved during one measurement.",
+             ["host", "check", "phase", "port", "counter", "kind"])
+    tf.gauge(retransmits, "TCP segments the host retransmitted during one measurement.",
+             ["host", "check", "phase"])
+    for r in results:
+        check = r.check.removeprefix("test_")
+        phases = r.properties.get("counters")
+        if not check.startswith("nic_counters_during_") or not isinstance(phases, Mapping):
+            continue
+        for phase, entry in phases.items():
+            if not isinstance(entry, Mapping):
+                continue
+            for d in entry.get("deltas") or []:
+                tf.set(moved, float(d["value"]), host=r.host, check=check, phase=str(phase),
+                       port=str(d["port"]), counter=str(d["counter"]), kind=str(d["kind"]))
+            if isinstance(entry.get("tcp_retransmits"), int):
+                tf.set(retransmits, float(entry["tcp_retransmits"]), host=r.host, check=check,
+                       phase=str(phase))

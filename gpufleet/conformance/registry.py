@@ -119,6 +119,15 @@ _RANGE = {
     "firewall_port_range": Var(PORT_RANGE, "string", "TCP range open to the cluster"),
 }
 
+_COUNTERS = {
+    "nic_max_drops": Var(100, "integer", "drops one counter of a fabric port may count "
+                                         "during one measurement"),
+    "nic_max_errors": Var(0, "integer", "errors one counter of a fabric port may count "
+                                        "during one measurement"),
+    "net_max_retransmit_ratio": Var(0.01, "number", "TCP segments retransmitted per segment "
+                                                    "sent during one measurement"),
+}
+
 
 def _check_ranges(v: RoleVars) -> None:
     parse_range(v.string("firewall_port_range"), v.host.name, "firewall_port_range")
@@ -151,10 +160,30 @@ def _check_network(v: RoleVars) -> None:
         raise v.fail("net_mtu", "an MTU from 576 to 65535", mtu)
 
 
+def _check_counters(v: RoleVars) -> None:
+    for key in ("nic_max_drops", "nic_max_errors"):
+        if v.integer(key) < 0:
+            raise v.fail(key, "an integer of 0 or more", v.get(key))
+    if not 0 <= v.number("net_max_retransmit_ratio") <= 1:
+        raise v.fail("net_max_retransmit_ratio", "a number from 0 to 1",
+                     v.get("net_max_retransmit_ratio"))
+
+
+def _check_reachability(v: RoleVars) -> None:
+    _check_ranges(v)
+    _check_counters(v)
+
+
 def _check_allreduce(v: RoleVars) -> None:
     _check_performance(v)
     _check_ranges(v)
+    _check_counters(v)
     allreduce_checks.check_choices(v)
+    if not 0 < v.number("allreduce_min_line_rate_fraction") <= 1:
+        raise v.fail("allreduce_min_line_rate_fraction", "a number above 0, at most 1",
+                     v.get("allreduce_min_line_rate_fraction"))
+    if v.get("nic_line_rate_gbps") is not None:
+        _positive(v, "nic_line_rate_gbps")
 
 
 SUITES: dict[str, Suite] = {s.name: s for s in [
@@ -179,21 +208,23 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                                                "random ports of the range per target"),
               "reachability_seed": Var(None, "integer",
                                        "seed of the random ports (default: new each run)"),
+              **_COUNTERS,
           },
-          cross_node=frozenset({"reachable_from_the_cluster"}),
+          cross_node=frozenset({"reachable_from_the_cluster",
+                                "nic_counters_during_reachability"}),
           with_peer=frozenset({"reachable_from_the_cluster"}),
-          check=_check_ranges),
+          check=_check_reachability),
     Suite("allreduce", ("conformance",),
           "AllReduce bus bandwidth on each node alone and on all nodes together",
           variables={**allreduce_checks.VARIABLES, **_probe_variables(), **_RANGE,
-                     **PERFORMANCE,
+                     **PERFORMANCE, **_COUNTERS,
                      "nccl_tests_max_size": Var("1G", "string",
                                                 "largest size of nccl-tests' all_reduce_perf"),
                      "topology_domain": Var(None, "string", "the node's rack or leaf"),
                      "topology_group_prefixes": Var(None, "list",
                                                     "inventory groups that are topology "
                                                     "domains (default: rack, leaf)")},
-          cross_node=frozenset({"all_nodes_together"}),
+          cross_node=frozenset({"all_nodes_together", "nic_counters_during_allreduce"}),
           with_peer=frozenset({"all_nodes_together"}),
           required_when=_always, records_baseline=True, check=_check_allreduce),
     Suite("rdma", ("conformance",),

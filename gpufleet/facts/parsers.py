@@ -38,9 +38,12 @@ __all__ = [
     "pause_and_discard_counters",
     "port_range",
     "proc_driver_version",
+    "proc_net_snmp",
+    "rdma_port_rate",
     "sys_class_net",
     "sys_pci_gpus",
     "sysctl_value",
+    "sysfs_values",
     "torch_info",
     "xid_events",
 ]
@@ -915,6 +918,44 @@ def ethtool_stats(text: str) -> dict[str, int]:
 def pause_and_discard_counters(stats: Mapping[str, int]) -> dict[str, int]:
     """Pick the counters whose names mention pause or discard (``rx_prio3_pause``...)."""
     return {name: value for name, value in stats.items() if _PAUSE_OR_DISCARD.search(name)}
+
+
+_SYSFS_VALUE = re.compile(r"^(?P<path>[^:\s]+):\s?(?P<value>.*)$")
+
+
+def sysfs_values(text: str) -> dict[str, str]:
+    """Parse ``grep -H . FILE...`` over sysfs (``eth0/statistics/rx_dropped:0``, also with a
+    space after the colon as pasted listings have it) into path -> value."""
+    values: dict[str, str] = {}
+    for line in _output_lines(text):
+        match = _SYSFS_VALUE.match(line.strip())
+        if not match:
+            raise _error("sysfs listing", "'path:value' lines", line)
+        values[match["path"]] = match["value"].strip()
+    return values
+
+
+def proc_net_snmp(text: str, protocol: str = "Tcp") -> dict[str, int]:
+    """One protocol's counters from ``/proc/net/snmp`` (a header line of names, then a
+    line of values, both starting ``Tcp:``)."""
+    rows = [line.split()[1:] for line in _output_lines(text)
+            if line.startswith(f"{protocol}:")]
+    if len(rows) != 2 or len(rows[0]) != len(rows[1]):
+        raise _error("/proc/net/snmp", f"a {protocol}: header and a {protocol}: value line",
+                     text)
+    names, values = rows
+    return {n: _int("/proc/net/snmp", v, v) for n, v in zip(names, values, strict=True)}
+
+
+_RDMA_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec\b")
+
+
+def rdma_port_rate(text: str) -> float:
+    """An RDMA port's ``rate`` file (``400 Gb/sec (4X NDR)``) in Gb/s."""
+    match = _RDMA_RATE.match(text.strip())
+    if not match:
+        raise _error("RDMA port rate", "'N Gb/sec (...)'", text)
+    return float(match.group(1))
 
 
 _SYS_PCI = re.compile(

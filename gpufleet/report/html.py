@@ -285,8 +285,29 @@ def _conformance_parts(doc: Mapping[str, Any], results: list[Result]) -> dict[st
             "failures": sorted(groups.values(), key=lambda g: (-len(g.rows), g.name)),
             "skips": sorted(skipped.values(), key=lambda g: (g.name, -len(g.rows))),
             "fleet": [r for r in results if r.host == FLEET],
+            "counters": counter_rows(results),
             "plots": [*allreduce_plots(doc, results), *thermal_plots(doc, results),
                       *storage_plots(results)]}
+
+
+COUNTER_PHASES = {"pairs": "AllReduce, pairs", "all": "AllReduce, all nodes",
+                  "connects": "reachability connects"}
+
+
+def counter_rows(results: Sequence[Result]) -> list[Row]:
+    """Per node and measurement across nodes, the NIC counters that moved (the
+    ``nic_counters_during_*`` checks), tagged with the check's outcome."""
+    rows = []
+    for r in results:
+        if not r.check.startswith("test_nic_counters_during_"):
+            continue
+        for phase, entry in _mapping(r.properties.get("counters")).items():
+            moved = [str(m) for m in _mapping(entry).get("moved") or []]
+            if moved:
+                rows.append(Row(r.host, COUNTER_PHASES.get(phase, phase),
+                                _clip("; ".join(moved)),
+                                {"pass": "pass", "fail": "fail"}.get(r.outcome, "skip")))
+    return sorted(rows, key=lambda row: (natural(row.host), row.name))
 
 
 def _header(doc: Mapping[str, Any]) -> dict[str, str]:
@@ -471,6 +492,10 @@ def _across_chart(doc: Mapping[str, Any], results: Sequence[Result]) -> Plot | N
         chart.lines.append(Line([], FAIL, "gate"))
     note = f"{fleet.name}: {fleet.outcome}" + (f" ({_clip(fleet.message)})" if fleet.message
                                                else "") if fleet else ""
+    share = props.get("line_rate_fraction")
+    if isinstance(share, int | float) and not isinstance(share, bool):
+        note += (f"; busbw is {share:g} of the slowest line rate "
+                 f"({props.get('line_rate_nics')})")
     return Plot("AllReduce across nodes", [chart.svg()], note)
 
 

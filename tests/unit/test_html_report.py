@@ -241,3 +241,25 @@ def test_write_html_writes_the_page_atomically(tmp_path: Path) -> None:
     html.write_html(str(target), "<!DOCTYPE html><p>\u00e9</p>")
     assert target.read_bytes() == "<!DOCTYPE html><p>\u00e9</p>".encode()
     assert [p.name for p in target.parent.iterdir()] == ["conformance.html"]
+
+
+def test_the_counters_that_moved_and_the_line_rate_are_on_the_page() -> None:
+    doc = synthetic_conformance(4)
+    moved = "18,342 drops on eth1 (statistics/rx_dropped)"
+    doc["results"] += [
+        {"suite": "allreduce", "check": "test_nic_counters_during_allreduce",
+         "host": "gpu0002", "outcome": "fail", "message": f"gpu0002: {moved} (nic_max_drops "
+         "100) during the run of all nodes", "duration_s": 0.1,
+         "properties": {"counters": {"pairs": {"moved": []}, "all": {"moved": [moved]}}}},
+        {"suite": "reachability", "check": "test_nic_counters_during_reachability",
+         "host": "gpu0003", "outcome": "pass", "message": "", "duration_s": 0.1,
+         "properties": {"counters": {"connects": {"moved": ["3 TCP retransmits"]}}}}]
+    page = Page(html.render_conformance(doc))
+    text = " ".join(page.text)
+    assert "NIC counters that moved during measurements across nodes" in text
+    assert moved in text and "AllReduce, all nodes" in text
+    assert "reachability connects" in text and "3 TCP retransmits" in text
+    assert "AllReduce, pairs" not in text
+    assert [r for r in html.counter_rows(html.results_of(doc))] == [
+        html.Row("gpu0002", "AllReduce, all nodes", moved, "fail"),
+        html.Row("gpu0003", "reachability connects", "3 TCP retransmits", "pass")]

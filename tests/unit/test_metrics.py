@@ -192,3 +192,36 @@ def test_conformance_exports_results_verdicts_and_figures_in_base_units(tmp_path
     assert value("gpufleet_conformance_host_status", host="gpu02", status="FAIL") == 1
     assert value("gpufleet_conformance_hosts", status="PASS") == 1
     assert value("gpufleet_conformance_last_run_duration_seconds") == 300.0
+
+
+def test_conformance_exports_the_line_rate_and_the_counters_that_moved(tmp_path: Path
+                                                                       ) -> None:
+    moved = {"deltas": [{"port": "eth1", "counter": "statistics/rx_dropped", "kind": "drops",
+                         "priority": None, "value": 18342}], "tcp_retransmits": 7}
+    report = ConformanceReport("inventory/prod", "d" * 64, 1764590000.0, 300.0, [
+        _result("fleet", "allreduce", "test_all_nodes_together", "pass",
+                line_rate_fraction=0.82, line_rate_gbps=400.0, line_rate_nics="gpu01: ..."),
+        _result("gpu07", "allreduce", "test_nic_counters_during_allreduce", "fail",
+                "gpu07: 18,342 drops", counters={"all": moved}),
+        _result("gpu07", "reachability", "test_nic_counters_during_reachability", "pass",
+                counters={"connects": {"deltas": [], "tcp_retransmits": 0}}),
+    ])
+    path = tmp_path / "conformance.prom"
+    prometheus.write(path, conformance_metrics.to_metrics(report, Textfile("prod", "conformance")))
+    promtool(path)
+    found = samples(path.read_text())
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted({"inventory": "prod", **labels}.items())))]
+
+    assert value("gpufleet_conformance_allreduce_line_rate_ratio", host="fleet",
+                 check="all_nodes_together") == 0.82
+    assert value("gpufleet_conformance_allreduce_line_rate_bytes_per_second", host="fleet",
+                 check="all_nodes_together") == 50e9
+    assert value("gpufleet_conformance_nic_statistic_delta", host="gpu07",
+                 check="nic_counters_during_allreduce", phase="all", port="eth1",
+                 counter="statistics/rx_dropped", kind="drops") == 18342
+    assert value("gpufleet_conformance_tcp_retransmitted_segments", host="gpu07",
+                 check="nic_counters_during_allreduce", phase="all") == 7
+    assert value("gpufleet_conformance_tcp_retransmitted_segments", host="gpu07",
+                 check="nic_counters_during_reachability", phase="connects") == 0

@@ -15,6 +15,11 @@ VARIABLES = {
     "allreduce_busbw_thresholds": Var(None, "mapping", "{MODEL: {NODES: GB/s}}"),
     "allreduce_transport_intra": Var("p2p", "string", "NCCL's least transport inside a node"),
     "allreduce_transport_inter": Var("ib", "string", "NCCL's least transport across nodes"),
+    "allreduce_min_line_rate_fraction": Var(0.7, "number",
+                                            "busbw across nodes per the slowest node's line "
+                                            "rate"),
+    "nic_line_rate_gbps": Var(None, "number", "the node's line rate (default: its RDMA "
+                                              "ports' or its interface's link speed)"),
 }
 CHOICES = {"allreduce_transport_intra": tuple(INTRA), "allreduce_transport_inter": tuple(INTER)}
 

@@ -1,0 +1,427 @@
+"""The NIC's own counters around a measurement, and the line rate the measurement is held
+against.
+
+A sample reads, on one node in one round trip: every interface's ``/sys/class/net/*/
+statistics`` and link speed, ``ethtool -S`` of every interface, every RDMA port's
+``counters`` and ``hw_counters`` with its rate and state, and the node's TCP counters
+(``/proc/net/snmp``). Every node is sampled at once before and after a multi-node AllReduce
+and a reachability run; the deltas of the counters that mean trouble (drops, errors,
+pause frames per priority, ECN marks and CNPs, retransmits) are kept per node, and a node
+whose drops or errors on its fabric ports, or whose TCP retransmits, pass their bounds
+fails. Per-queue counters are left out (their totals are read).
+
+A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where declared;
+else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
+RDMA ports NCCL may use (``NCCL_IB_HCA``); else the link speed of the interface holding the
+node's inventory address.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.conformance.checks.allreduce import expected_transports
+from gpufleet.conformance.placement import interface_mtu
+from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import node_local
+from gpufleet.errors import GpufleetError, ParseError
+from gpufleet.facts import parsers, script
+
+KINDS = ("drops", "errors", "pause", "ecn", "retransmits")
+GATED = ("drops", "errors")
+MIN_RETRANSMITS = 10  # fewer retransmitted segments never fail a node, whatever the ratio
+SAMPLE_TIMEOUT_S = 30.0
+ETHTOOL_LIMIT_S = 10.0
+_PER_QUEUE = re.compile(r"^\[\d+\]|^(?:rx|tx)[-_]?\d+[_.]|queue_\d+|^ch_?\d+_|^q\d+_|_q\d+_")
+# Corrected bits and FEC lanes, subnet management (VL15), XDP's own drops, byte and duration
+# counters beside the event counters, and work flushed when a queue pair is torn down.
+_NOT_TROUBLE = re.compile(r"corrected|err_lane|vl15|xdp|bytes|duration|flush")
+_KIND_PATTERNS = (
+    ("pause", re.compile(r"pause|xoff|pfc")),
+    ("ecn", re.compile(r"cnp|ecn")),
+    ("retransmits", re.compile(r"retrans|out_of_sequence|seq_err|local_ack_timeout|rnr_nak")),
+    ("drops", re.compile(r"drop|discard|out_of_buffer|missed_(?:err|pack)|fifo_err|over_err|"
+                         r"overrun")),
+    ("errors", re.compile(r"err|crc|fcs|symbol|link_downed|integrity")),
+)
+_PRIORITY = re.compile(r"(?:priority|prio|pri)_?(\d)(?!\d)")
+_IFACE_FILE = re.compile(r"^(?P<port>[^/]+)/(?P<file>speed|operstate|statistics/\w+)$")
+_RDMA_FILE = re.compile(
+    r"^(?P<dev>[^/]+)/ports/(?P<port>\d+)/(?P<file>rate|state|(?:hw_)?counters/\w+)$")
+
+
+def kind(counter: str) -> tuple[str, int | None] | None:
+    """What a counter counts (one of KINDS) and its priority (PFC counters), or None for a
+    counter that is not trouble or is one queue's share of a total."""
+    name = counter.rsplit("/", 1)[-1].lower()
+    if _PER_QUEUE.search(name) or _NOT_TROUBLE.search(name):
+        return None
+    for found, pattern in _KIND_PATTERNS:
+        if pattern.search(name):
+            priority = _PRIORITY.search(name) if found == "pause" else None
+            return found, int(priority.group(1)) if priority else None
+    return None
+
+
+@dataclass(frozen=True)
+class Port:
+    """One interface (``eth0``) or RDMA port (``mlx5_0/1``) as one sample saw it."""
+
+    name: str
+    counters: dict[str, int] = field(default_factory=dict)  # "statistics/rx_dropped": 0
+    rate_gbps: float | None = None
+    state: str | None = None
+    rdma: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Every port of one node, its TCP counters, and what could not be read."""
+
+    ports: dict[str, Port]
+    tcp: dict[str, int]
+    taken: float
+    unknown: tuple[str, ...] = ()
+
+
+def sample_command(nonce: str) -> str:
+    """The one-round-trip script that reads a node's counters."""
+    return script.compose([
+        ("net", "cd /sys/class/net && grep -H . */speed */operstate */statistics/* "
+                "2>/dev/null; true"),
+        ("rdma", "[ -d /sys/class/infiniband ] || exit 0; cd /sys/class/infiniband && "
+                 "grep -H . */ports/*/rate */ports/*/state */ports/*/counters/* "
+                 "*/ports/*/hw_counters/* 2>/dev/null; true"),
+        ("snmp", "cat /proc/net/snmp"),
+        script.Snippet("ethtool", "command -v ethtool >/dev/null || exit 127; "
+                       "for d in /sys/class/net/*; do n=${d##*/}; [ \"$n\" = lo ] && continue; "
+                       f"echo \"@@if-{nonce} $n\"; ethtool -S \"$n\" 2>&1; done", "ethtool"),
+    ], nonce, limit_s=ETHTOOL_LIMIT_S)
+
+
+def _number(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _speed_gbps(value: str) -> float | None:
+    """sysfs ``speed`` (Mb/s) in Gb/s; None where the driver reports no speed (-1, or the
+    same as an unsigned 32-bit number)."""
+    mbps = _number(value)
+    return None if mbps is None or mbps <= 0 or mbps >= 2**32 - 1 else mbps / 1000
+
+
+def ethtool_sections(text: str, nonce: str) -> dict[str, str]:
+    """The ethtool section's output split per interface."""
+    marker = f"@@if-{nonce} "
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(marker):
+            current = found.setdefault(line[len(marker):].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines) for name, lines in found.items()}
+
+
+def _interfaces(section: script.Section | None) -> dict[str, dict[str, Any]]:
+    """Interfaces from the ``net`` section: speed, state and statistics."""
+    interfaces: dict[str, dict[str, Any]] = {}
+    for path, value in (parsers.sysfs_values(section.text) if section else {}).items():
+        match = _IFACE_FILE.match(path)
+        if not match or match["port"] == "lo":
+            continue
+        entry = interfaces.setdefault(match["port"], {"counters": {}})
+        if match["file"] == "speed":
+            entry["rate"] = _speed_gbps(value)
+        elif match["file"] == "operstate":
+            entry["state"] = value
+        elif (number := _number(value)) is not None:
+            entry["counters"][match["file"]] = number
+    return interfaces
+
+
+def _ethtool(section: script.Section | None, nonce: str,
+             interfaces: dict[str, dict[str, Any]], unknown: list[str]) -> None:
+    """Add every interface's ``ethtool -S`` counters (``ethtool/NAME``)."""
+    if section is None or section.rc == 127:
+        return
+    if section.rc != 0:
+        unknown.append(f"ethtool -S: {section.text.strip()[-120:]}")
+        return
+    for name, text in ethtool_sections(section.text, nonce).items():
+        try:
+            stats = parsers.ethtool_stats(text)
+        except ParseError:
+            unknown.append(f"ethtool -S {name}: {text.strip()[:80] or 'no output'}")
+            continue
+        if name in interfaces:
+            interfaces[name]["counters"].update({f"ethtool/{k}": v for k, v in stats.items()})
+
+
+def _rdma(section: script.Section | None, unknown: list[str]) -> dict[str, Port]:
+    """RDMA ports from the ``rdma`` section: rate, state, counters and hw_counters."""
+    found: dict[str, dict[str, Any]] = {}
+    for path, value in (parsers.sysfs_values(section.text) if section else {}).items():
+        match = _RDMA_FILE.match(path)
+        if not match:
+            continue
+        entry = found.setdefault(f"{match['dev']}/{match['port']}", {"counters": {}})
+        if match["file"] == "rate":
+            try:
+                entry["rate"] = parsers.rdma_port_rate(value)
+            except ParseError as exc:
+                unknown.append(f"{path}: {exc}")
+        elif match["file"] == "state":
+            entry["state"] = value.split(":")[-1].strip()
+        elif (number := _number(value)) is not None:
+            entry["counters"][match["file"]] = number
+    return {name: Port(name, e["counters"], e.get("rate"), e.get("state"), rdma=True)
+            for name, e in found.items()}
+
+
+def parse_sample(sections: Mapping[str, script.Section], nonce: str, taken: float) -> Sample:
+    """A Sample from the sample script's sections (pure)."""
+    unknown: list[str] = []
+    interfaces = _interfaces(sections.get("net"))
+    _ethtool(sections.get("ethtool"), nonce, interfaces, unknown)
+    ports = {name: Port(name, e["counters"], e.get("rate"), e.get("state"))
+             for name, e in interfaces.items()}
+    ports.update(_rdma(sections.get("rdma"), unknown))
+    snmp = sections.get("snmp")
+    tcp: dict[str, int] = {}
+    try:
+        tcp = parsers.proc_net_snmp(snmp.text if snmp else "")
+    except ParseError as exc:
+        unknown.append(str(exc))
+    return Sample(ports, tcp, taken, tuple(unknown))
+
+
+def take(node: Node) -> Sample:
+    """Sample one node's counters (node-local)."""
+    nonce = script.new_nonce()
+    with node_local():
+        result = node.run(sample_command(nonce), timeout=SAMPLE_TIMEOUT_S)
+    taken = time.monotonic()
+    sections = script.split(result.stdout, nonce)
+    if "net" not in sections:
+        raise GpufleetError(f"the counter sample on {node.name} printed nothing readable "
+                            f"(exit {result.rc}): {(result.stderr or result.stdout)[-160:]}")
+    try:
+        return parse_sample(sections, nonce, taken)
+    except ParseError as exc:
+        raise GpufleetError(f"the counter sample on {node.name}: {exc}") from None
+
+
+def take_all(nodes: Iterable[Node], workers: int) -> dict[str, Sample | str]:
+    """Every node's sample, all nodes at once; a node that cannot be sampled has its
+    error instead."""
+    chosen = list(nodes)
+
+    def one(node: Node) -> Sample | str:
+        try:
+            return take(node)
+        except GpufleetError as exc:
+            return str(exc)
+
+    if not chosen:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(chosen)))) as pool:
+        return dict(zip((n.name for n in chosen), pool.map(one, chosen), strict=True))
+
+
+@dataclass(frozen=True)
+class Delta:
+    """How much one counter of one port moved during a measurement."""
+
+    port: str
+    counter: str
+    kind: str
+    value: int
+    priority: int | None = None
+
+    def describe(self) -> str:
+        prio = f" on priority {self.priority}" if self.priority is not None else ""
+        return f"{self.value:,} {self.kind}{prio} on {self.port} ({self.counter})"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a node's counters may move by during one measurement."""
+
+    max_drops: int
+    max_errors: int
+    max_retransmit_ratio: float
+
+    @classmethod
+    def of(cls, node: Node) -> Bounds:
+        return cls(int(node.var("nic_max_drops")), int(node.var("nic_max_errors")),
+                   float(node.var("net_max_retransmit_ratio")))
+
+
+@dataclass
+class NodeCounters:
+    """One node's counter deltas over one measurement, or why they are unknown."""
+
+    node: str
+    deltas: list[Delta] = field(default_factory=list)
+    fabric: frozenset[str] = frozenset()
+    retransmits: int | None = None
+    segments: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def problems(self, bounds: Bounds) -> list[str]:
+        """Drops and errors on fabric ports over their bounds, and TCP retransmits over
+        their share of the segments sent."""
+        found = []
+        limits = {"drops": (bounds.max_drops, "nic_max_drops"),
+                  "errors": (bounds.max_errors, "nic_max_errors")}
+        for delta in sorted(self.deltas, key=lambda d: -d.value):
+            if delta.kind in limits and delta.port in self.fabric:
+                limit, key = limits[delta.kind]
+                if delta.value > limit:
+                    found.append(f"{delta.describe()} ({key} {limit})")
+        if self.retransmits is not None and self.segments is not None:
+            allowed = max(MIN_RETRANSMITS, bounds.max_retransmit_ratio * self.segments)
+            if self.retransmits > allowed:
+                share = self.retransmits / max(1, self.segments)
+                found.append(f"TCP retransmitted {self.retransmits:,} of {self.segments:,} "
+                             f"segments sent ({share:.1%}; net_max_retransmit_ratio "
+                             f"{bounds.max_retransmit_ratio:g})")
+        return found
+
+    def moved(self) -> list[str]:
+        """Every trouble counter that moved, largest first (for a slow run's message)."""
+        lines = [d.describe() for d in sorted(self.deltas, key=lambda d: -d.value)]
+        if self.retransmits:
+            lines.append(f"{self.retransmits:,} TCP retransmits")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "seconds": round(self.seconds, 2), "error": self.error,
+                "fabric_ports": sorted(self.fabric), "tcp_retransmits": self.retransmits,
+                "tcp_segments_sent": self.segments, "notes": self.notes,
+                "moved": self.moved(),
+                "deltas": [{"port": d.port, "counter": d.counter, "kind": d.kind,
+                            "priority": d.priority, "value": d.value} for d in self.deltas]}
+
+
+def fabric_ports(node: Node, sample: Sample) -> frozenset[str]:
+    """The ports the node's training traffic crosses: the interface holding its inventory
+    address, its RDMA netdevs and its RDMA ports."""
+    held = interface_mtu(node)
+    rdma = (node.facts.get("rdma") if node.facts else None) or []
+    netdevs = {d for entry in rdma for d in entry.get("netdevs") or []}
+    named = ({held[0]} if held else set()) | netdevs
+    return frozenset(p.name for p in sample.ports.values() if p.rdma or p.name in named)
+
+
+def delta(node: Node, before: Sample | str, after: Sample | str) -> NodeCounters:
+    """The node's counters over the measurement between two samples."""
+    out = NodeCounters(node.name)
+    if isinstance(before, str) or isinstance(after, str):
+        out.error = before if isinstance(before, str) else str(after)
+        return out
+    out.seconds = after.taken - before.taken
+    out.fabric = fabric_ports(node, after)
+    out.notes = sorted(set(before.unknown) | set(after.unknown))
+    for name, port in after.ports.items():
+        earlier = before.ports.get(name)
+        if earlier is None:
+            continue
+        for counter, value in port.counters.items():
+            what = kind(counter)
+            start = earlier.counters.get(counter)
+            if what is None or start is None or value == start:
+                continue
+            if value < start:
+                out.notes.append(f"{name} {counter} went back from {start} to {value} "
+                                 "(reset or wrapped): not counted")
+                continue
+            out.deltas.append(Delta(name, counter, what[0], value - start, what[1]))
+    if {"RetransSegs", "OutSegs"} <= before.tcp.keys() & after.tcp.keys():
+        out.retransmits = after.tcp["RetransSegs"] - before.tcp["RetransSegs"]
+        out.segments = after.tcp["OutSegs"] - before.tcp["OutSegs"]
+    return out
+
+
+def deltas(nodes: Mapping[str, Node], before: Mapping[str, Sample | str],
+           after: Mapping[str, Sample | str]) -> dict[str, NodeCounters]:
+    return {name: delta(nodes[name], before.get(name, "not sampled before the run"),
+                        after.get(name, "not sampled after the run"))
+            for name in nodes}
+
+
+def slow_run_note(counters: Mapping[str, NodeCounters], most: int = 3) -> str:
+    """The nodes whose trouble counters moved during a slow or failed run, named with their
+    largest deltas; empty when none moved."""
+    moved = {name: c.moved() for name, c in sorted(counters.items()) if c.moved()}
+    if not moved:
+        return ""
+    return "; counters during the run: " + "; ".join(
+        f"{name}: {', '.join(lines[:most])}" for name, lines in moved.items())
+
+
+@dataclass(frozen=True)
+class LineRate:
+    """What one node's fabric carries, from which NICs; ``gbps`` None says why not."""
+
+    node: str
+    gbps: float | None
+    nics: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "gbps": self.gbps, "nics": self.nics}
+
+
+def _ib_hcas(spec: str) -> tuple[bool, list[tuple[str, str | None]]]:
+    """NCCL_IB_HCA as (exclude, [(device prefix, port)]); a leading ``=`` (exact names)
+    is read as a prefix too, which names the same devices for NCCL's usual names."""
+    exclude = spec.startswith("^")
+    names = spec.lstrip("^=")
+    pairs = [(n.split(":")[0], n.split(":")[1] if ":" in n else None)
+             for n in names.split(",") if n]
+    return exclude, pairs
+
+
+def _usable(port: str, spec: str) -> bool:
+    if not spec:
+        return True
+    dev, number = port.split("/")
+    exclude, pairs = _ib_hcas(spec)
+    named = any(dev.startswith(d) and (p is None or p == number) for d, p in pairs)
+    return named != exclude
+
+
+def line_rate(node: Node, sample: Sample | str) -> LineRate:
+    """The node's line rate (see the module's docstring)."""
+    declared = node.var("nic_line_rate_gbps")
+    if declared is not None:
+        return LineRate(node.name, float(declared), f"nic_line_rate_gbps {declared:g}")
+    if isinstance(sample, str):
+        return LineRate(node.name, None, f"unknown: {sample}")
+    gpus = node.facts.get("gpus") if node.facts else None
+    _, inter = expected_transports(node.host)
+    spec = str((node.var("nccl_env") or {}).get("NCCL_IB_HCA") or "")
+    rails = [p for p in sample.ports.values() if p.rdma and p.state == "ACTIVE"
+             and p.rate_gbps and _usable(p.name, spec)]
+    if gpus and inter != "socket" and rails:
+        return LineRate(node.name, sum(p.rate_gbps or 0 for p in rails), " + ".join(
+            f"{p.name} {p.rate_gbps:g} Gb/s" for p in sorted(rails, key=lambda p: p.name)))
+    held = interface_mtu(node)
+    port = sample.ports.get(held[0]) if held else None
+    if port is None:
+        return LineRate(node.name, None, "unknown: no interface holds the node's address")
+    if port.rate_gbps is None:
+        return LineRate(node.name, None, f"unknown: {port.name} reports no link speed "
+                                         "(declare nic_line_rate_gbps)")
+    return LineRate(node.name, port.rate_gbps, f"{port.name} {port.rate_gbps:g} Gb/s")

@@ -1,0 +1,269 @@
+"""The NIC counters and the line rate: real captured ``ethtool -S`` of four NIC families and
+real RDMA port counters (tests/fixtures/nic, sources in its README) parsed and classified,
+deltas judged against their bounds, the line rate of socket and RDMA nodes, the AllReduce's
+line-rate gate, and the sample script run on this machine."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufleet.conformance.allreduce import line_rate_share, problem
+from gpufleet.conformance.launch import NodeOutput, ProbeRun
+from gpufleet.conformance.nic_counters import (
+    Bounds,
+    LineRate,
+    Port,
+    Sample,
+    delta,
+    kind,
+    line_rate,
+    parse_sample,
+    sample_command,
+    slow_run_note,
+)
+from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.facts import parsers, script
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import load_inventory
+from tests.conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nic"
+ETHTOOL = sorted(FIXTURES.glob("*-ethtool-S*.txt"))
+RDMA = sorted(FIXTURES.glob("ib-port-counters-*.txt"))
+BOUNDS = Bounds(max_drops=100, max_errors=0, max_retransmit_ratio=0.01)
+
+
+def _node(tmp_path: Path, extra: str = "", gpus: bool = False,
+          rdma: list[dict[str, object]] | None = None) -> Node:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    n1:\n      ansible_host: 10.9.0.11\n"
+                    "      allreduce_min_line_rate_fraction: 0.7\n" + extra)
+    host = load_inventory(path).select("all")[0]
+    values: dict[str, object] = {"interfaces": [
+        {"name": "eth0", "mtu": 1500, "addresses": ["10.9.0.11/16"]}]}
+    if gpus:
+        values["gpus"] = [{"name": "NVIDIA H200"}]
+    if rdma is not None:
+        values["rdma"] = rdma
+    return Node(host, ConnectOptions(), Facts("n1", values))
+
+
+def _sample(ports: dict[str, Port], retrans: int = 0, out: int = 1000,
+            taken: float = 0.0) -> Sample:
+    return Sample(ports, {"RetransSegs": retrans, "OutSegs": out}, taken)
+
+
+@pytest.mark.parametrize("path", ETHTOOL, ids=[p.name for p in ETHTOOL])
+def test_every_captured_ethtool_output_parses_and_has_trouble_counters(path: Path) -> None:
+    stats = parsers.ethtool_stats(path.read_text())
+    kinds = {k[0] for name in stats if (k := kind(name))}
+    assert len(stats) > 90
+    assert {"drops", "pause"} <= kinds
+
+
+@pytest.mark.parametrize(("counter", "expected"), [
+    ("rx_discards_phy", ("drops", None)),          # mlx5: the port ran out of buffer
+    ("rx_out_of_buffer", ("drops", None)),         # mlx5: no receive descriptor
+    ("rx_crc_errors_phy", ("errors", None)),
+    ("rx_symbol_err_phy", ("errors", None)),
+    ("rx_pci_signal_integrity", ("errors", None)),
+    ("tx_pause_ctrl_phy", ("pause", None)),
+    ("rx_prio3_pause", ("pause", 3)),
+    ("rx_priority_3_xoff.nic", ("pause", 3)),       # ice
+    ("port.tx_priority_5_xoff_tx", ("pause", 5)),   # i40e
+    ("rx_pfc_ena_frames_pri3", ("pause", 3)),       # bnxt_en
+    ("rx_dropped.nic", ("drops", None)),
+    ("statistics/rx_missed_errors", ("drops", None)),
+    ("statistics/rx_fifo_errors", ("drops", None)),
+    ("statistics/rx_crc_errors", ("errors", None)),
+    ("counters/port_xmit_discards", ("drops", None)),
+    ("counters/symbol_error", ("errors", None)),
+    ("counters/link_downed", ("errors", None)),
+    ("hw_counters/out_of_buffer", ("drops", None)),
+    ("hw_counters/np_cnp_sent", ("ecn", None)),
+    ("hw_counters/np_ecn_marked_roce_packets", ("ecn", None)),
+    ("hw_counters/out_of_sequence", ("retransmits", None)),
+    ("hw_counters/local_ack_timeout_err", ("retransmits", None)),
+])
+def test_counters_are_classified_by_what_they_count(counter: str,
+                                                    expected: tuple[str, int | None]) -> None:
+    assert kind(counter) == expected
+
+
+@pytest.mark.parametrize("counter", [
+    "[0]: rx_discards",            # bnxt_en: one ring's share of rx_total_ring_discards
+    "rx_queue_0_drops",            # one queue (ice, veth)
+    "tx-0.tx_packets",             # i40e
+    "rx0_xdp_drop",                # mlx5 channel 0, and XDP's own drops
+    "rx_corrected_bits_phy",       # FEC at work, not trouble
+    "rx_discard_bytes_cos3",       # the bytes beside rx_discard_packets_cos3
+    "rx_global_pause_duration",
+    "hw_counters/req_cqe_flush_error",   # queue pairs torn down at the end of a job
+    "counters/VL15_dropped",       # subnet management
+    "rx_packets",
+    "counters/port_rcv_data",
+])
+def test_queues_totals_and_harmless_counters_are_not_trouble(counter: str) -> None:
+    assert kind(counter) is None
+
+
+def _rdma_section(path: Path) -> script.Section:
+    return script.Section("rdma", 0, path.read_text())
+
+
+@pytest.mark.parametrize("path", RDMA, ids=[p.name for p in RDMA])
+def test_captured_rdma_port_counters_parse(path: Path) -> None:
+    sample = parse_sample({"rdma": _rdma_section(path)}, "", 0.0)
+    ports = [p for p in sample.ports.values() if p.rdma]
+    assert ports and all(p.counters["counters/port_rcv_errors"] >= 0 for p in ports)
+    assert all("counters/symbol_error" in p.counters for p in ports)
+
+
+def test_the_h100_node_s_ndr_port_reads_its_rate_state_and_hw_counters() -> None:
+    sample = parse_sample({"rdma": _rdma_section(
+        FIXTURES / "ib-port-counters-mlx5_0-gpud-h100.txt")}, "", 0.0)
+    port = sample.ports["mlx5_0/1"]
+    assert (port.rate_gbps, port.state) == (400.0, "ACTIVE")
+    assert port.counters["counters/excessive_buffer_overrun_errors"] == 15
+    assert "hw_counters/out_of_sequence" in port.counters
+
+
+def test_a_saturated_legacy_counter_reads_as_its_value() -> None:
+    sample = parse_sample({"rdma": _rdma_section(FIXTURES / "ib-port-counters-mlx5_1.txt")},
+                          "", 0.0)
+    assert sample.ports["mlx5_1/1"].counters["counters/port_xmit_wait"] == 4294967295
+
+
+def test_ethtool_output_is_split_per_interface_and_joined_to_sysfs() -> None:
+    nonce = "abc"
+    mlx5 = (FIXTURES / "mlx5-ethtool-S.txt").read_text()
+    sections = {
+        "net": script.Section("net", 0, "eth1/speed:100000\neth1/operstate:up\n"
+                                        "eth1/statistics/rx_dropped:12\nlo/speed:-1\n"
+                                        "eth2/speed:-1\neth2/statistics/rx_dropped:0\n"),
+        "ethtool": script.Section("ethtool", 0, f"@@if-{nonce} eth1\n{mlx5}\n"
+                                                f"@@if-{nonce} eth2\nno stats available\n"),
+        "snmp": script.Section("snmp", 0, "Tcp: RetransSegs OutSegs\nTcp: 3 900\n"),
+    }
+    sample = parse_sample(sections, nonce, 1.0)
+    eth1 = sample.ports["eth1"]
+    assert (eth1.rate_gbps, eth1.state) == (100.0, "up")
+    assert eth1.counters["statistics/rx_dropped"] == 12
+    assert eth1.counters["ethtool/rx_discards_phy"] == parsers.ethtool_stats(mlx5)[
+        "rx_discards_phy"]
+    assert sample.ports["eth2"].rate_gbps is None and "lo" not in sample.ports
+    assert sample.tcp == {"RetransSegs": 3, "OutSegs": 900}
+    assert sample.unknown == ("ethtool -S eth2: no stats available",)
+
+
+def test_deltas_name_the_port_the_counter_and_the_bound(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    before = _sample({"eth0": Port("eth0", {"statistics/rx_dropped": 10,
+                                            "ethtool/rx_crc_errors_phy": 0,
+                                            "ethtool/rx_prio3_pause": 5}),
+                      "docker0": Port("docker0", {"statistics/tx_dropped": 0})})
+    after = _sample({"eth0": Port("eth0", {"statistics/rx_dropped": 18352,
+                                           "ethtool/rx_crc_errors_phy": 2,
+                                           "ethtool/rx_prio3_pause": 905}),
+                     "docker0": Port("docker0", {"statistics/tx_dropped": 5000})},
+                    taken=12.0)
+    counters = delta(node, before, after)
+    assert counters.fabric == frozenset({"eth0"}) and counters.seconds == 12.0
+    assert counters.problems(BOUNDS) == [
+        "18,342 drops on eth0 (statistics/rx_dropped) (nic_max_drops 100)",
+        "2 errors on eth0 (ethtool/rx_crc_errors_phy) (nic_max_errors 0)"]
+    assert slow_run_note({"n1": counters}) == (
+        "; counters during the run: n1: 18,342 drops on eth0 (statistics/rx_dropped), "
+        "5,000 drops on docker0 (statistics/tx_dropped), 900 pause on priority 3 on eth0 "
+        "(ethtool/rx_prio3_pause)")
+    assert delta(node, before, before).problems(BOUNDS) == []
+
+
+def test_retransmits_fail_past_their_share_of_the_segments_sent(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    quiet = delta(node, _sample({}, 100, 10_000), _sample({}, 109, 10_900))
+    assert quiet.problems(BOUNDS) == []  # 9 retransmits: under the floor of 10
+    lossy = delta(node, _sample({}, 100, 10_000), _sample({}, 400, 20_000))
+    assert lossy.problems(BOUNDS) == [
+        "TCP retransmitted 300 of 10,000 segments sent (3.0%; net_max_retransmit_ratio 0.01)"]
+
+
+def test_a_counter_that_went_back_is_noted_not_counted(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    counters = delta(node, _sample({"eth0": Port("eth0", {"statistics/rx_dropped": 500})}),
+                     _sample({"eth0": Port("eth0", {"statistics/rx_dropped": 3})}))
+    assert counters.deltas == [] and "went back from 500 to 3" in counters.notes[0]
+
+
+def test_an_unreadable_sample_is_unknown(tmp_path: Path) -> None:
+    counters = delta(_node(tmp_path), "the counter sample on n1 printed nothing readable",
+                     _sample({}))
+    assert counters.error == "the counter sample on n1 printed nothing readable"
+
+
+def test_the_line_rate_of_a_socket_node_is_its_address_interface_s_speed(tmp_path: Path
+                                                                         ) -> None:
+    node = _node(tmp_path)
+    sample = _sample({"eth0": Port("eth0", rate_gbps=25.0),
+                      "eth1": Port("eth1", rate_gbps=100.0)})
+    assert line_rate(node, sample) == LineRate("n1", 25.0, "eth0 25 Gb/s")
+    unknown = line_rate(node, _sample({"eth0": Port("eth0")}))
+    assert unknown.gbps is None and "declare nic_line_rate_gbps" in unknown.nics
+
+
+def test_the_line_rate_of_an_rdma_gpu_node_sums_the_active_ports_nccl_uses(tmp_path: Path
+                                                                          ) -> None:
+    ports = {f"mlx5_{i}/1": Port(f"mlx5_{i}/1", rate_gbps=400.0, state="ACTIVE", rdma=True)
+             for i in range(4)}
+    ports["mlx5_4/1"] = Port("mlx5_4/1", rate_gbps=400.0, state="DOWN", rdma=True)
+    ports["eth0"] = Port("eth0", rate_gbps=25.0)
+    assert line_rate(_node(tmp_path, gpus=True), _sample(ports)).gbps == 1600.0
+    only = _node(tmp_path, "      nccl_env: {NCCL_IB_HCA: 'mlx5_0,mlx5_1'}\n", gpus=True)
+    assert line_rate(only, _sample(ports)) == LineRate(
+        "n1", 800.0, "mlx5_0/1 400 Gb/s + mlx5_1/1 400 Gb/s")
+    without = _node(tmp_path, "      nccl_env: {NCCL_IB_HCA: '^mlx5_0'}\n", gpus=True)
+    assert line_rate(without, _sample(ports)).gbps == 1200.0
+    socket = _node(tmp_path, "      allreduce_transport_inter: socket\n", gpus=True)
+    assert line_rate(socket, _sample(ports)).gbps == 25.0
+    declared = _node(tmp_path, "      nic_line_rate_gbps: 3200\n", gpus=True)
+    assert line_rate(declared, "unreachable").gbps == 3200.0
+
+
+def _run(busbw: float, world: int = 4) -> ProbeRun:
+    result = {"event": "result", "size": 1048576, "busbw": busbw, "world_size": world,
+              "wrong": 0, "backend": "gloo"}
+    return ProbeRun(["n1", "n2"], {"n1": NodeOutput(0, [result], ""),
+                                   "n2": NodeOutput(0, [], "")}, duration=3.0)
+
+
+def test_a_multi_node_run_under_its_share_of_the_slowest_line_rate_fails(tmp_path: Path
+                                                                         ) -> None:
+    node = _node(tmp_path)
+    rates = {"n1": LineRate("n1", 100.0, "eth0 100 Gb/s"),
+             "n2": LineRate("n2", 25.0, "eth0 25 Gb/s")}
+    assert line_rate_share(_run(2.5), rates) == (0.8, rates["n2"])
+    assert problem(_run(2.5), node, 2, rates) is None
+    assert problem(_run(1.5), node, 2, rates) == (
+        "busbw 1.50 GB/s at 1048576 bytes is 0.480 of the slowest line rate (n2: eth0 "
+        "25 Gb/s), under allreduce_min_line_rate_fraction 0.7")
+    assert problem(_run(1.5), node, 1, rates) is None  # one node: no NIC in the path
+    unknown = {**rates, "n2": LineRate("n2", None, "unknown: eth0 reports no link speed")}
+    assert line_rate_share(_run(1.5), unknown) is None
+    assert problem(_run(1.5), node, 2, unknown) is None
+
+
+def test_the_sample_script_reads_this_machine(tmp_path: Path) -> None:
+    nonce = script.new_nonce()
+    out = subprocess.run(["sh", "-c", sample_command(nonce)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    sample = parse_sample(script.split(out, nonce), nonce, 0.0)
+    assert {"RetransSegs", "OutSegs", "InSegs"} <= sample.tcp.keys()
+    names = {p.name for p in Path("/sys/class/net").iterdir()} - {"lo"}
+    assert set(sample.ports) >= {n for n in names if (Path("/sys/class/net") / n /
+                                                      "statistics").is_dir()}
+    assert all("statistics/rx_dropped" in sample.ports[n].counters for n in names
+               if n in sample.ports)
