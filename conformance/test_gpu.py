@@ -4,20 +4,30 @@ remapping; no critical Xid in the kernel log since boot; no thermal or power slo
 temperature under the limit; persistence mode on.
 
 NVSwitch fabric up on every GPU and fabricmanager at the driver's version; DCGM's
-diagnostics pass where DCGM is installed.
+diagnostics pass where DCGM is installed. Every GPU's compute capability is supported by the
+node's CUDA toolkit, driver and torch build (checks/generations.py); GPUs of one model per
+node and per group.
 
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
 gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
 gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140: fail), gpu_xid_policy
 (Xid -> fail, warn or ignore, over the default policy in gpufleet/conformance/gpu.py),
 gpu_xid_window_h (only Xids of the last N hours count; default: since boot),
-gpu_dcgm_diag_level (1; 0 turns the diagnostics off).
+gpu_dcgm_diag_level (1; 0 turns the diagnostics off), gpu_mixed_models (false: a node or
+a group with GPUs of two models fails).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from gpufleet.conformance.checks.generations import (
+    capabilities,
+    mixed,
+    models_of,
+    node_problems,
+    toolkit_version,
+)
 from gpufleet.conformance.checks.gpu import (
     dcgm_problems,
     fabric_problems,
@@ -29,10 +39,13 @@ from gpufleet.conformance.checks.gpu import (
     xid_policy,
     xid_verdict,
 )
-from gpufleet.conformance.session import Node, RecordProperty
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.torch_probe import imported_torch
+from gpufleet.drift.compare import consistency_groups
 from gpufleet.errors import ParseError
 from gpufleet.facts import parsers
 from gpufleet.facts.gather import Facts
+from gpufleet.roles import training_python
 
 
 def _gpus(node: Node) -> list[dict[str, object]]:
@@ -68,6 +81,62 @@ def test_count_and_model(node: Node, record_property: RecordProperty) -> None:
     assert not found, "; ".join(found)
     if model is not None:
         assert models == [str(model)], f"GPU model {', '.join(models)}, expected {model}"
+
+
+def test_one_gpu_model(node: Node) -> None:
+    by_model = models_of(_gpus(node))
+    if len(by_model) > 1 and not node.flag("gpu_mixed_models"):
+        pytest.fail(f"GPUs of {len(by_model)} models on one node: {mixed(by_model)} (declare "
+                    "gpu_mixed_models: true where this is meant)")
+
+
+def test_cuda_supports_every_gpu(node: Node, conformance: ConformanceSession,
+                                 record_property: RecordProperty) -> None:
+    gpus = _gpus(node)
+    facts: Facts = node.facts  # type: ignore[assignment]
+    toolkit, driver = toolkit_version(facts), facts.get("driver_cuda")
+    record_property("compute_capabilities", capabilities(gpus))
+    record_property("toolkit_cuda", toolkit)
+    record_property("driver_cuda", driver)
+    problems = [] if driver else [f"unknown: the driver's CUDA version: "
+                                  f"{facts.why_absent('driver_cuda')}"]
+    python = training_python(node.host)
+    torch = None
+    if facts.torch(python) is None:
+        record_property("torch", f"not checked: no torch under {python}")
+    elif str(node.host.vars.get("pytorch_cuda", "")).lower() == "none":
+        record_property("torch", "not checked: the inventory pins a CPU build (pytorch_cuda: "
+                                 "none)")
+    else:
+        found = imported_torch(node, conformance)
+        if isinstance(found, str):
+            problems.append(f"unknown: {found}")
+        elif not found.get("cuda"):
+            problems.append(f"torch {found.get('torch')} is a CPU build: it cannot use the "
+                            "node's GPUs")
+        else:
+            torch = found
+            record_property("torch_arch_list", found.get("arch_list"))
+    problems += node_problems(gpus, toolkit, driver, torch)
+    assert not problems, "; ".join(problems)
+
+
+def test_one_gpu_model_per_group(conformance: ConformanceSession) -> None:
+    nodes = {n.name: n for n in conformance.ready()
+             if n.facts and n.facts.get("gpus") and not n.flag("gpu_mixed_models")}
+    if len(nodes) < 2:
+        pytest.skip("fewer than two reachable nodes with GPUs selected")
+    models = {name: sorted(models_of(n.facts.get("gpus"))) for name, n in nodes.items()}  # type: ignore[union-attr]
+    found = []
+    for group in consistency_groups(conformance.inventory, list(nodes)):
+        by_model: dict[str, list[str]] = {}
+        for name in sorted(conformance.inventory.groups[group] & nodes.keys()):
+            for model in models[name]:
+                by_model.setdefault(model, []).append(name)
+        if len(by_model) > 1:
+            found.append(f"group {group}: {mixed(by_model)}")
+    assert not found, "; ".join(found) + " (one job must not mix GPU generations; declare " \
+                                         "gpu_mixed_models: true where this is meant)"
 
 
 def test_nvlink(node: Node, record_property: RecordProperty) -> None:

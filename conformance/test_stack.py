@@ -15,10 +15,9 @@ import pytest
 from gpufleet import roles
 from gpufleet.conformance.checks import nccl_env
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.torch_probe import imported_torch
 from gpufleet.drift.compare import check_consistency
-from gpufleet.errors import GpufleetError, ParseError
-from gpufleet.facts import parsers
-from gpufleet.facts.catalog import TORCH_PROBE
+from gpufleet.errors import GpufleetError
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import training_python
 
@@ -50,16 +49,15 @@ def test_driver_userspace_matches_the_module(node: Node) -> None:
         f"kernel module {loaded} but nvidia-smi reports driver {', '.join(sorted(userspace))}"
 
 
-def test_torch_imports(node: Node, record_property: RecordProperty) -> None:
+def test_torch_imports(node: Node, conformance: ConformanceSession,
+                       record_property: RecordProperty) -> None:
     python = training_python(node.host)
     recorded = node.facts.torch(python) if node.facts else None
     if recorded is None:
         pytest.skip(f"no torch under {python}")
-    probe = node.run(f"{shlex.quote(python)} -c {shlex.quote(TORCH_PROBE)}", timeout=300)
-    try:
-        info = parsers.torch_info(probe.stdout if probe.ok else probe.stderr)
-    except ParseError as exc:
-        pytest.fail(f"importing torch under {python} failed: {exc}")
+    info = imported_torch(node, conformance)
+    if isinstance(info, str):
+        pytest.fail(info)
     for key in ("torch", "cuda", "nccl"):
         record_property(f"torch_{key}" if key != "torch" else "torch", info.get(key))
     assert info.get("torch") == recorded.get("torch"), \

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpufleet.conformance import verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
+from gpufleet.conformance.checks import generations
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.errors import GpufleetError
@@ -113,6 +114,8 @@ _GPU = {
     "gpu_xid_window_h": Var(None, "number", "only Xids of the last N hours count (default: "
                                             "since boot)"),
     "gpu_dcgm_diag_level": Var(1, "integer", "dcgmi diag level (0: off)"),
+    "gpu_mixed_models": Var(False, "boolean", "GPUs of several models on a node or in a "
+                                              "group are meant"),
 }
 
 _RANGE = {
@@ -233,8 +236,11 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "rdma_max_discards": Var(None, "integer", "discards allowed")},
           required_when=_has_rdma),
     Suite("gpu", ("conformance",),
-          "GPU count, model, NVLink, PCIe, ECC, Xid, slowdowns, fabric and DCGM",
-          variables=_GPU, required_when=_has_gpus),
+          "GPU count, model, NVLink, PCIe, ECC, Xid, slowdowns, fabric, DCGM, and the "
+          "CUDA stack against the GPUs' generation",
+          variables=_GPU, cross_node=frozenset({"one_gpu_model_per_group"}),
+          required_when=_has_gpus,
+          facts=lambda host: FactRequest(custom=frozenset({generations.DRIVER_CUDA}))),
     Suite("ddp", ("acceptance",),
           "DDP training throughput and its scaling within a node and across nodes",
           variables={**_probe_variables(), **PERFORMANCE,

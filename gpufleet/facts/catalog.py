@@ -73,6 +73,8 @@ TORCH_PROBE = (
     "except Exception:\n"
     "    info['nccl'] = None\n"
     "info['device_count'] = torch.cuda.device_count()\n"
+    "flags = getattr(torch._C, '_cuda_getArchFlags', None)\n"
+    "info['arch_list'] = (flags() or '').split() if flags else []\n"
     "import torch.distributed as dist\n"
     "info['gloo'] = dist.is_gloo_available()\n"
     "info['nccl_available'] = dist.is_nccl_available()\n"

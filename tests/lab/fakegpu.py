@@ -1,11 +1,13 @@
 """A stand-in nvidia-smi on lab nodes that replays real output captured on a 2x H200 node
 (tests/fixtures/h200x2), so GPU facts and checks run on GPU-less lab nodes. A node can be
-made to hang (as nvidia-smi does on a GPU that fell off the bus) or to list fewer GPUs in
-its query than its topology shows. ``nvidia-smi -L`` is derived from the query capture (the
+made to hang (as nvidia-smi does on a GPU that fell off the bus), to list fewer GPUs in
+its query than its topology shows, to have its last GPU of another model, or to report a
+driver of another CUDA version. ``nvidia-smi -L`` is derived from the query capture (the
 same GPUs, in -L's format)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +36,8 @@ esac
 """
 
 
-def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = False) -> None:
+def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = False,
+            last_gpu_model: str | None = None, driver_cuda: str | None = None) -> None:
     """Put the stand-in on ``node`` (its /usr/local/bin, in the node's own overlay)."""
     commands = [f"mkdir -p {STATE}",
                 f"printf '%s' {shlex.quote(SCRIPT)} > /usr/local/bin/nvidia-smi",
@@ -43,6 +46,12 @@ def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = Fa
         text = (CAPTURES / capture).read_text()
         if name == "query" and drop_last_gpu:
             text = "".join(text.splitlines(keepends=True)[:-1])
+        if name == "query" and last_gpu_model:
+            *rest, last = text.splitlines(keepends=True)
+            text = "".join([*rest, last.replace("NVIDIA H200", last_gpu_model, 1)])
+        if name == "q" and driver_cuda:
+            text = re.sub(r"^(CUDA Version\s*:) \S+", rf"\1 {driver_cuda}", text, count=1,
+                          flags=re.MULTILINE)
         commands.append(f"printf '%s' {shlex.quote(text)} > {STATE}/{name}")
     listing = "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n"
                       for g in parsers.nvidia_smi_query((CAPTURES / REPLAYED["query"])
