@@ -1,7 +1,7 @@
 """Network placement between nodes: no routed hop, the path MTU, round-trip time and
 jitter, measured with ping from every source of the reachability plan to its targets.
 
-Per (source, target) pair, on the source, all targets at once:
+Per (source, target) pair, on the source, 32 targets at a time:
 
 - **hop**: an echo with TTL 1 (``ping -t 1``) arrives only when no router is between the
   two (a router drops it and answers "Time to live exceeded");
@@ -33,6 +33,7 @@ from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
 
 IP_HEADERS = 28  # IPv4 (20) and ICMP (8) headers around ping's payload
+PARALLEL_TARGETS = 32  # targets one source pings at once
 _TIME = re.compile(r"\btime[=<]([\d.]+) ms")
 _RECEIVED = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 _ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+$")
@@ -78,7 +79,8 @@ def parse_line(line: str) -> tuple[str, PairResult]:
 
 
 def source_script(targets: Iterable[str], mtu: int | None, count: int) -> str:
-    """Shell for one source: every target pinged at once, a tab-separated line each."""
+    """Shell for one source: its targets pinged PARALLEL_TARGETS at a time, a tab-separated
+    line each."""
     addresses = list(targets)
     bad = [a for a in addresses if not _ADDRESS.match(a)]
     if bad:
@@ -86,6 +88,7 @@ def source_script(targets: Iterable[str], mtu: int | None, count: int) -> str:
     size = "" if mtu is None else str(mtu)
     return "\n".join([
         't=$(mktemp -d) || exit 1',
+        "n=0",
         "trap 'rm -rf \"$t\"' EXIT",
         f"for a in {' '.join(addresses)}; do",
         "  (",
@@ -99,6 +102,7 @@ def source_script(targets: Iterable[str], mtu: int | None, count: int) -> str:
         f'    s=$(ping -n -c {count} -i 0.05 -W 1 "$a" 2>&1 | tr "\\n" "|")',
         '    printf "%s\\t%s\\t%s\\t%s\\t%s\\n" "$a" "$h" "$m" "$f" "$s" > "$t/$a"',
         "  ) &",
+        f'  n=$((n + 1)); [ $((n % {PARALLEL_TARGETS})) -eq 0 ] && wait',
         "done",
         "wait",
         'cat "$t"/* 2>/dev/null',

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,19 @@ def _verdict(unit: str, median: float, gate: float | None, baseline: float | Non
     return found
 
 
+def _exported(tmp_path: Path, report: ConformanceReport) -> Callable[..., float]:
+    """The report's textfile, held to promtool; a sample's value by name and labels."""
+    path = tmp_path / "conformance.prom"
+    prometheus.write(path, conformance_metrics.to_metrics(report, Textfile("prod", "conformance")))
+    promtool(path)
+    found = samples(path.read_text())
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted({"inventory": "prod", **labels}.items())))]
+
+    return value
+
+
 def test_conformance_exports_results_verdicts_and_figures_in_base_units(tmp_path: Path) -> None:
     report = ConformanceReport("inventory/prod", "d" * 64, 1764590000.0, 300.0, [
         _result("gpu01", "allreduce", "test_each_node_alone", "pass", verdicts={
@@ -165,14 +179,7 @@ def test_conformance_exports_results_verdicts_and_figures_in_base_units(tmp_path
         _result("fleet", "ddp", "test_efficiency_across_nodes", "pass", verdicts={
             "ddp.efficiency_across_nodes": _verdict("", 0.93, 0.8)}),
     ])
-    path = tmp_path / "conformance.prom"
-    prometheus.write(path, conformance_metrics.to_metrics(report, Textfile("prod", "conformance")))
-    promtool(path)
-    found = samples(path.read_text())
-
-    def value(name: str, **labels: str) -> float:
-        return found[(name, tuple(sorted({"inventory": "prod", **labels}.items())))]
-
+    value = _exported(tmp_path, report)
     assert value("gpufleet_conformance_allreduce_busbw_bytes_per_second", host="gpu01",
                  check="each_node_alone", size_bytes="1048576") == 310.5e9
     assert value("gpufleet_conformance_allreduce_busbw_gate_bytes_per_second", host="gpu01",
@@ -206,14 +213,7 @@ def test_conformance_exports_the_line_rate_and_the_counters_that_moved(tmp_path:
         _result("gpu07", "reachability", "test_nic_counters_during_reachability", "pass",
                 counters={"connects": {"deltas": [], "tcp_retransmits": 0}}),
     ])
-    path = tmp_path / "conformance.prom"
-    prometheus.write(path, conformance_metrics.to_metrics(report, Textfile("prod", "conformance")))
-    promtool(path)
-    found = samples(path.read_text())
-
-    def value(name: str, **labels: str) -> float:
-        return found[(name, tuple(sorted({"inventory": "prod", **labels}.items())))]
-
+    value = _exported(tmp_path, report)
     assert value("gpufleet_conformance_allreduce_line_rate_ratio", host="fleet",
                  check="all_nodes_together") == 0.82
     assert value("gpufleet_conformance_allreduce_line_rate_bytes_per_second", host="fleet",

@@ -99,3 +99,12 @@ def test_round_trips_and_jitter_are_gated_and_silent_pairs_are_unknown() -> None
                                  ("node04", "node02"), ("node04", "node03")]})
     assert mute.silent("node04") == ["every path to and from node04"]
     assert mute.silent("node01") == []
+
+
+def test_a_source_pings_its_targets_in_waves_and_answers_for_every_one() -> None:
+    targets = [f"127.0.0.{i}" for i in range(1, 41)]
+    script = source_script(targets, 1500, 1)
+    assert "% 32)) -eq 0 ] && wait" in script
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert sorted(parse_line(line)[0] for line in out.splitlines()) == sorted(targets)
