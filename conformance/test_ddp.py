@@ -1,8 +1,10 @@
-"""ddp: a small DDP training job (MLP, synthetic data, DistributedSampler) on 1 process and
-on all of the node's GPUs (or ``allreduce_cpu_procs`` gloo processes), then across every
-selected node: it initialises, every rank ends with the same parameters, the loss goes
-down; scaling efficiency = throughput_N / (N x throughput_1) and the share of step time
-spent in communication (DDP with and without gradient sync) are reported and checked.
+"""ddp: a small DDP training job (MLP, synthetic data, DistributedSampler) in stages: on 1,
+2, 4 ... processes up to all of the node's GPUs (or ``allreduce_cpu_procs`` gloo
+processes), then on 1, 2, 4 ... nodes up to every selected node: it initialises, every rank
+ends with the same parameters, the loss goes down; scaling efficiency = throughput_N / (N x
+throughput_1) and the share of step time spent in communication (DDP with and without
+gradient sync) are reported for every stage, each step's efficiency is checked, and the
+first step that falls short is named (wider stages are not run).
 
 Variables: ddp_steps (30), ddp_batch_size (64), ddp_width (probe default 1024),
 ddp_depth, ddp_timeout_s (600), ddp_min_efficiency (0.85, within a node),
@@ -18,32 +20,18 @@ from typing import Any
 
 import pytest
 
+from gpufleet.conformance import scaling
 from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.launch import ProbeRun, processes_per_node, rendezvous_port, run_probe
+from gpufleet.conformance.ddp_job import result_line, run_job
+from gpufleet.conformance.launch import ProbeRun, processes_per_node
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
 from gpufleet.suites.probes.ddp import scaling_efficiency
 
 
-def _args(node: Node) -> list[str]:
-    args = ["--steps", str(node.var("ddp_steps")),
-            "--batch-size", str(node.var("ddp_batch_size"))]
-    for key, flag in (("ddp_width", "--width"), ("ddp_depth", "--depth")):
-        if node.var(key) is not None:
-            args += [flag, str(node.var(key))]
-    return args
-
-
-def _timeout(node: Node) -> float:
-    return float(node.var("ddp_timeout_s"))
-
-
-
-
 def _result(run: ProbeRun) -> dict[str, Any]:
     """The job's result line, or a failure naming why there is none."""
-    found = next((e for o in run.outputs.values() for e in o.events
-                  if e.get("event") == "result"), None)
+    found = result_line(run)
     if found is None:
         pytest.fail(f"the DDP job reported no result: {run.error()}")
     problems = []
@@ -66,15 +54,29 @@ def _efficiency(many: dict[str, Any], procs: int, one: dict[str, Any]) -> list[f
             for t in many.get("trials") or [many["samples_per_s"]]]
 
 
+def _job(nodes: list[Node], trials: int, nproc: int | None = None) -> dict[str, Any]:
+    """The job on ``nodes`` (``nproc`` processes each; default: one per GPU), its result."""
+    return _result(run_job(nodes, trials, nproc))
+
+
 def _within(node: Node, procs: int, trials: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The job on one process and (when ``procs`` > 1) on ``procs``, ``trials`` trials each."""
-    args = [*_args(node), "--trials", str(trials)]
-    one = _result(run_probe("ddp", [node], args, _timeout(node), port=rendezvous_port(node),
-                            nproc=1))
-    if procs == 1:
-        return one, None
-    return one, _result(run_probe("ddp", [node], args, _timeout(node), port=rendezvous_port(node),
-                                  nproc=procs))
+    one = _job([node], trials, 1)
+    return one, None if procs == 1 else _job([node], trials, procs)
+
+
+def _stages(nodes: list[Node], widths: list[int], one: dict[str, Any], trials: int,
+            minimum: float, *, per_node: bool) -> tuple[list[scaling.Step], dict[str, Any]]:
+    """The curve's first step and its intermediate stages (all but the widest), stopping
+    at the first that falls under ``minimum``; the results by width."""
+    curve, runs = [scaling.first(one)], {"1": one}
+    for width in widths[1:-1]:
+        result = (_job(nodes, trials, width) if per_node else _job(nodes[:width], trials))
+        runs[str(width)] = result
+        curve.append(scaling.step(width, result, curve[0].samples_per_s, curve[-1]))
+        if curve[-1].efficiency < minimum:
+            break
+    return curve, runs
 
 
 def _figures(one: dict[str, Any], many: dict[str, Any] | None, procs: int
@@ -88,12 +90,25 @@ def _figures(one: dict[str, Any], many: dict[str, Any] | None, procs: int
 def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
                              record_property: RecordProperty) -> None:
     procs = processes_per_node(node)
+    minimum = float(node.var("ddp_min_efficiency"))
+    trials = settings(node.host).trials
     start = time.monotonic()
-    one, many = _within(node, procs, settings(node.host).trials)
-    cost = time.monotonic() - start
+    curve, runs = _stages([node], scaling.stages(procs), _job([node], trials, 1), trials,
+                          minimum, per_node=True)
+    one = runs["1"]
     record_property("throughput_1", round(one["samples_per_s"], 1))
-    figures = [Figure("ddp.throughput_1", "samples/s"),
-               Figure("ddp.efficiency", "", float(node.var("ddp_min_efficiency")))]
+    early = scaling.short(curve, minimum, "processes")
+    if early is not None:
+        conformance.add_report("ddp", f"node {node.name}",
+                               {**runs, "curve": [c.to_dict() for c in curve]})
+        record_property("curve", [c.to_dict() for c in curve])
+        pytest.fail(f"{early}; not measured beyond {curve[-1].width} processes")
+    many = _job([node], trials, procs) if procs > 1 else None
+    cost = time.monotonic() - start
+    if many is not None:
+        curve.append(scaling.step(procs, many, curve[0].samples_per_s, curve[-1]))
+    record_property("curve", [c.to_dict() for c in curve])
+    figures = [Figure("ddp.throughput_1", "samples/s"), Figure("ddp.efficiency", "", minimum)]
     verdicts = judge_node(node, conformance.options.baseline, figures,
                           lambda trials: _figures(*_within(node, procs, trials), procs),
                           first=_figures(one, many, procs), cost_s=cost)
@@ -104,26 +119,25 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
         assert not problems, "; ".join(problems)
         pytest.skip("one process on this node: nothing to scale (set allreduce_cpu_procs)")
     efficiency = verdicts["ddp.efficiency"].median
-    conformance.add_report("ddp", f"node {node.name}", {"1": one, str(procs): many,
-                                                        "efficiency": efficiency})
+    conformance.add_report("ddp", f"node {node.name}", {
+        **runs, str(procs): many, "efficiency": efficiency,
+        "curve": [c.to_dict() for c in curve]})
     record_property(f"throughput_{procs}", round(many["samples_per_s"], 1))
     record_property("efficiency", round(efficiency, 3))
     record_property("comm_share", many["comm_share"])
-    scaling = verdicts["ddp.efficiency"]
-    if not scaling.passed:
-        problems.insert(0, f"scaling efficiency {efficiency:.2f} on {procs} processes "
+    scaling_verdict = verdicts["ddp.efficiency"]
+    if not scaling_verdict.passed:
+        before = curve[-2].width
+        problems.insert(0, f"the step {before} -> {procs} processes falls short: scaling "
+                        f"efficiency {efficiency:.2f} on {procs} processes "
                         f"({many['samples_per_s']:.0f} vs {procs} x {one['samples_per_s']:.0f} "
-                        f"samples/s) is under {scaling.gate.value:g}; communication takes "
-                        f"{many['comm_share']:.0%} of a step")
+                        f"samples/s) is under {scaling_verdict.gate.value:g}"
+                        + scaling.comm_note(many["comm_share"]))
     assert not problems, "; ".join(problems)
 
 
 def _across(nodes: list[Node], trials: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    first = nodes[0]
-    args = [*_args(first), "--trials", str(trials)]
-    alone = _result(run_probe("ddp", [first], args, _timeout(first), port=rendezvous_port(first)))
-    together = _result(run_probe("ddp", nodes, args, _timeout(first), port=rendezvous_port(first)))
-    return alone, together
+    return _job(nodes[:1], trials), _job(nodes, trials)
 
 
 def test_ddp_across_nodes(conformance: ConformanceSession,
@@ -133,24 +147,36 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
         pytest.skip("fewer than two reachable nodes selected")
     first = nodes[0]
     setting = settings(first.host)
-    alone, together = _across(nodes, setting.trials)
+    minimum = float(first.var("ddp_min_efficiency_across_nodes"))
+    curve, runs = _stages(nodes, scaling.stages(len(nodes)), _job([first], setting.trials),
+                          setting.trials, minimum, per_node=False)
+    early = scaling.short(curve, minimum, "nodes")
+    if early is not None:
+        conformance.add_report("ddp", "all nodes", {**runs,
+                                                    "curve": [c.to_dict() for c in curve]})
+        record_property("curve", [c.to_dict() for c in curve])
+        pytest.fail(f"{early}; not measured beyond {curve[-1].width} nodes")
+    alone, together = runs["1"], _job(nodes, setting.trials)
     assert together["nodes"] == len(nodes), f"the job ran on {together['nodes']} nodes"
+    curve.append(scaling.step(len(nodes), together, curve[0].samples_per_s, curve[-1]))
+    record_property("curve", [c.to_dict() for c in curve])
 
     def measure(trials: int) -> dict[str, list[float]]:
         again_alone, again = _across(nodes, trials)
         return {"ddp.efficiency_across_nodes": _efficiency(again, len(nodes), again_alone)}
 
-    minimum = float(first.var("ddp_min_efficiency_across_nodes"))
     verdicts = judge([Figure("ddp.efficiency_across_nodes", "", minimum)], measure, setting,
                      first={"ddp.efficiency_across_nodes":
                             _efficiency(together, len(nodes), alone)})
     efficiency = verdicts["ddp.efficiency_across_nodes"].median
-    conformance.add_report("ddp", "all nodes", {"node": alone, "all": together,
-                                                "efficiency": efficiency})
+    conformance.add_report("ddp", "all nodes", {**runs, "node": alone, "all": together,
+                                                "efficiency": efficiency,
+                                                "curve": [c.to_dict() for c in curve]})
     record_property("efficiency", round(efficiency, 3))
     record_property("comm_share", together["comm_share"])
     record_property("verdicts", properties(verdicts))
     problems = failures(verdicts)
     assert not problems, (
-        f"scaling efficiency across {len(nodes)} nodes {efficiency:.2f} is under {minimum:g}: "
-        + "; ".join(problems) + f"; communication takes {together['comm_share']:.0%} of a step")
+        f"the step {curve[-2].width} -> {len(nodes)} nodes falls short: scaling efficiency "
+        f"across {len(nodes)} nodes {efficiency:.2f} is under {minimum:g}: "
+        + "; ".join(problems) + scaling.comm_note(together["comm_share"]))

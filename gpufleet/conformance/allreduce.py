@@ -38,9 +38,10 @@ TOPOLOGY_PREFIXES = ("rack", "leaf")
 
 
 def run_allreduce(nodes: list[Node], args: list[str], timeout_s: float,
-                  port: int = RENDEZVOUS_PORT) -> ProbeRun:
-    """The AllReduce probe on ``nodes`` together."""
-    return run_probe("allreduce", nodes, args, timeout_s, port=port)
+                  port: int = RENDEZVOUS_PORT, env: Mapping[str, str] | None = None
+                  ) -> ProbeRun:
+    """The AllReduce probe on ``nodes`` together (``env`` over the launch's)."""
+    return run_probe("allreduce", nodes, args, timeout_s, port=port, env=env)
 
 
 def threshold(node: Node, nodes: int) -> float | None:

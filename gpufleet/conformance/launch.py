@@ -15,6 +15,7 @@ import shlex
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -156,11 +157,13 @@ def _torchrun(node: Node) -> str:
 
 
 def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list[str],
-             timeout_s: float, port: int, nproc: int | None) -> str:
+             timeout_s: float, port: int, nproc: int | None,
+             extra_env: Mapping[str, str]) -> str:
     env = dict(SAFE_ENV, OMP_NUM_THREADS="1", TMPDIR=str(Path(probe).parent))
     ifname = socket_ifname(node)
     if ifname:
         env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
+    env.update({k: v for k, v in extra_env.items() if k not in SAFE_ENV})
     launch = [_torchrun(node), f"--nproc-per-node={nproc or processes_per_node(node)}"]
     if len(nodes) == 1:
         launch += ["--standalone", "--nnodes=1"]
@@ -191,10 +194,12 @@ def _parse(stdout: str, stderr: str) -> NodeOutput:
 
 
 def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: float, *,
-              port: int = RENDEZVOUS_PORT, nproc: int | None = None) -> ProbeRun:
+              port: int = RENDEZVOUS_PORT, nproc: int | None = None,
+              env: Mapping[str, str] | None = None) -> ProbeRun:
     """Run ``conformance/probes/<probe_name>.py`` under torchrun on ``nodes`` together
-    (``nproc`` processes per node, default one per GPU); every process is gone when this
-    returns or raises."""
+    (``nproc`` processes per node, default one per GPU; ``env`` over the launch's own,
+    never over NVLink multicast's off switches); every process is gone when this returns
+    or raises."""
     run = ProbeRun([n.name for n in nodes])
     rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
     probe = f"{rundir}/{probe_name}.py"
@@ -207,7 +212,8 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
         try:
             _ship(node, rundir, probe_name)
             command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
-                               timeout_s=timeout_s, port=port, nproc=nproc)
+                               timeout_s=timeout_s, port=port, nproc=nproc,
+                               extra_env=env or {})
             result = node.run(command, timeout=timeout_s + 60)
         except GpufleetError as exc:
             return node.name, NodeOutput(None, [], str(exc))

@@ -36,6 +36,44 @@ def test_ddp_trains_on_gloo_across_nodes_and_reports_scaling(
     run = doc["data"]["ddp"]["all nodes"]["all"]
     assert (run["world_size"], run["nodes"], run["backend"]) == (6, 3, "gloo")
     assert run["params_identical"] and run["loss_last"] < run["loss_first"]
+    assert [c["width"] for c in across["properties"]["curve"]] == [1, 2, 3]
+    assert doc["data"]["ddp"]["all nodes"]["2"]["nodes"] == 2
+    assert [c["width"] for c in within["properties"]["curve"]] == [1, 2]
+
+
+def test_ddp_scales_in_stages_and_stops_at_the_step_that_falls_short(
+        provisioned: Path, tmp_path: Path) -> None:
+    with override(provisioned, "host_vars", "node01", {"allreduce_cpu_procs": 4}):
+        code, doc = _conformance(provisioned, tmp_path, "ddp-4", limit="node01", suites="ddp")
+        assert code == 0, doc["results"]
+        curve = _results(doc)[("test_ddp_within_the_node", "node01")]["properties"]["curve"]
+        assert [c["width"] for c in curve] == [1, 2, 4]
+        assert all(c["samples_per_s"] > 0 and c["comm_share"] is not None for c in curve[1:])
+        assert set(doc["data"]["ddp"]["node node01"]) >= {"1", "2", "4", "curve"}
+    with override(provisioned, "host_vars", "node01", {"allreduce_cpu_procs": 4,
+                                                       "ddp_min_efficiency": 5.0}):
+        code, doc = _conformance(provisioned, tmp_path, "ddp-4-high", limit="node01",
+                                 suites="ddp")
+    failed = _results(doc)[("test_ddp_within_the_node", "node01")]
+    assert code == 1
+    assert failed["message"].startswith("the step 1 -> 2 processes falls short: scaling "
+                                        "efficiency "), failed["message"]
+    assert failed["message"].endswith("; not measured beyond 2 processes")
+    assert [c["width"] for c in failed["properties"]["curve"]] == [1, 2]
+
+
+def test_ddp_across_nodes_stops_at_the_first_node_step_that_falls_short(
+        provisioned: Path, tmp_path: Path) -> None:
+    with override(provisioned, "group_vars", "lab", {"ddp_min_efficiency_across_nodes": 5.0}):
+        code, doc = _conformance(provisioned, tmp_path, "ddp-across-high",
+                                 limit="node01:node02:node03:node04", suites="ddp",
+                                 extra_args=["-k", "across"])
+    failed = _results(doc)[("test_ddp_across_nodes", "fleet")]
+    assert code == 1
+    assert failed["message"].startswith("the step 1 -> 2 nodes falls short: "), \
+        failed["message"]
+    assert failed["message"].endswith("; not measured beyond 2 nodes")
+    assert [c["width"] for c in failed["properties"]["curve"]] == [1, 2]
 
 
 def test_ddp_fails_when_the_efficiency_threshold_is_out_of_reach(
