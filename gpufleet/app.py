@@ -19,6 +19,7 @@ from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.conformance import junit as conformance_junit
 from gpufleet.conformance import metrics as conformance_metrics
+from gpufleet.conformance import registry
 from gpufleet.conformance.results import FLEET, ConformanceReport
 from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
@@ -57,7 +58,7 @@ from gpufleet.sources import load_source, load_target
 # gpufleet_host_timeout sets one: long enough for its slowest legitimate step (pip of a
 # CUDA torch build, an apt transaction, a reboot), short enough to end a hung host.
 HOST_TIMEOUTS = {"facts": 300.0, "drift": 900.0, "provision": 7200.0, "conformance": 3600.0,
-                 "bootstrap": 7200.0}
+                 "bootstrap": 7200.0, "tune": 14400.0}
 
 
 @dataclass
@@ -438,6 +439,82 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 
 # ---- conformance ---------------------------------------------------------------------------
+
+def _tune_group(target: Target, group: str | None) -> str:
+    """The group whose ``nccl_env`` the winner goes to: ``group`` (it must hold every
+    selected host), else the smallest group but ``all`` that does, else ``all``."""
+    inventory, selected = target.inventory, {h.name for h in target.hosts}
+    if group is not None:
+        if group not in inventory.groups:
+            raise GpufleetError(f"--group {group!r}: no such group in {inventory.path}")
+        if not selected <= inventory.groups[group]:
+            missing = sorted(selected - inventory.groups[group])
+            raise GpufleetError(f"--group {group!r} does not hold every selected host "
+                                f"({', '.join(missing[:5])} not in it)")
+        return group
+    holding = sorted((len(members), name) for name, members in inventory.groups.items()
+                     if name not in ("all", "ungrouped") and selected <= members)
+    return holding[0][1] if holding else "all"
+
+
+@guarded
+def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | None = None,
+             diff_path: str | None = None, fleet: FleetArgs | None = None,
+             out: TextIO | None = None) -> int:
+    """Measure the DDP and AllReduce probes under the current environment and each candidate
+    across the selected nodes; print the table and the winner's ``nccl_env`` diff (``diff_path``:
+    also written there). 0 when measured (a winner or none), 1 when the current setting
+    could not be measured, 3 when a node was unreachable."""
+    # The session brings in testinfra: only this command and conformance load it.
+    from gpufleet.conformance import tune as tuning  # noqa: PLC0415
+    from gpufleet.conformance.session import (  # noqa: PLC0415
+        ConformanceSession,
+        SessionOptions,
+    )
+
+    out = out or sys.stdout
+    target = load_target(inventory, limit)
+    wanted = tuning.settings(target.hosts[0])
+    registry.validate(target.hosts, [registry.suite("allreduce"), registry.suite("ddp")])
+    chosen = _tune_group(target, group)
+    path = tuning.group_file(target.inventory.base, chosen)
+    _check_outputs(diff=diff_path)
+    fleet = fleet or FleetArgs()
+    session = ConformanceSession.start(target.inventory, target.hosts,
+                                       SessionOptions(fleet=fleet.options(target, "tune")))
+    try:
+        unreachable = [n for n in session.nodes.values() if n.facts is None]
+        for node in unreachable:
+            print(f"{node.name}: {node.error}", file=sys.stderr)
+        nodes = session.ready()
+        if not nodes:
+            return exitcodes.UNREACHABLE
+        print(f"tune: {len(nodes)} node(s), {wanted.repeats} rounds; the current setting is "
+              f"what the nodes have (group {chosen}'s nccl_env)", file=out)
+        measured = tuning.tune(nodes, wanted, progress=lambda r, c: print(
+            f"  round {r}: {c.name}", file=sys.stderr))
+        best = tuning.winner(measured[0], measured[1:])
+        print(tuning.table(measured, best), file=out)
+        if measured[0].median() is None:
+            print(f"the current setting could not be measured: {measured[0].errors[0]}",
+                  file=out)
+            return exitcodes.FAILED
+        if best is None:
+            print("no winner: no candidate beats the current setting by more than the noise",
+                  file=out)
+        else:
+            env = {**(nodes[0].var("nccl_env") or {}), **best.candidate.change}
+            relative = str(path.relative_to(target.inventory.base))
+            patch = tuning.diff(path, relative, env)
+            print(f"winner: {best.candidate.name} ({tuning.gain(measured[0], best):+.1%} DDP "
+                  f"samples/s); apply to {path}:", file=out)
+            print(patch, file=out, end="")
+            if diff_path and diff_path != "-":
+                Path(diff_path).write_text(patch)
+        return exitcodes.UNREACHABLE if unreachable else exitcodes.OK
+    finally:
+        session.close()
+
 
 @guarded
 def conformance_cmd(inventory: str | None, *, limit: str | None = None,

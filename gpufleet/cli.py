@@ -442,8 +442,22 @@ def lab_exec(c: Context, node: str, command: str) -> None:
     _run(c, 0, lambda: lab_commands.node_exec(node, command))
 
 
+@task(help=_help("inventory", "limit", "forks", "timeout", "verbose",
+                 group="the group whose nccl_env the winner goes to (default: the smallest "
+                       "group holding every selected host, else all)",
+                 diff="also write the winner's nccl_env change as a unified diff to this "
+                      "file"))
+def tune(c: Context, inventory: str | None = None, limit: str | None = None,
+         group: str | None = None, diff: str | None = None, forks: str | None = None,
+         timeout: str | None = None, verbose: int = 0) -> None:
+    """Measure DDP and AllReduce under candidate NCCL settings; show the winner as a diff."""
+    _run(c, verbose, lambda: int(app.tune_cmd(
+        inventory, limit=limit, group=group, diff_path=diff,
+        fleet=_fleet(c, forks, None, None, False, timeout))))
+
+
 def namespace() -> Collection:
-    """Every task: facts, provision, drift (+ drift.schedule), conformance, bootstrap,
+    """Every task: facts, provision, drift (+ drift.schedule), conformance, bootstrap, tune,
     inventory, and the lab's."""
     lab = Collection("lab")
     lab.add_task(lab_up, "up")
@@ -455,7 +469,7 @@ def namespace() -> Collection:
     drift_tasks = Collection("drift")
     drift_tasks.add_task(drift, "check", default=True)
     drift_tasks.add_task(drift_schedule, "schedule")
-    ns = Collection(facts, provision, conformance, bootstrap)
+    ns = Collection(facts, provision, conformance, bootstrap, tune)
     ns.add_task(inventory_task, "inventory")
     ns.add_collection(drift_tasks)
     ns.add_collection(lab)
