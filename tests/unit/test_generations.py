@@ -106,3 +106,12 @@ def test_two_models_on_one_node_are_named_most_first() -> None:
 def test_nvidia_smi_without_a_cuda_line_is_unreadable() -> None:
     with pytest.raises(ParseError):
         parse_driver_cuda("==============NVSMI LOG==============\nDriver Version : 550.54.15\n")
+
+
+def test_the_check_s_real_run_on_the_h200_recorded_what_its_captures_say() -> None:
+    doc = json.loads((H200 / "gpufleet" / "conformance-gpu-stack-2026-12-02.json").read_text())
+    [check] = [r for r in doc["results"] if r["check"] == "test_cuda_supports_every_gpu"]
+    assert check["outcome"] == "pass"
+    assert check["properties"] == {"compute_capabilities": {"9.0": ["GPU0"]},
+                                   "toolkit_cuda": TOOLKIT, "driver_cuda": DRIVER,
+                                   "torch_arch_list": TORCH["arch_list"]}
