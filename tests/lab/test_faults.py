@@ -104,7 +104,7 @@ def test_a_hung_nvidia_smi_costs_one_fact_on_one_node_of_eight(
     assert failed[(HUNG, "test_count_and_model")] == \
         "nvidia-smi hung: nvidia-smi timed out after 3 s"
     passed = {r["host"] for r in results if r["outcome"] == "pass"}
-    assert passed == set(EIGHT) - {HUNG}
+    assert passed == set(EIGHT) - {HUNG} | {"fleet"}  # one GPU model on the seven that answer
 
 
 # --------------------------------------------------------------------------- lost mid-run
