@@ -158,12 +158,12 @@ def _torchrun(node: Node) -> str:
 
 def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list[str],
              timeout_s: float, port: int, nproc: int | None,
-             extra_env: Mapping[str, str]) -> str:
+             extra_env: Mapping[str, str] | None = None) -> str:
     env = dict(SAFE_ENV, OMP_NUM_THREADS="1", TMPDIR=str(Path(probe).parent))
     ifname = socket_ifname(node)
     if ifname:
         env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
-    env.update({k: v for k, v in extra_env.items() if k not in SAFE_ENV})
+    env.update({k: v for k, v in (extra_env or {}).items() if k not in SAFE_ENV})
     launch = [_torchrun(node), f"--nproc-per-node={nproc or processes_per_node(node)}"]
     if len(nodes) == 1:
         launch += ["--standalone", "--nnodes=1"]
@@ -212,8 +212,7 @@ def run_probe(probe_name: str, nodes: list[Node], args: list[str], timeout_s: fl
         try:
             _ship(node, rundir, probe_name)
             command = _command(node, rank=rank, nodes=nodes, probe=probe, args=args,
-                               timeout_s=timeout_s, port=port, nproc=nproc,
-                               extra_env=env or {})
+                               timeout_s=timeout_s, port=port, nproc=nproc, extra_env=env)
             result = node.run(command, timeout=timeout_s + 60)
         except GpufleetError as exc:
             return node.name, NodeOutput(None, [], str(exc))

@@ -13,7 +13,7 @@ from pathlib import Path
 from gpufleet import app
 from tests.lab.test_provision import override
 
-TUNE = {"tune_repeats": 2, "allreduce_sizes": "64K,1M",
+TUNE = {"tune_repeats": 2, "allreduce_sizes": "64K,1M", "allreduce_iters": 1, "ddp_steps": 6,
         "tune_candidates": {"OMP_NUM_THREADS": ["2"], "GLOO_SOCKET_IFNAME": ["nosuch0"]}}
 
 
