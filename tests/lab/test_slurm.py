@@ -383,6 +383,15 @@ def _jobs(lab: Lab) -> list[str]:
                           env=_slurm_env(lab)).stdout.split()
 
 
+def _jobs_end(lab: Lab, timeout: float = 30) -> list[str]:
+    """The conformance jobs still listed once they had ``timeout`` seconds to end: scancel
+    returns at once, and squeue lists a cancelled job while it completes."""
+    deadline = time.monotonic() + timeout
+    while (jobs := _jobs(lab)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return jobs
+
+
 def test_sigterm_of_the_controller_cancels_the_allocation(slurm_lab: Lab,
                                                           tmp_path: Path) -> None:
     """The exclusive allocation holds every measured node: a controller stopped with
@@ -407,7 +416,7 @@ def test_sigterm_of_the_controller_cancels_the_allocation(slurm_lab: Lab,
             run.kill()
     assert run.returncode == 143, err
     assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
-    assert job not in _jobs(slurm_lab)
+    assert job not in _jobs_end(slurm_lab)
     assert not (tmp_path / "c.json").exists()
 
 
@@ -423,7 +432,7 @@ def test_an_error_finishing_the_run_still_cancels_the_allocation(
     with pytest.raises(OSError, match="No space left"):
         app.conformance_cmd(str(slurm_lab.config.inventory_dir), suites="host_sizing",
                             launcher="slurm", partition="lab")
-    assert _jobs(slurm_lab) == []
+    assert _jobs_end(slurm_lab) == []
 
 
 def test_the_slurm_launcher_leaves_out_a_drained_node_and_names_why(
