@@ -9,6 +9,10 @@ each target listens on a denser random sample of the range (one port in each of
 ``random`` equal strata, different on every target and every run) that its sources share
 out between them, so the whole sample is probed once per target whatever the strategy.
 
+A connection that is not open is tried once more from the same source after every other
+connect, and the second answer is the one reported: a SYN lost on a loaded host is not a
+closed port, while a firewall that drops or refuses answers the same way twice.
+
 Connects leave from a source port outside the range (just below it), so the answer to a
 connect never travels to a port of the range: a node whose firewall drops traffic to the
 range is seen as unreachable from its sources, and never makes its sources look closed.
@@ -118,6 +122,7 @@ class Matrix:
     listeners: dict[str, str] = field(default_factory=dict)
     mode: str = "all"
     sampled: dict[str, list[int]] = field(default_factory=dict)
+    first_answers: dict[tuple[str, str, int], str] = field(default_factory=dict)
 
     def failures_to(self, target: str) -> dict[int, list[str]]:
         """Port -> "source (state)" for every non-open connection to ``target``."""
@@ -142,8 +147,9 @@ class Matrix:
         table: dict[str, dict[str, dict[str, str]]] = {}
         for (source, target, port), state in sorted(self.results.items()):
             table.setdefault(source, {}).setdefault(target, {})[str(port)] = state
+        first = {f"{s} {t} {p}": state for (s, t, p), state in sorted(self.first_answers.items())}
         return {"mode": self.mode, "ports": self.ports, "random_ports": self.sampled,
-                "matrix": table, "listeners": self.listeners}
+                "matrix": table, "listeners": self.listeners, "first_answers": first}
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,7 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
     busiest = max((sum(len(spec.fixed) + len(matrix.sampled[t]) // len(sources_of[t]) + 1
                        for t in ts) for ts in targets_of.values()), default=0)
     connecting = connect_time(busiest)
-    lifetime = 60.0 + connecting
+    lifetime = 120.0 + 2 * connecting
     pids: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as pool:
         listening = list(pool.map(lambda t: _try(lambda: start_listener(
@@ -238,14 +244,16 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
             return [(t, p) for t in targets_of[source]
                     for p in spec.fixed + share(matrix.sampled[t], sources_of[t], source)]
 
-        def connect_from(source: str) -> dict[str, str]:
-            plan = [[t, nodes[t].host.address, p] for t, p in plan_of(source)]
+        def connect_from(source: str, plan: list[tuple[str, int]]) -> dict[str, str]:
+            if not plan:
+                return {}
+            wire = [[t, nodes[t].host.address, p] for t, p in plan]
             args = [_python(nodes[source]), "-c", _script(), "connect", str(CONNECT_TIMEOUT_S),
                     str(PARALLEL_CONNECTS)]
             if spec.source_ports:
                 args.append(f"{spec.source_ports[0]}-{spec.source_ports[1]}")
             result = nodes[source].run(shlex.join(args), timeout=30 + connecting,
-                                       stdin=json.dumps(plan).encode())
+                                       stdin=json.dumps(wire).encode())
             if not result.ok:
                 raise GpufleetError(f"connect probe on {source} failed: "
                                     f"{(result.stderr or result.stdout).strip()[-200:]}")
@@ -254,13 +262,25 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
                 raise GpufleetError(f"the connect probe on {source} answered {states!r}")
             return states
 
-        sources = sorted(targets_of)
-        connected = list(pool.map(lambda s: _try(lambda: connect_from(s)), sources))
-        for source, (states, error) in zip(sources, connected, strict=True):
-            for target, port in plan_of(source):
-                state = f"unknown: {error}" if error or states is None \
-                    else states.get(f"{target} {port}", "unknown")
-                matrix.results[(source, target, port)] = state
+        def sweep(plans: dict[str, list[tuple[str, int]]]) -> dict[tuple[str, str, int], str]:
+            order = sorted(plans)
+            answers = list(pool.map(lambda s: _try(lambda: connect_from(s, plans[s])), order))
+            found = {}
+            for source, (states, error) in zip(order, answers, strict=True):
+                for target, port in plans[source]:
+                    found[(source, target, port)] = f"unknown: {error}" \
+                        if error or states is None else states.get(f"{target} {port}", "unknown")
+            return found
+
+        matrix.results = sweep({source: plan_of(source) for source in targets_of})
+        again: dict[str, list[tuple[str, int]]] = {}
+        for (source, target, port), state in matrix.results.items():
+            if state != "open":
+                again.setdefault(source, []).append((target, port))
+        if again:
+            matrix.first_answers = {key: matrix.results[key] for key in
+                                   ((s, t, p) for s, plan in again.items() for t, p in plan)}
+            matrix.results.update(sweep(again))
         list(pool.map(lambda t: nodes[t].run(f"kill {shlex.quote(pids[t])} 2>/dev/null; true",
                                              timeout=30), pids))
     return matrix

@@ -327,6 +327,14 @@ def _outcomes(report: Path) -> dict[tuple[str, str, str], str]:
             for r in json.loads(report.read_text())["results"]}
 
 
+def _differing(report: Path, other: Path) -> list[str]:
+    """The messages of the checks whose outcome differs between two reports."""
+    theirs = _outcomes(other)
+    return [f"{r['host']} {r['check']}: {r['outcome']} {(r.get('message') or '')[:2000]}"
+            for r in json.loads(report.read_text())["results"]
+            if theirs.get((r["host"], r["suite"], r["check"])) != r["outcome"]]
+
+
 def _steps(lab: Lab, node: str, job: str) -> set[str]:
     """The job's steps that ran a task on ``node``, from its slurmd's log."""
     log = LabSlurm(lab.config).dir / "log" / f"slurmd-{node}.log"
@@ -347,7 +355,7 @@ def test_the_slurm_launchers_give_the_ssh_launchers_outcomes(slurm_lab: Lab, slu
         report = tmp_path / f"{launcher}.json"
         assert app.conformance_cmd(inventory, suites=suites, json_path=str(report),
                                    launcher=launcher, partition="lab") == 1
-        assert _outcomes(report) == _outcomes(by_ssh), launcher
+        assert _outcomes(report) == _outcomes(by_ssh), (launcher, _differing(report, by_ssh))
         described = json.loads(report.read_text())["data"]["launcher"]["slurm"]
         assert described["left_out"] == {}
         assert described["combined_steps"] is (launcher == "slurm")

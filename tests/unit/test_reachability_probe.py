@@ -4,11 +4,16 @@ its size is not bounded by the kernel's limit on one command-line argument (128 
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
 
-from gpufleet.conformance.reachability import PROBE, connect_time
+from gpufleet.conformance.reachability import PROBE, PortSpec, connect_time, measure
+from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import CommandResult, ConnectOptions
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import Host
 
 
 def test_a_plan_larger_than_an_argument_may_be_is_read_from_stdin() -> None:
@@ -73,3 +78,49 @@ def test_connects_leave_from_the_source_band_and_the_port_is_free_again_at_once(
         thread.join(timeout=10)
         listener.close()
     assert seen == [40100, 40100]
+
+
+class _Scripted:
+    """A node's connection that answers the listener and kill commands, and each connect
+    sweep from the next of ``sweeps``: {"target port": state}."""
+
+    def __init__(self, sweeps: list[dict[str, str]]) -> None:
+        self.sweeps = sweeps
+        self.plans: list[list[list[object]]] = []
+
+    def run(self, command: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        mode = shlex.split(command)[3] if command.startswith("python") else "kill"
+        if mode == "listen":
+            out = json.dumps({"pid": 4242, "bound": [29500, 50000], "busy": []})
+        elif mode == "connect":
+            assert stdin is not None
+            self.plans.append(json.loads(stdin))
+            out = json.dumps(self.sweeps.pop(0))
+        else:
+            out = ""
+        return CommandResult(command, 0, out + "\n", "", 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def _node(name: str, conn: _Scripted) -> Node:
+    host = Host(name, {"ansible_host": {"a": "10.0.0.1", "b": "10.0.0.2"}[name]},
+                frozenset({"all"}))
+    return Node(host, ConnectOptions(), facts=Facts(name),
+                connector=lambda *_: conn)  # type: ignore[arg-type,return-value]
+
+
+def test_a_connection_that_is_not_open_is_looked_at_again_and_the_second_answer_counts() -> None:
+    spec = PortSpec([29500, 50000], 0, -1)
+    first = _Scripted([{"b 29500": "filtered", "b 50000": "refused"},
+                       {"b 29500": "open", "b 50000": "refused"}])
+    second = _Scripted([{"a 29500": "open", "a 50000": "open"}])
+    matrix = measure({"a": _node("a", first), "b": _node("b", second)},
+                     [("a", "b"), ("b", "a")], spec)
+    assert first.plans[1] == [["b", "10.0.0.2", 29500], ["b", "10.0.0.2", 50000]]
+    assert len(second.plans) == 1, "every connection from b was open: no second sweep"
+    assert matrix.results[("a", "b", 29500)] == "open"
+    assert matrix.results[("a", "b", 50000)] == "refused"
+    assert matrix.failures_to("b") == {50000: ["a (refused)"]}
+    assert matrix.to_dict()["first_answers"] == {"a b 29500": "filtered", "a b 50000": "refused"}
