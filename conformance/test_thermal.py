@@ -90,6 +90,16 @@ def mirror_windows(samples: list[dict[str, Any]], threshold: float, min_drop: fl
             for gpu, m in clock_mirror(samples, threshold, min_drop, warmup_s).items()}
 
 
+def gpu_peak_power(samples: list[dict[str, Any]]) -> float | None:
+    """The sum of every GPU's highest power draw during the soak (W); None when no GPU
+    reported its power. The bmc suite counts it toward the node's measured peak."""
+    peaks: dict[Any, float] = {}
+    for s in samples:
+        if isinstance(s.get("power_w"), (int, float)):
+            peaks[s["gpu"]] = max(peaks.get(s["gpu"], 0.0), float(s["power_w"]))
+    return round(sum(peaks.values()), 1) if peaks else None
+
+
 def _soak(node: Node, trials: int) -> NodeOutput:
     seconds = float(node.var("thermal_seconds"))
     return run_script(node, "thermal", [
@@ -133,7 +143,7 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
         "summary": summary, "files": [str(f) for f in files], "curves": curves(samples),
         "mirror": mirror_windows(samples, threshold, min_drop, _warmup(node)),
         "max_temp_c": limit, "mirror_threshold": threshold, "min_clock_drop": min_drop,
-        "warmup_s": _warmup(node)})
+        "warmup_s": _warmup(node), "gpu_peak_power_w": gpu_peak_power(samples)})
     record_property("files", [str(f) for f in files])
     record_property("tflops_per_gpu", summary.get("tflops_per_gpu"))
     record_property("max_temp_c", max(s["temp_c"] for s in samples if s.get("temp_c")))

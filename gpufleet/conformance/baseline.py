@@ -93,6 +93,7 @@ class BaselineStore:
     path: str = BASELINE_FILE
     _known: dict[str, _Known] = field(default_factory=dict)
     _measured: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    _readings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _node_locks: dict[str, threading.Lock] = field(default_factory=dict)
 
@@ -140,6 +141,18 @@ class BaselineStore:
         with self._lock:
             self._measured.setdefault(node, {}).update(verdicts)
 
+    def add_reading(self, node: str, name: str, value: float, unit: str) -> None:
+        """Remember a reading (a measured peak power) to record beside the figures; a
+        reading is kept, never gated."""
+        with self._lock:
+            self._readings.setdefault(node, {})[name] = {"value": round(value, 4),
+                                                         "unit": unit, "kind": "reading"}
+
+    def recorded(self, node: BaselineNode, name: str) -> float | None:
+        """The value the node's baseline file records for ``name`` (compared or not)."""
+        entry = (self.read(node).figures or {}).get(name)
+        return None if entry is None else float(entry["value"])
+
     def trend(self, node: BaselineNode) -> dict[str, Any]:
         """Per figure measured on the node: now, baseline, ratio; or why there is none."""
         with self._lock:
@@ -156,20 +169,22 @@ class BaselineStore:
 
     def measured_nodes(self) -> list[str]:
         with self._lock:
-            return sorted(self._measured)
+            return sorted(set(self._measured) | set(self._readings))
 
     def write(self, node: BaselineNode, conn_put: Callable[..., None]) -> str:
         """Record the node's measured medians (merged into its file); what was written."""
         with self._lock:
             measured = dict(self._measured.get(node.name, {}))
-        if not measured:
+            readings = dict(self._readings.get(node.name, {}))
+        if not measured and not readings:
             return "nothing measured"
         with self._node_lock(node.name):
             old = self._known.get(node.name) or self._load(node)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         figures = merge(old.figures or {}, measured, stamp)
+        figures.update({name: {**entry, "recorded_at": stamp} for name, entry in readings.items()})
         conn_put(self.path, render(node.name, figures), mode=0o644)
-        return f"recorded {len(measured)} figures in {self.path}"
+        return f"recorded {len(measured) + len(readings)} figures in {self.path}"
 
 
 def judge_node(node: Any, store: BaselineStore | None, figures: list[Figure],

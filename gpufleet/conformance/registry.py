@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from gpufleet.bmc.target import target_of
 from gpufleet.conformance import verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
 from gpufleet.conformance.checks import generations
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.conformance.checks import mounts as mounts_checks
+from gpufleet.conformance.checks import power as power_checks
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
@@ -172,6 +174,25 @@ def _check_counters(v: RoleVars) -> None:
                      v.get("net_max_retransmit_ratio"))
 
 
+def _check_bmc(v: RoleVars) -> None:
+    target_of(v.host)
+    for key in ("bmc_max_inlet_c", "bmc_sel_window_h"):
+        _positive(v, key)
+    if v.number("psu_min_headroom") < 1:
+        raise v.fail("psu_min_headroom", "a number of 1 or more", v.get("psu_min_headroom"))
+    try:
+        power_checks.parse_redundancy(v.get("psu_redundancy"))
+    except ValueError:
+        raise v.fail("psu_redundancy", "N, N+M or 2N", v.get("psu_redundancy")) from None
+    if v.get("rack_power_w") is not None:
+        _positive(v, "rack_power_w")
+    if not 0 < v.number("rack_power_margin") <= 1:
+        raise v.fail("rack_power_margin", "a number above 0, at most 1",
+                     v.get("rack_power_margin"))
+    if v.string("rack_cooling") not in ("air", "liquid"):
+        raise v.fail("rack_cooling", "air or liquid", v.get("rack_cooling"))
+
+
 def _check_reachability(v: RoleVars) -> None:
     _check_ranges(v)
     _check_counters(v)
@@ -299,6 +320,34 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "gpu_pcie_gen": _GPU["gpu_pcie_gen"],
                      "gpu_pcie_width": _GPU["gpu_pcie_width"]},
           facts=lambda host: FactRequest(custom=frozenset({host_sizing_checks.SHM}))),
+    Suite("bmc", ("acceptance",),
+          "power and cooling from each node's BMC (Redfish): PSUs against the measured "
+          "peak, inlet and fans, critical events; each rack's power budget",
+          variables={
+              "bmc_address": Var(None, "string", "the BMC: host, address, host:port or "
+                                                 "https://host[:port] (none: not checked)"),
+              "bmc_user": Var(None, "string", "the BMC account (read-only is enough)"),
+              "bmc_password": Var(None, "string", "its password (a secret: keep it in a "
+                                                  "vault file)"),
+              "bmc_ca_file": Var(None, "string", "CA bundle on the controller that the "
+                                                 "BMC's certificate chains to (default: "
+                                                 "the system's)"),
+              "psu_min_headroom": Var(1.3, "number", "healthy PSU rating over the measured "
+                                                     "peak"),
+              "psu_redundancy": Var(None, "string", "N, N+M or 2N: the PSUs the node must "
+                                                    "run without"),
+              "bmc_max_inlet_c": Var(35, "number", "highest inlet temperature (C)"),
+              "bmc_sel_window_h": Var(24, "number", "critical log entries of the last N "
+                                                    "hours fail (the runs' interval)"),
+              "rack": Var(None, "string", "the node's rack (default: its first group "
+                                          "named rack*)"),
+              "rack_power_w": Var(None, "number", "the rack's supply (none: no budget)"),
+              "rack_cooling": Var("air", "string", "air or liquid"),
+              "rack_power_margin": Var(0.8, "number", "share of the supply the measured "
+                                                      "peaks may use"),
+          },
+          cross_node=frozenset({"rack_power_budget"}),
+          check=_check_bmc),
     Suite("mounts", ("acceptance",),
           "the shared filesystems mounted alike on every node, and the same filesystem",
           variables={"shared_mounts": Var(None, "list",

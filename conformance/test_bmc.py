@@ -1,0 +1,188 @@
+"""bmc: power and cooling out of band. Each node's BMC is read over Redfish from the
+controller (never from the node, so a node that is down is still read): its PSUs' health
+and rating against the node's measured peak (``psu_min_headroom``, 1.3x) and declared
+redundancy, its inlet temperature (``bmc_max_inlet_c``) and fans, and the critical entries
+of its event logs newer than ``bmc_sel_window_h``; then each rack's measured peaks against
+its supply (``rack_power_w`` x ``rack_power_margin``). A node with no BMC declared is "not
+checked: no BMC", never passed. The measured peak is recorded in the node's baseline
+(``power.peak_w``) with ``--record-baseline``.
+
+Variables: bmc_address, bmc_user, bmc_password (a secret), bmc_ca_file, psu_min_headroom
+(1.3), psu_redundancy (none: N, N+M or 2N), bmc_max_inlet_c (35), bmc_sel_window_h (24),
+rack (default: the node's first group named rack*), rack_power_w, rack_cooling (air or
+liquid), rack_power_margin (0.8).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from gpufleet.bmc.redfish import read
+from gpufleet.bmc.target import target_of
+from gpufleet.conformance.checks.power import (
+    BmcReading,
+    RackUse,
+    cooling_problems,
+    measured_peak,
+    new_critical_events,
+    psu_problems,
+    rack_problems,
+    reading,
+)
+from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.errors import GpufleetError
+
+PEAK = "power.peak_w"
+NO_BMC = "not checked: no BMC (declare bmc_address, bmc_user and bmc_password)"
+Readings = dict[str, "BmcReading | str | None"]
+
+
+def _read_one(node: Node) -> BmcReading | str | None:
+    target = target_of(node.host)
+    if target is None:
+        return None
+    try:
+        docs = read(target)
+    except GpufleetError as exc:
+        return str(exc)
+    return reading(docs.power, docs.thermal, docs.log_entries)
+
+
+@pytest.fixture(scope="session")
+def bmcs(conformance: ConformanceSession) -> Readings:
+    """Every selected node's BMC reading (None: no BMC; a string: why it could not be
+    read), all BMCs at once."""
+    def compute() -> Readings:
+        nodes = list(conformance.nodes.values())
+        with ThreadPoolExecutor(max_workers=max(1, min(64, conformance.forks,
+                                                       len(nodes)))) as pool:
+            return dict(zip([n.name for n in nodes], pool.map(_read_one, nodes), strict=True))
+    return conformance.once("bmc.readings", compute)
+
+
+def _reading(node: Node, bmcs: Readings) -> BmcReading:
+    found = bmcs.get(node.name)
+    if found is None:
+        pytest.skip(NO_BMC)
+    if isinstance(found, str):
+        pytest.fail(f"unknown: {found}")
+    return found
+
+
+def _soak_peak(conformance: ConformanceSession, name: str) -> float | None:
+    entry: dict[str, Any] = conformance.report.get("thermal", {}).get(name) or {}
+    value = entry.get("gpu_peak_power_w")
+    return float(value) if value else None
+
+
+def _recorded(conformance: ConformanceSession, node: Node) -> float | None:
+    store = conformance.options.baseline
+    if store is None or node.facts is None:
+        return None
+    return store.recorded(node, PEAK)
+
+
+def peak_of(conformance: ConformanceSession, node: Node, bmc: BmcReading | None
+            ) -> tuple[float | None, str]:
+    """The node's measured peak power (W) and its source."""
+    return measured_peak(bmc, _soak_peak(conformance, node.name),
+                         _recorded(conformance, node))
+
+
+def test_power_supplies(node: Node, conformance: ConformanceSession, bmcs: Readings,
+                        record_property: RecordProperty) -> None:
+    bmc = _reading(node, bmcs)
+    conformance.add_report("bmc", node.name, bmc.to_dict())
+    peak, source = peak_of(conformance, node, bmc)
+    record_property("psus", [p.describe() for p in bmc.psus])
+    record_property("peak_w", peak)
+    record_property("peak_source", source)
+    if not bmc.psus:
+        pytest.fail("unknown: the BMC lists no power supply")
+    if peak is None:
+        pytest.fail(f"unknown: {source}: the BMC reports no chassis power reading "
+                    f"(PowerControl PowerConsumedWatts)")
+    if conformance.options.baseline is not None:
+        conformance.options.baseline.add_reading(node.name, PEAK, peak, "W")
+    problems = psu_problems(bmc.psus, peak, float(node.var("psu_min_headroom")),
+                            node.var("psu_redundancy"))
+    assert not problems, "; ".join(problems) + f" (measured peak from {source})"
+
+
+def test_inlet_temperature_and_fans(node: Node, bmcs: Readings,
+                                    record_property: RecordProperty) -> None:
+    bmc = _reading(node, bmcs)
+    record_property("inlet_c", [t.celsius for t in bmc.temperatures if t.inlet])
+    record_property("exhaust_c", [t.celsius for t in bmc.temperatures if t.exhaust])
+    problems = cooling_problems(bmc, float(node.var("bmc_max_inlet_c")))
+    unknown = [p for p in problems if p.startswith("unknown:")]
+    if unknown and len(unknown) == len(problems):
+        pytest.fail(unknown[0])
+    assert not problems, "; ".join(problems)
+
+
+def test_no_new_critical_events(node: Node, bmcs: Readings,
+                                record_property: RecordProperty) -> None:
+    bmc = _reading(node, bmcs)
+    window = float(node.var("bmc_sel_window_h"))
+    since = datetime.now(timezone.utc) - timedelta(hours=window)
+    found = new_critical_events(bmc.events, since)
+    record_property("entries", len(bmc.events))
+    record_property("since", since.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert not found, f"{len(found)} critical event(s) in the BMC's logs in the last " \
+        f"{window:g} h: " + "; ".join(e.describe() for e in found[:5])
+
+
+def rack_of(node: Node) -> str | None:
+    """The node's rack: ``rack``, else its first group named rack*."""
+    value = node.var("rack")
+    if value:
+        return str(value)
+    return next((g for g in sorted(node.host.groups) if g.startswith("rack")), None)
+
+
+def rack_uses(conformance: ConformanceSession, bmcs: Readings) -> list[RackUse]:
+    """Every rack with a declared supply among the inventory's hosts, with the measured
+    peaks of its nodes (None where unknown: not selected, or nothing measured)."""
+    members: dict[str, list[str]] = {}
+    budget: dict[str, tuple[float, str, float]] = {}
+    for name, host in conformance.inventory.hosts.items():
+        node = conformance.nodes.get(name) or Node(host, conformance.options.fleet.connect)
+        rack = rack_of(node)
+        if rack is None or node.var("rack_power_w") is None:
+            continue
+        members.setdefault(rack, []).append(name)
+        budget.setdefault(rack, (float(node.var("rack_power_w")), str(node.var("rack_cooling")),
+                                 float(node.var("rack_power_margin"))))
+    uses = []
+    for rack, names in sorted(members.items()):
+        peaks: dict[str, float | None] = {}
+        for name in names:
+            selected = conformance.nodes.get(name)
+            found = bmcs.get(name)
+            bmc = found if isinstance(found, BmcReading) else None
+            peaks[name] = peak_of(conformance, selected, bmc)[0] if selected else None
+        supply, cooling, margin = budget[rack]
+        uses.append(RackUse(rack, supply, margin, cooling, peaks))
+    return uses
+
+
+def test_rack_power_budget(conformance: ConformanceSession, bmcs: Readings,
+                           record_property: RecordProperty) -> None:
+    uses = rack_uses(conformance, bmcs)
+    if not uses:
+        pytest.skip("not checked: no rack declares rack_power_w")
+    conformance.add_report("racks", "budgets", {u.rack: u.to_dict() for u in uses})
+    record_property("racks", {u.rack: u.to_dict() for u in uses})
+    problems: list[str] = []
+    warnings: list[str] = []
+    for use in uses:
+        found, warned = rack_problems(use)
+        problems += found
+        warnings += warned
+    record_property("warnings", warnings)
+    assert not problems, "; ".join(problems)

@@ -1,0 +1,1 @@
+"""The nodes' baseboard management controllers, reached from the controller."""

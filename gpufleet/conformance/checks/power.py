@@ -1,0 +1,320 @@
+"""Power and cooling as the BMC reports them (Redfish ``Power``, ``Thermal`` and log
+entries, as DMTF's schema shapes them), and the verdicts on them: PSU health, headroom and
+redundancy against the node's measured peak, inlet temperature and fans, critical events
+in the system event log, and each rack's power budget.
+
+A node's measured peak is the highest of what was measured, never a nameplate: the BMC's
+chassis input power now, the highest it saw over its own interval
+(``PowerMetrics.MaxConsumedWatts``), the GPUs' summed peak power during this run's
+thermal soak, and the peak the node's baseline recorded at certification.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+HEALTHY = "OK"
+INLET_CONTEXTS = frozenset({"Intake", "Room"})
+INLET_NAME = re.compile(r"inlet|intake|ambient", re.IGNORECASE)
+EXHAUST_NAME = re.compile(r"exhaust|outlet", re.IGNORECASE)
+AIR_COOLED_LIMIT_W = 15000.0
+_REDUNDANCY = re.compile(r"^(?:N(?:\+(\d+))?|2N)$")
+
+
+@dataclass(frozen=True)
+class Psu:
+    """One power supply: its rated output and Redfish status."""
+
+    name: str
+    capacity_w: float | None
+    health: str | None
+    state: str | None
+    output_w: float | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.state not in ("Absent",)
+
+    @property
+    def healthy(self) -> bool:
+        return self.present and self.state in (None, "Enabled") and self.health == HEALTHY
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.state or 'no state'}, health {self.health or 'unknown'})"
+
+
+@dataclass(frozen=True)
+class Temperature:
+    name: str
+    celsius: float | None
+    context: str | None
+    health: str | None
+    upper_critical: float | None = None
+
+    @property
+    def inlet(self) -> bool:
+        return self.context in INLET_CONTEXTS or bool(INLET_NAME.search(self.name))
+
+    @property
+    def exhaust(self) -> bool:
+        return self.context == "Exhaust" or bool(EXHAUST_NAME.search(self.name))
+
+
+@dataclass(frozen=True)
+class Fan:
+    name: str
+    reading: float | None
+    units: str | None
+    health: str | None
+    state: str | None
+
+    @property
+    def failed(self) -> bool:
+        return self.state not in ("Absent", "Disabled") and self.health not in (HEALTHY, None)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A log entry of the BMC's logs."""
+
+    log: str
+    id: str
+    created: datetime | None
+    severity: str | None
+    message: str
+
+    def describe(self) -> str:
+        when = self.created.strftime("%Y-%m-%dT%H:%M:%SZ") if self.created else "undated"
+        return f"{when} {self.message} (entry {self.id} of {self.log})"
+
+
+@dataclass
+class BmcReading:
+    """What one BMC said about its node's power and cooling."""
+
+    psus: list[Psu] = field(default_factory=list)
+    power_now_w: float | None = None
+    power_peak_w: float | None = None
+    power_interval_min: float | None = None
+    temperatures: list[Temperature] = field(default_factory=list)
+    fans: list[Fan] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "power_now_w": self.power_now_w, "power_peak_w": self.power_peak_w,
+            "power_interval_min": self.power_interval_min,
+            "psus": [{"name": p.name, "capacity_w": p.capacity_w, "health": p.health,
+                      "state": p.state, "output_w": p.output_w} for p in self.psus],
+            "inlet_c": [t.celsius for t in self.temperatures if t.inlet],
+            "exhaust_c": [t.celsius for t in self.temperatures if t.exhaust],
+            "fans": [{"name": f.name, "reading": f.reading, "units": f.units,
+                      "health": f.health} for f in self.fans],
+            "log_entries": len(self.events),
+        }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _status(item: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    status = item.get("Status")
+    if not isinstance(status, dict):
+        return None, None
+    health, state = status.get("Health"), status.get("State")
+    return (health if isinstance(health, str) else None,
+            state if isinstance(state, str) else None)
+
+
+def _items(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = doc.get(key)
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) \
+        else []
+
+
+def _name(item: Mapping[str, Any], fallback: str) -> str:
+    name = item.get("Name") or item.get("MemberId")
+    return str(name) if name else fallback
+
+
+def parse_created(value: Any) -> datetime | None:
+    """A log entry's ``Created`` (ISO 8601) as an aware datetime; None when unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+
+
+def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mapping[str, Any]],
+            log_entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> BmcReading:
+    """The reading of a BMC from its chassis' Power and Thermal documents (by chassis) and
+    its log services' entries (by log)."""
+    out = BmcReading()
+    for chassis, doc in sorted(power.items()):
+        for index, item in enumerate(_items(doc, "PowerSupplies")):
+            health, state = _status(item)
+            out.psus.append(Psu(f"{_name(item, f'PSU {index}')}"
+                                + (f" [{chassis}]" if len(power) > 1 else ""),
+                                _number(item.get("PowerCapacityWatts")), health, state,
+                                _number(item.get("LastPowerOutputWatts"))))
+        for item in _items(doc, "PowerControl"):
+            now = _number(item.get("PowerConsumedWatts"))
+            if now is None or out.power_now_w is not None:
+                continue
+            out.power_now_w = now
+            metrics = item.get("PowerMetrics")
+            if isinstance(metrics, dict):
+                out.power_peak_w = _number(metrics.get("MaxConsumedWatts"))
+                out.power_interval_min = _number(metrics.get("IntervalInMin"))
+    for _, doc in sorted(thermal.items()):
+        for index, item in enumerate(_items(doc, "Temperatures")):
+            health, _ = _status(item)
+            context = item.get("PhysicalContext")
+            out.temperatures.append(Temperature(
+                _name(item, f"temperature {index}"), _number(item.get("ReadingCelsius")),
+                context if isinstance(context, str) else None, health,
+                _number(item.get("UpperThresholdCritical"))))
+        for index, item in enumerate(_items(doc, "Fans")):
+            health, state = _status(item)
+            units = item.get("ReadingUnits")
+            out.fans.append(Fan(_name(item, f"fan {index}"), _number(item.get("Reading")),
+                                units if isinstance(units, str) else None, health, state))
+    for log, entries in sorted(log_entries.items()):
+        for entry in entries:
+            severity = entry.get("Severity")
+            message = entry.get("Message") or entry.get("EntryCode") or entry.get("MessageId")
+            out.events.append(Event(log, str(entry.get("Id", "?")),
+                                    parse_created(entry.get("Created")),
+                                    severity if isinstance(severity, str) else None,
+                                    " ".join(str(message or "no message").split())[:200]))
+    return out
+
+
+def measured_peak(bmc: BmcReading | None, gpu_soak_w: float | None = None,
+                  recorded_w: float | None = None) -> tuple[float | None, str]:
+    """The node's measured peak power and where it came from."""
+    sources = {"the BMC's chassis input power now": bmc.power_now_w if bmc else None,
+               "the BMC's highest over its interval": bmc.power_peak_w if bmc else None,
+               "the GPUs during the thermal soak": gpu_soak_w,
+               "the peak recorded in the node's baseline": recorded_w}
+    known = {k: v for k, v in sources.items() if v is not None and v > 0}
+    if not known:
+        return None, "no power was measured"
+    source = max(known, key=lambda k: known[k])
+    return known[source], source
+
+
+def parse_redundancy(text: str | None) -> int | None:
+    """The PSUs a node must be able to lose: ``N`` 0, ``N+M`` M, ``2N`` half of them
+    (returned as -1); None when nothing is declared. ValueError when unreadable."""
+    if text in (None, ""):
+        return None
+    match = _REDUNDANCY.match(str(text).strip().upper())
+    if not match:
+        raise ValueError(f"N, N+M or 2N, got {text!r}")
+    if str(text).strip().upper() == "2N":
+        return -1
+    return int(match[1] or 0)
+
+
+def psu_problems(psus: Sequence[Psu], peak_w: float, headroom: float,
+                 redundancy: str | None) -> list[str]:
+    """Failed PSUs; healthy capacity under ``headroom`` x the peak; and, with a declared
+    redundancy, a peak the PSUs left after losing the ones it allows cannot carry."""
+    problems = [f"power supply {p.describe()}" for p in psus if p.present and not p.healthy]
+    healthy = sorted((p.capacity_w or 0.0 for p in psus if p.healthy), reverse=True)
+    unrated = [p.name for p in psus if p.healthy and not p.capacity_w]
+    if unrated:
+        problems.append(f"the BMC reports no rating (PowerCapacityWatts) for {', '.join(unrated)}")
+    total = sum(healthy)
+    if total < headroom * peak_w:
+        problems.append(f"healthy PSUs are rated {total:.0f} W in all, under {headroom:g} x the "
+                        f"measured peak of {peak_w:.0f} W ({headroom * peak_w:.0f} W)")
+    lose = parse_redundancy(redundancy)
+    if lose is not None:
+        count = len(healthy) // 2 if lose == -1 else lose
+        left = sum(healthy[count:])
+        if len(healthy) <= count or left < peak_w:
+            problems.append(f"{redundancy} redundancy: after losing {count} of the "
+                            f"{len(healthy)} healthy PSUs, {left:.0f} W is left for a "
+                            f"measured peak of {peak_w:.0f} W")
+    return problems
+
+
+def cooling_problems(reading: BmcReading, max_inlet_c: float) -> list[str]:
+    """An inlet above ``max_inlet_c`` or its critical threshold, a failed fan; an unknown
+    when the BMC reports no inlet temperature."""
+    inlets = [t for t in reading.temperatures if t.inlet and t.celsius is not None]
+    problems = [f"{t.name} reads {t.celsius:g} C, above {max_inlet_c:g} C (bmc_max_inlet_c)"
+                for t in inlets if t.celsius is not None and t.celsius > max_inlet_c]
+    problems += [f"{t.name} reads {t.celsius:g} C, at or above its critical threshold "
+                 f"{t.upper_critical:g} C" for t in reading.temperatures
+                 if t.celsius is not None and t.upper_critical is not None
+                 and t.celsius >= t.upper_critical]
+    problems += [f"fan {f.name} health {f.health}" for f in reading.fans if f.failed]
+    if not inlets:
+        problems.append("unknown: the BMC reports no inlet temperature")
+    return problems
+
+
+def new_critical_events(events: Iterable[Event], since: datetime) -> list[Event]:
+    """Critical entries created after ``since`` (undated critical entries count)."""
+    return [e for e in events if e.severity == "Critical"
+            and (e.created is None or e.created > since)]
+
+
+@dataclass(frozen=True)
+class RackUse:
+    """One rack's budget and its nodes' measured peaks."""
+
+    rack: str
+    supply_w: float
+    margin: float
+    cooling: str
+    peaks: Mapping[str, float | None]
+
+    @property
+    def budget_w(self) -> float:
+        return self.supply_w * self.margin
+
+    @property
+    def used_w(self) -> float:
+        return sum(v for v in self.peaks.values() if v is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"supply_w": self.supply_w, "margin": self.margin, "budget_w": self.budget_w,
+                "cooling": self.cooling, "used_w": round(self.used_w, 1),
+                "use": round(self.used_w / self.budget_w, 4) if self.budget_w else None,
+                "nodes": dict(sorted(self.peaks.items()))}
+
+
+def rack_problems(use: RackUse, adding: str | None = None) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of one rack: measured peaks over the budget, nodes without a
+    measured peak (unknown), and air cooling past AIR_COOLED_LIMIT_W (a warning)."""
+    problems: list[str] = []
+    missing = sorted(n for n, v in use.peaks.items() if v is None)
+    if missing:
+        problems.append(f"unknown: rack {use.rack}: no measured peak power for "
+                        f"{', '.join(missing)} (certify them with the bmc suite and "
+                        f"--record-baseline)")
+    if use.used_w > use.budget_w:
+        who = f" with {adding}" if adding else ""
+        problems.append(f"rack {use.rack}{who}: measured peaks add up to {use.used_w:.0f} W, "
+                        f"over its budget of {use.budget_w:.0f} W ({use.margin:g} x the "
+                        f"{use.supply_w:.0f} W supply)")
+    warnings = []
+    if use.cooling == "air" and use.used_w > AIR_COOLED_LIMIT_W:
+        warnings.append(f"rack {use.rack} is air cooled and its nodes draw {use.used_w:.0f} W "
+                        f"at peak: air cooling tops out at 15-20 kW per rack")
+    return problems, warnings

@@ -1,0 +1,161 @@
+"""The BMC's power and cooling readings from DMTF's public rackmount mockup, and the
+verdicts on PSUs, cooling, event logs and rack budgets."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from gpufleet.bmc.target import bmc_url, target_of
+from gpufleet.conformance.checks.power import (
+    BmcReading,
+    Psu,
+    RackUse,
+    cooling_problems,
+    measured_peak,
+    new_critical_events,
+    parse_redundancy,
+    psu_problems,
+    rack_problems,
+    reading,
+)
+from gpufleet.errors import GpufleetError
+from gpufleet.inventory.model import Host
+from tests.conftest import ROOT
+
+MOCKUP = ROOT / "tests" / "fixtures" / "redfish" / "public-rackmount1"
+
+
+def _doc(path: str) -> Any:
+    return json.loads((MOCKUP / path / "index.json").read_text())
+
+
+def _rackmount() -> BmcReading:
+    return reading({"/redfish/v1/Chassis/1U": _doc("Chassis/1U/Power")},
+                   {"/redfish/v1/Chassis/1U": _doc("Chassis/1U/Thermal")},
+                   {log: _doc(log)["Members"] for log in (
+                       "Systems/437XR1138R2/LogServices/Log1/Entries",
+                       "Managers/BMC/LogServices/Log/Entries")})
+
+
+def test_the_rackmount_mockup_reads_as_its_documents_say() -> None:
+    bmc = _rackmount()
+    assert (bmc.power_now_w, bmc.power_peak_w, bmc.power_interval_min) == (344, 489, 30)
+    assert bmc.psus == [Psu("Power Supply Bay", 800, "Warning", "Enabled", 325)]
+    inlet = [t for t in bmc.temperatures if t.inlet]
+    assert [(t.name, t.celsius, t.upper_critical) for t in inlet] == [
+        ("Chassis Intake Temp", 25, 40)]
+    assert [f.name for f in bmc.fans] == ["BaseBoard System Fan", "BaseBoard System Fan Backup"]
+    assert not any(f.failed for f in bmc.fans)
+    assert len(bmc.events) == 3
+    assert {e.severity for e in bmc.events} == {"Critical"}
+    assert [(e.log.split("/")[0], e.id, e.created) for e in bmc.events] == [
+        ("Managers", "1", datetime(2012, 3, 7, 14, 44, tzinfo=timezone.utc)),
+        ("Systems", "1", datetime(2012, 3, 7, 14, 44, tzinfo=timezone.utc)),
+        ("Systems", "2", datetime(2012, 3, 7, 14, 45, tzinfo=timezone.utc))]
+
+
+def test_the_mockup_s_psu_in_warning_fails_and_leaves_no_healthy_capacity() -> None:
+    bmc = _rackmount()
+    assert psu_problems(bmc.psus, 489, 1.3, None) == [
+        "power supply Power Supply Bay (Enabled, health Warning)",
+        "healthy PSUs are rated 0 W in all, under 1.3 x the measured peak of 489 W (636 W)"]
+
+
+def _psus(*healths: str, watts: float = 3000) -> list[Psu]:
+    return [Psu(f"PSU{i + 1}", watts, h, "Enabled") for i, h in enumerate(healths)]
+
+
+def test_headroom_and_redundancy_against_the_measured_peak() -> None:
+    four = _psus("OK", "OK", "OK", "OK")
+    assert psu_problems(four, 6100, 1.3, "N+1") == []
+    assert psu_problems(four, 9300, 1.3, None) == [
+        "healthy PSUs are rated 12000 W in all, under 1.3 x the measured peak of 9300 W "
+        "(12090 W)"]
+    assert psu_problems(four, 6100, 1.3, "2N") == [
+        "2N redundancy: after losing 2 of the 4 healthy PSUs, 6000 W is left for a measured "
+        "peak of 6100 W"]
+    one_failed = _psus("OK", "Critical", "OK", "OK")
+    assert psu_problems(one_failed, 6100, 1.3, "N+1") == [
+        "power supply PSU2 (Enabled, health Critical)",
+        "N+1 redundancy: after losing 1 of the 3 healthy PSUs, 6000 W is left for a measured "
+        "peak of 6100 W"]
+    absent = [*four[:3], Psu("PSU4", None, None, "Absent")]
+    assert psu_problems(absent, 6100, 1.3, None) == []
+
+
+@pytest.mark.parametrize(("text", "lose"), [(None, None), ("N", 0), ("n+1", 1), ("N+2", 2),
+                                            ("2N", -1)])
+def test_redundancy_is_read(text: str | None, lose: int | None) -> None:
+    assert parse_redundancy(text) == lose
+
+
+@pytest.mark.parametrize("text", ["N+", "3N", "N-1", "one"])
+def test_an_unreadable_redundancy_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="N, N\\+M or 2N"):
+        parse_redundancy(text)
+
+
+def test_cooling_a_hot_inlet_a_failed_fan_and_no_inlet() -> None:
+    bmc = _rackmount()
+    assert cooling_problems(bmc, 35) == []
+    assert cooling_problems(bmc, 20) == ["Chassis Intake Temp reads 25 C, above 20 C "
+                                         "(bmc_max_inlet_c)"]
+    bmc.temperatures = [t for t in bmc.temperatures if not t.inlet]
+    assert cooling_problems(bmc, 35) == ["unknown: the BMC reports no inlet temperature"]
+
+
+def test_only_critical_entries_after_the_window_start_are_new() -> None:
+    events = _rackmount().events
+    assert new_critical_events(events, datetime(2020, 1, 1, tzinfo=timezone.utc)) == []
+    found = new_critical_events(events, datetime(2012, 3, 7, 14, 44, 30, tzinfo=timezone.utc))
+    assert [e.message for e in found] == ["Temperature threshold exceeded"]
+
+
+def test_the_measured_peak_is_the_highest_measurement_never_a_rating() -> None:
+    bmc = _rackmount()
+    assert measured_peak(bmc) == (489, "the BMC's highest over its interval")
+    assert measured_peak(bmc, gpu_soak_w=1400.0) == (1400.0, "the GPUs during the thermal soak")
+    assert measured_peak(bmc, recorded_w=2000.0)[1] == "the peak recorded in the node's baseline"
+    assert measured_peak(None) == (None, "no power was measured")
+
+
+def test_a_rack_over_its_budget_a_node_without_a_peak_and_air_past_15_kw() -> None:
+    full = RackUse("rack1", 20000, 0.8, "air", {"a": 6100.0, "b": 6100.0, "c": 4000.0})
+    assert full.budget_w == 16000
+    problems, warnings = rack_problems(full)
+    assert problems == ["rack rack1: measured peaks add up to 16200 W, over its budget of "
+                        "16000 W (0.8 x the 20000 W supply)"]
+    assert warnings == ["rack rack1 is air cooled and its nodes draw 16200 W at peak: air "
+                        "cooling tops out at 15-20 kW per rack"]
+    assert full.to_dict()["use"] == 1.0125
+    liquid = RackUse("rack2", 40000, 0.8, "liquid", {"a": 6100.0, "b": None})
+    assert rack_problems(liquid) == ([
+        "unknown: rack rack2: no measured peak power for b (certify them with the bmc suite "
+        "and --record-baseline)"], [])
+
+
+def test_bmc_addresses_are_https_without_credentials_or_paths() -> None:
+    assert bmc_url("10.0.5.17", "n") == "https://10.0.5.17"
+    assert bmc_url("bmc-n1:8443", "n") == "https://bmc-n1:8443"
+    assert bmc_url("https://[fd00::5]:443/", "n") == "https://[fd00::5]:443"
+    for bad in ("http://10.0.5.17", "https://admin:hunter22@10.0.5.17", "https://b/redfish"):
+        with pytest.raises(GpufleetError, match="host 'n': bmc_address must be"):
+            bmc_url(bad, "n")
+
+
+def test_a_bmc_needs_its_account_and_none_means_not_declared() -> None:
+    assert target_of(Host("n", {}, frozenset({"all"}))) is None
+    with pytest.raises(GpufleetError, match="bmc_user or bmc_password is not"):
+        target_of(Host("n", {"bmc_address": "10.0.5.17", "bmc_user": "ro"}, frozenset()))
+    target = target_of(Host("n", {"bmc_address": "10.0.5.17", "bmc_user": "ro",
+                                  "bmc_password": "pw-secret-1"}, frozenset()))
+    assert target is not None and "pw-secret-1" not in repr(target)
+
+
+def test_the_mockup_files_are_dmtf_s() -> None:
+    for path in MOCKUP.rglob("index.json"):
+        assert "DMTF" in json.loads(path.read_text())["@Redfish.Copyright"], path
