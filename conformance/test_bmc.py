@@ -23,20 +23,22 @@ import pytest
 
 from gpufleet.bmc.redfish import read
 from gpufleet.bmc.target import target_of
+from gpufleet.conformance.baseline import BaselineStore
 from gpufleet.conformance.checks.power import (
+    PEAK_FIGURE,
     BmcReading,
     RackUse,
     cooling_problems,
     measured_peak,
     new_critical_events,
     psu_problems,
+    rack_of,
     rack_problems,
     reading,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.errors import GpufleetError
 
-PEAK = "power.peak_w"
 NO_BMC = "not checked: no BMC (declare bmc_address, bmc_user and bmc_password)"
 Readings = dict[str, "BmcReading | str | None"]
 
@@ -80,10 +82,11 @@ def _soak_peak(conformance: ConformanceSession, name: str) -> float | None:
 
 
 def _recorded(conformance: ConformanceSession, node: Node) -> float | None:
-    store = conformance.options.baseline
-    if store is None or node.facts is None:
+    """The peak the node's baseline recorded, read whether the run compares or not."""
+    if node.facts is None:
         return None
-    return store.recorded(node, PEAK)
+    store = conformance.options.baseline or conformance.once("bmc.baselines", BaselineStore)
+    return store.recorded(node, PEAK_FIGURE)
 
 
 def peak_of(conformance: ConformanceSession, node: Node, bmc: BmcReading | None
@@ -107,7 +110,7 @@ def test_power_supplies(node: Node, conformance: ConformanceSession, bmcs: Readi
         pytest.fail(f"unknown: {source}: the BMC reports no chassis power reading "
                     f"(PowerControl PowerConsumedWatts)")
     if conformance.options.baseline is not None:
-        conformance.options.baseline.add_reading(node.name, PEAK, peak, "W")
+        conformance.options.baseline.add_reading(node.name, PEAK_FIGURE, peak, "W")
     problems = psu_problems(bmc.psus, peak, float(node.var("psu_min_headroom")),
                             node.var("psu_redundancy"))
     assert not problems, "; ".join(problems) + f" (measured peak from {source})"
@@ -137,14 +140,6 @@ def test_no_new_critical_events(node: Node, bmcs: Readings,
         f"{window:g} h: " + "; ".join(e.describe() for e in found[:5])
 
 
-def rack_of(node: Node) -> str | None:
-    """The node's rack: ``rack``, else its first group named rack*."""
-    value = node.var("rack")
-    if value:
-        return str(value)
-    return next((g for g in sorted(node.host.groups) if g.startswith("rack")), None)
-
-
 def rack_uses(conformance: ConformanceSession, bmcs: Readings) -> list[RackUse]:
     """Every rack with a declared supply among the inventory's hosts, with the measured
     peaks of its nodes (None where unknown: not selected, or nothing measured)."""
@@ -152,7 +147,7 @@ def rack_uses(conformance: ConformanceSession, bmcs: Readings) -> list[RackUse]:
     budget: dict[str, tuple[float, str, float]] = {}
     for name, host in conformance.inventory.hosts.items():
         node = conformance.nodes.get(name) or Node(host, conformance.options.fleet.connect)
-        rack = rack_of(node)
+        rack = rack_of(host.vars, host.groups)
         if rack is None or node.var("rack_power_w") is None:
             continue
         members.setdefault(rack, []).append(name)

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from gpufleet import __version__, exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
+from gpufleet.conformance.baseline import BaselineStore
+from gpufleet.conformance.checks import power as power_checks
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport, Result, counts
 from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete, run_suites
@@ -52,6 +55,7 @@ STAMPS = frozenset({"generated_at", "marked_at"})  # node.json's times, not its 
 SUPPORTED_OS = ["ubuntu:22.04", "ubuntu:24.04", "debian:12"]
 BOOTSTRAP_TIMEOUT_S = 7200.0
 HOOK_TIMEOUT_S = 300.0
+PEER_READ_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -400,6 +404,71 @@ def certify(certifier: Certifier, host: str, peer: str | None, required: list[st
                                                         "passed": sorted(set(passed))}
 
 
+@dataclass(frozen=True)
+class _Reached:
+    """A host over an open connection, as the baseline store reads it."""
+
+    host: Host
+    conn: Connection
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def run(self, command: str, timeout: float = 30.0, stdin: bytes | None = None) -> Any:
+        return self.conn.run(command, timeout=timeout, stdin=stdin)
+
+
+def _recorded_peak(host: Host, conn: Connection | None, fleet: FleetOptions
+                   ) -> tuple[float | None, str]:
+    """The peak power ``host``'s baseline records (W), or why there is none."""
+    try:
+        opened = conn or connect(host, fleet.connect, Budget(PEER_READ_TIMEOUT_S))
+    except GpufleetError as exc:
+        return None, f"unreachable ({exc})"
+    try:
+        store = BaselineStore()
+        value = store.recorded(_Reached(host, opened), power_checks.PEAK_FIGURE)
+        return value, "" if value is not None else (store.read(_Reached(host, opened)).problem
+                                                   or "no peak power recorded")
+    finally:
+        if conn is None:
+            opened.close()
+
+
+def power_budget(inventory: Inventory, host: Host, rack: str, conn: Connection,
+                 fleet: FleetOptions) -> tuple[str, dict[str, Any]]:
+    """``rack`` with the node in it, against the rack's budget: the node's measured peak
+    (recorded at certification) and the recorded peaks of the rack's other nodes. A node
+    whose own peak is unknown, or that would push the rack over, is refused."""
+    settings = registry.suite("bmc").vars(host)
+    own, why = _recorded_peak(host, conn, fleet)
+    if own is None:
+        raise GpufleetError(f"rack {rack}: the node's peak power is unknown ({why}); certify "
+                            f"it with a BMC declared (the bmc suite) to place it in the rack")
+    others = [h for name, h in inventory.hosts.items() if name != host.name
+              and power_checks.rack_of(h.vars, h.groups) == rack]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(others)))) as pool:
+        found = list(pool.map(lambda h: _recorded_peak(h, None, fleet), others))
+    peaks: dict[str, float | None] = {host.name: own}
+    left_out = {}
+    for other, (value, reason) in zip(others, found, strict=True):
+        if value is None:
+            left_out[other.name] = reason
+        else:
+            peaks[other.name] = value
+    use = power_checks.RackUse(rack, float(settings.number("rack_power_w")),
+                               float(settings.number("rack_power_margin")),
+                               settings.string("rack_cooling"), peaks)
+    problems, warnings = power_checks.rack_problems(use, adding=host.name)
+    data = {"rack": rack, **use.to_dict(), "not_counted": left_out, "warnings": warnings}
+    if problems:
+        raise GpufleetError("; ".join(problems))
+    uncounted = f"; not counted: {', '.join(sorted(left_out))}" if left_out else ""
+    return (f"rack {rack}: {use.used_w:.0f} W of its {use.budget_w:.0f} W budget with "
+            f"{host.name}{uncounted}"), data
+
+
 def choose_peer(inventory: Inventory, host: Host, peer: str | None) -> str | None:
     """The given peer, else the first other host of the host's smallest group."""
     if peer:
@@ -534,6 +603,10 @@ def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | 
         required = required_suites(host, seen.get("preflight"))
         _timed(result, "certify", lambda: _certify_unless_done(
             certifier, conn, inventory, result, peer, required=required))
+        rack = _budgeted_rack(host)
+        if rack is not None:
+            _timed(result, "power", lambda: power_budget(inventory, host, rack, conn,
+                                                         _remaining(fleet, budget)))
         result.ready = True
     except StepFailure as exc:
         result.reason = str(exc)
@@ -545,6 +618,12 @@ def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | 
     finally:
         conn.close()
     return result
+
+
+def _budgeted_rack(host: Host) -> str | None:
+    """The host's rack when the rack declares a power budget (``rack_power_w``)."""
+    rack = power_checks.rack_of(host.vars, host.groups)
+    return rack if registry.suite("bmc").vars(host).get("rack_power_w") is not None else None
 
 
 def _host_timeout(host: Host) -> float:

@@ -1,8 +1,11 @@
 """Reachability probe shipped to nodes (standard library only, Python >= 3.6).
 
 ``listen DEADLINE_S PORT,PORT,...``: bind the ports on every address, print
-``{"pid": P, "bound": [...], "busy": [...]}`` and keep accepting in the background until
-the deadline (or until killed), so the SSH command returns at once.
+``{"pid": P, "bound": [...], "busy": [...], "listened": [...]}`` and keep accepting in the
+background until the deadline (or until killed), so the SSH command returns at once.
+``busy`` are the ports it could not bind; ``listened`` those of them another program
+listens on (the others are the local ports of the node's own connections, which answer
+no connect).
 
 ``connect TIMEOUT_S [PARALLEL [LOW-HIGH]]``: read a JSON list of ``[target, address, port]``
 on stdin (a plan of any size: it never travels on the command line), connect to each, at
@@ -23,6 +26,22 @@ import threading
 import time
 
 
+def listening_ports():
+    """The TCP ports something on this node listens on (/proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":
+                        found.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return found
+
+
 def listen(deadline_s, ports):
     socks, bound, busy = [], [], []
     for port in ports:
@@ -38,9 +57,11 @@ def listen(deadline_s, ports):
         sock.setblocking(False)
         socks.append(sock)
         bound.append(port)
+    listened = sorted(set(busy) & listening_ports()) if busy else []
     pid = os.fork()
     if pid:
-        print(json.dumps({"pid": pid, "bound": bound, "busy": busy}), flush=True)
+        print(json.dumps({"pid": pid, "bound": bound, "busy": busy, "listened": listened}),
+              flush=True)
         os._exit(0)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -32,10 +32,15 @@ def target_of(host: Host) -> BmcTarget | None:
     address = host.vars.get("bmc_address")
     if address in (None, ""):
         return None
-    url = bmc_url(str(address), host.name)
+    where = host.origin("bmc_address")
+    place = f" ({where})" if where else ""
+    try:
+        url = bmc_url(str(address), host.name)
+    except GpufleetError as exc:
+        raise GpufleetError(f"{exc}{place}") from None
     user, password = host.vars.get("bmc_user"), host.vars.get("bmc_password")
     if not user or password in (None, ""):
-        raise GpufleetError(f"host '{host.name}': bmc_address is set but bmc_user or "
+        raise GpufleetError(f"host '{host.name}': bmc_address is set{place} but bmc_user or "
                             f"bmc_password is not (both are needed to log in to the BMC)")
     ca = host.vars.get("bmc_ca_file")
     return BmcTarget(host.name, url, str(user), str(password), str(ca) if ca else None)

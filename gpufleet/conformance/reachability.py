@@ -174,8 +174,9 @@ def _python(node: Node) -> str:
 
 
 def start_listener(node: Node, ports: list[int], lifetime_s: float
-                   ) -> tuple[str, list[int], list[int]]:
-    """Start the listener on ``node``; return (pid, bound ports, ports already in use)."""
+                   ) -> tuple[str, list[int], list[int], list[int]]:
+    """Start the listener on ``node``; return (pid, bound ports, ports already in use,
+    those of them another program listens on)."""
     command = shlex.join([_python(node), "-c", _script(), "listen", str(lifetime_s),
                           ",".join(map(str, ports))])
     result = node.run(command, timeout=30)
@@ -184,7 +185,8 @@ def start_listener(node: Node, ports: list[int], lifetime_s: float
                             f"{(result.stderr or result.stdout).strip()[-200:]}")
     info = _last_line(result.stdout, f"the listener on {node.name}")
     try:
-        return str(info["pid"]), list(info["bound"]), list(info["busy"])
+        return (str(info["pid"]), list(info["bound"]), list(info["busy"]),
+                list(info.get("listened", [])))
     except (KeyError, TypeError) as exc:
         raise GpufleetError(f"the listener on {node.name} answered {info!r}: {exc}") from None
 
@@ -227,6 +229,7 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
     connecting = connect_time(busiest)
     lifetime = 120.0 + 2 * connecting
     pids: dict[str, str] = {}
+    fixed_of = {target: list(spec.fixed) for target in targets}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as pool:
         listening = list(pool.map(lambda t: _try(lambda: start_listener(
             nodes[t], spec.fixed + matrix.sampled[t], lifetime)), targets))
@@ -234,15 +237,14 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
             if error or value is None:
                 matrix.listeners[target] = str(error)
                 continue
-            pids[target], _, busy = value
-            fixed_busy = sorted(set(busy) & set(spec.fixed))
+            pids[target], _, busy, listened = value
             matrix.sampled[target] = [p for p in matrix.sampled[target] if p not in busy]
-            matrix.listeners[target] = (f"ports already in use: {fixed_busy}" if fixed_busy
-                                        else "ok")
+            fixed_of[target], matrix.listeners[target] = _fixed_ports(spec.fixed, busy,
+                                                                      listened)
 
         def plan_of(source: str) -> list[tuple[str, int]]:
             return [(t, p) for t in targets_of[source]
-                    for p in spec.fixed + share(matrix.sampled[t], sources_of[t], source)]
+                    for p in fixed_of[t] + share(matrix.sampled[t], sources_of[t], source)]
 
         def connect_from(source: str, plan: list[tuple[str, int]]) -> dict[str, str]:
             if not plan:
@@ -284,6 +286,18 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
         list(pool.map(lambda t: nodes[t].run(f"kill {shlex.quote(pids[t])} 2>/dev/null; true",
                                              timeout=30), pids))
     return matrix
+
+
+def _fixed_ports(fixed: list[int], busy: list[int], listened: list[int]
+                 ) -> tuple[list[int], str]:
+    """The fixed ports a target is probed on, and its listener's note: a port another
+    program listens on is probed (the connect reaches it); one that is the local port of
+    the node's own connection answers no connect, so it is left out."""
+    in_use = sorted(set(busy) & set(fixed) & set(listened))
+    taken = sorted(set(busy) & set(fixed) - set(listened))
+    notes = [f"ports already in use: {in_use}" if in_use else "",
+             f"ports taken by the node's own connections, not probed: {taken}" if taken else ""]
+    return [p for p in fixed if p not in taken], "; ".join(filter(None, notes)) or "ok"
 
 
 def connect_time(connects: int) -> float:

@@ -346,7 +346,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
               "rack_power_margin": Var(0.8, "number", "share of the supply the measured "
                                                       "peaks may use"),
           },
-          cross_node=frozenset({"rack_power_budget"}),
+          cross_node=frozenset({"rack_power_budget"}), records_baseline=True,
           check=_check_bmc),
     Suite("mounts", ("acceptance",),
           "the shared filesystems mounted alike on every node, and the same filesystem",

@@ -10,6 +10,7 @@ baseline.json) validate against their schemas, as the reports do (the conftest).
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +18,13 @@ import pytest
 
 from gpufleet import app
 from gpufleet.bootstrap import BootstrapOptions
+from gpufleet.lab.bmc import running
 from gpufleet.lab.cluster import Lab
 from gpufleet.report.schemas import validate
-from tests.lab.conftest import PROVISIONED, node_sh
+from tests.lab.conftest import PROVISIONED, TEST_NET, node_sh
 from tests.lab.test_provision import override, run
+
+BASELINE = "/etc/gpufleet/baseline.json"
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +105,47 @@ def test_a_fresh_node_is_taken_to_ready_and_then_shows_no_drift(
         "certify": "skipped", "mark": "ok"}
     assert "unchanged" in again["steps"][-1]["detail"]  # type: ignore[index]
     assert hooks.read_text() == f"ready {fresh}\n"
+
+
+def test_a_node_that_would_push_its_rack_over_its_power_budget_is_refused(
+        lab: Lab, provisioned: Path, fresh: str, hooks: Path, tmp_path: Path) -> None:
+    """The new node's BMC (a lab Redfish service) measures a 6100 W peak; node01, in the
+    same rack, recorded 11000 W at its certification: 17100 W of a 16000 W budget."""
+    rack = {"rack": "rackB", "rack_power_w": 20000, "rack_cooling": "liquid"}
+    before = node_sh(lab, "node01", f"cat {BASELINE} 2>/dev/null || true")
+    node_sh(lab, "node01", f"mkdir -p /etc/gpufleet && printf '%s' '{json.dumps(_peak_doc(11000))}'"
+                           f" > {BASELINE}")
+    port = 20000 + TEST_NET * 10 + 8
+    try:
+        with running(lab.config.root / "bmc-bootstrap", {fresh: port}, "gfmonitor",
+                     "lab-bootstrap-Bmc-5ecret") as bmcs, \
+                override(provisioned, "host_vars", fresh, {**bmcs.inventory_vars(fresh), **rack}), \
+                override(provisioned, "host_vars", "node01", rack):
+            code, report = _bootstrap(provisioned, tmp_path, host=fresh, peer="node01",
+                                      recertify=True)
+    finally:
+        node_sh(lab, "node01", f"printf '%s' {shlex.quote(before)} > {BASELINE}" if before
+                else f"rm -f {BASELINE}")
+    assert code == 1, report
+    steps = {s["step"]: s for s in report["steps"]}  # type: ignore[index, union-attr]
+    assert {name: s["status"] for name, s in steps.items()} == {
+        "trust": "ok", "preflight": "ok", "provision": "ok", "admit": "ok", "certify": "ok",
+        "power": "failed", "mark": "ok"}, report
+    assert report["reason"] == (
+        f"power: rack rackB with {fresh}: measured peaks add up to 17100 W, over its budget "
+        f"of 16000 W (0.8 x the 20000 W supply)")
+    recorded = json.loads(node_sh(lab, fresh, f"cat {BASELINE}"))
+    assert recorded["figures"]["power.peak_w"]["value"] == 6100
+    assert hooks.read_text().startswith(f"drain {fresh}: power: rack rackB with {fresh}: ")
+    assert json.loads(node_sh(lab, fresh, "cat /etc/gpufleet/node.json"))["status"] == \
+        "not-ready"
+
+
+def _peak_doc(watts: float) -> dict[str, object]:
+    return {"schema": "gpufleet.baseline/1", "host": "node01",
+            "generated_at": "2026-12-01T00:00:00Z", "updated_at": "2026-12-01T00:00:00Z",
+            "figures": {"power.peak_w": {"value": watts, "unit": "W", "kind": "reading",
+                                         "recorded_at": "2026-12-01T00:00:00Z"}}}
 
 
 def test_a_failing_step_marks_the_node_not_ready_and_drains_it(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufleet import app
 from gpufleet.bmc.target import bmc_url, target_of
 from gpufleet.conformance.checks.power import (
     BmcReading,
@@ -159,3 +161,25 @@ def test_a_bmc_needs_its_account_and_none_means_not_declared() -> None:
 def test_the_mockup_files_are_dmtf_s() -> None:
     for path in MOCKUP.rglob("index.json"):
         assert "DMTF" in json.loads(path.read_text())["@Redfish.Copyright"], path
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("bmc_address: http://10.0.5.17",
+     "host 'gpu1': bmc_address must be a host name, an address, host:port or "
+     "https://host[:port], got 'http://10.0.5.17' ({inv}:5)"),
+    ("psu_redundancy: 3N", "host gpu1: variable psu_redundancy must be N, N+M or 2N, got '3N' "
+                           "({inv}:5)"),
+    ("rack_cooling: water", "host gpu1: variable rack_cooling must be air or liquid, got "
+                            "'water' ({inv}:5)"),
+    ("rack_power_margin: 1.5", "host gpu1: variable rack_power_margin must be a number above "
+                               "0, at most 1, got 1.5 ({inv}:5)"),
+])
+def test_a_bad_bmc_variable_is_refused_before_any_host_is_contacted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    gpu1:\n      ansible_host: 192.0.2.1\n"
+                   f"      {line}\n      bmc_user: ro\n      bmc_password: hunter2-secret-7\n")
+    assert app.conformance_cmd(str(inv), suites="bmc") == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message.format(inv=inv)}\n"
+    assert "hunter2-secret-7" not in err

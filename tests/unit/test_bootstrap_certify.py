@@ -57,7 +57,7 @@ def test_every_required_suite_passing_certifies(tmp_path: Path) -> None:
     assert (alone, pair) == (["gpu17"], ["gpu03", "gpu17"])
     # every suite bootstrap runs comes from the registry, with the node's baseline recorded
     assert node_run.suites == ("stack", "firewall", "allreduce", "rdma", "gpu", "ddp",
-                               "thermal", "storage", "p2p")
+                               "thermal", "storage", "bmc", "p2p")
     assert pair_run.suites == ("reachability", "allreduce")
     assert (node_run.record_baseline, pair_run.record_baseline) == (True, False)
     assert (node_run.source, node_run.fleet) == ("lab", FleetOptions())

@@ -124,3 +124,48 @@ def test_a_connection_that_is_not_open_is_looked_at_again_and_the_second_answer_
     assert matrix.results[("a", "b", 50000)] == "refused"
     assert matrix.failures_to("b") == {50000: ["a (refused)"]}
     assert matrix.to_dict()["first_answers"] == {"a b 29500": "filtered", "a b 50000": "refused"}
+
+
+def test_a_busy_port_is_told_apart_from_a_port_another_program_listens_on() -> None:
+    service = socket.socket()
+    service.bind(("127.0.0.1", 0))
+    service.listen(8)
+    listened = service.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", listened))
+    taken = client.getsockname()[1]
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    free = spare.getsockname()[1]
+    spare.close()
+    try:
+        proc = subprocess.run([sys.executable, str(PROBE), "listen", "1",
+                               f"{listened},{taken},{free}"], capture_output=True, timeout=60,
+                              check=False)
+    finally:
+        client.close()
+        service.close()
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert (info["bound"], sorted(info["busy"]), info["listened"]) == (
+        [free], sorted([listened, taken]), [listened])
+
+
+def test_a_fixed_port_taken_by_the_node_s_own_connection_is_not_probed() -> None:
+    class Taken(_Scripted):
+        def run(self, command: str, timeout: float, stdin: bytes | None = None
+                ) -> CommandResult:
+            if shlex.split(command)[3:4] == ["listen"]:
+                return CommandResult(command, 0, json.dumps(
+                    {"pid": 7, "bound": [29500], "busy": [50000], "listened": []}) + "\n",
+                    "", 0.0)
+            return super().run(command, timeout, stdin)
+
+    spec = PortSpec([29500, 50000], 0, -1)
+    source = _Scripted([{"b 29500": "open"}])
+    target = Taken([{"a 29500": "open", "a 50000": "open"}])
+    matrix = measure({"a": _node("a", source), "b": _node("b", target)},
+                     [("a", "b"), ("b", "a")], spec)
+    assert source.plans[0] == [["b", "10.0.0.2", 29500]]
+    assert matrix.failures_to("b") == {}
+    assert matrix.listeners["b"] == ("ports taken by the node's own connections, not probed: "
+                                     "[50000]")

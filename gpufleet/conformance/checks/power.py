@@ -23,6 +23,7 @@ INLET_CONTEXTS = frozenset({"Intake", "Room"})
 INLET_NAME = re.compile(r"inlet|intake|ambient", re.IGNORECASE)
 EXHAUST_NAME = re.compile(r"exhaust|outlet", re.IGNORECASE)
 AIR_COOLED_LIMIT_W = 15000.0
+PEAK_FIGURE = "power.peak_w"  # the measured peak's name in a node's baseline
 _REDUNDANCY = re.compile(r"^(?:N(?:\+(\d+))?|2N)$")
 
 
@@ -297,6 +298,14 @@ class RackUse:
                 "cooling": self.cooling, "used_w": round(self.used_w, 1),
                 "use": round(self.used_w / self.budget_w, 4) if self.budget_w else None,
                 "nodes": dict(sorted(self.peaks.items()))}
+
+
+def rack_of(variables: Mapping[str, Any], groups: Iterable[str]) -> str | None:
+    """A host's rack: its ``rack`` variable, else its first group named rack*."""
+    value = variables.get("rack")
+    if value:
+        return str(value)
+    return next((g for g in sorted(groups) if g.startswith("rack")), None)
 
 
 def rack_problems(use: RackUse, adding: str | None = None) -> tuple[list[str], list[str]]:
