@@ -117,7 +117,9 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
     if many is None:
         conformance.add_report("ddp", f"node {node.name}", {"1": one})
         assert not problems, "; ".join(problems)
-        pytest.skip("one process on this node: nothing to scale (set allreduce_cpu_procs)")
+        pytest.skip("one GPU on this node: nothing to scale" if node.facts and
+                    node.facts.get("gpus") else
+                    "one process on this node: nothing to scale (set allreduce_cpu_procs)")
     efficiency = verdicts["ddp.efficiency"].median
     conformance.add_report("ddp", f"node {node.name}", {
         **runs, str(procs): many, "efficiency": efficiency,
