@@ -1,27 +1,30 @@
-"""bmc: power and cooling out of band. Each node's BMC is read over Redfish from the
-controller (never from the node, so a node that is down is still read): its PSUs' health
-and rating against the node's measured peak (``psu_min_headroom``, 1.3x) and declared
-redundancy, its inlet temperature (``bmc_max_inlet_c``) and fans, and the critical entries
-of its event logs newer than ``bmc_sel_window_h``; then each rack's measured peaks against
-its supply (``rack_power_w`` x ``rack_power_margin``). A node with no BMC declared is "not
-checked: no BMC", never passed. The measured peak is recorded in the node's baseline
-(``power.peak_w``) with ``--record-baseline``.
+"""bmc: power and cooling out of band. Each node's BMC is read over Redfish (or IPMI,
+``bmc_protocol: ipmi``) from the controller, never from the node, so a node that is down
+is still read: its PSUs' health and rating against the node's measured peak
+(``psu_min_headroom``, 1.3x) and declared redundancy, its inlet temperature
+(``bmc_max_inlet_c``) and fans, and the critical entries of its event logs newer than
+``bmc_sel_window_h``; then each rack's measured peaks against its supply (``rack_power_w``
+x ``rack_power_margin``). A node with no BMC declared is "not checked: no BMC", never
+passed. The measured peak is recorded in the node's baseline (``power.peak_w``) with
+``--record-baseline``.
 
-Variables: bmc_address, bmc_user, bmc_password (a secret), bmc_ca_file, psu_min_headroom
-(1.3), psu_redundancy (none: N, N+M or 2N), bmc_max_inlet_c (35), bmc_sel_window_h (24),
-rack (default: the node's first group named rack*), rack_power_w, rack_cooling (air or
-liquid), rack_power_margin (0.8).
+Variables: bmc_address, bmc_user, bmc_password (a secret), bmc_ca_file, bmc_protocol
+(redfish), bmc_ipmi_cipher_suite (17), psu_rating_w (IPMI reports no rating),
+psu_min_headroom (1.3), psu_redundancy (none: N, N+M or 2N), bmc_max_inlet_c (35),
+bmc_sel_window_h (24), rack (default: the node's first group named rack*), rack_power_w,
+rack_cooling (air or liquid), rack_power_margin (0.8).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from gpufleet.bmc.redfish import read
+from gpufleet.bmc import ipmi, redfish
 from gpufleet.bmc.target import target_of
 from gpufleet.conformance.baseline import BaselineStore
 from gpufleet.conformance.checks.power import (
@@ -29,6 +32,7 @@ from gpufleet.conformance.checks.power import (
     BmcReading,
     RackUse,
     cooling_problems,
+    ipmi_reading,
     measured_peak,
     new_critical_events,
     psu_problems,
@@ -47,11 +51,18 @@ def _read_one(node: Node) -> BmcReading | str | None:
     target = target_of(node.host)
     if target is None:
         return None
+    rating = None if node.var("psu_rating_w") is None else float(node.var("psu_rating_w"))
     try:
-        docs = read(target)
+        if target.protocol == "ipmi":
+            out = ipmi.read(target)
+            return ipmi_reading(out.sdr, out.sel, out.dcmi, rating)
+        docs = redfish.read(target)
     except GpufleetError as exc:
         return str(exc)
-    return reading(docs.power, docs.thermal, docs.log_entries)
+    found = reading(docs.power, docs.thermal, docs.log_entries)
+    found.psus = [p if p.capacity_w or rating is None else replace(p, capacity_w=rating)
+                  for p in found.psus]
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -144,26 +155,28 @@ def rack_uses(conformance: ConformanceSession, bmcs: Readings) -> list[RackUse]:
     """Every rack with a declared supply among the inventory's hosts, with the measured
     peaks of its nodes (None where unknown: not selected, or nothing measured)."""
     members: dict[str, list[str]] = {}
-    budget: dict[str, tuple[float, str, float]] = {}
+    budget: dict[str, tuple[float, float, str]] = {}
     for name, host in conformance.inventory.hosts.items():
         node = conformance.nodes.get(name) or Node(host, conformance.options.fleet.connect)
         rack = rack_of(host.vars, host.groups)
         if rack is None or node.var("rack_power_w") is None:
             continue
         members.setdefault(rack, []).append(name)
-        budget.setdefault(rack, (float(node.var("rack_power_w")), str(node.var("rack_cooling")),
-                                 float(node.var("rack_power_margin"))))
-    uses = []
-    for rack, names in sorted(members.items()):
-        peaks: dict[str, float | None] = {}
-        for name in names:
-            selected = conformance.nodes.get(name)
-            found = bmcs.get(name)
-            bmc = found if isinstance(found, BmcReading) else None
-            peaks[name] = peak_of(conformance, selected, bmc)[0] if selected else None
-        supply, cooling, margin = budget[rack]
-        uses.append(RackUse(rack, supply, margin, cooling, peaks))
-    return uses
+        budget.setdefault(rack, (float(node.var("rack_power_w")),
+                                 float(node.var("rack_power_margin")),
+                                 str(node.var("rack_cooling"))))
+
+    def peak(name: str) -> float | None:
+        selected = conformance.nodes.get(name)
+        found = bmcs.get(name)
+        bmc = found if isinstance(found, BmcReading) else None
+        return peak_of(conformance, selected, bmc)[0] if selected else None
+
+    names = [name for rack in members.values() for name in rack]
+    with ThreadPoolExecutor(max_workers=max(1, min(64, conformance.forks, len(names)))) as pool:
+        peaks = dict(zip(names, pool.map(peak, names), strict=True))
+    return [RackUse(rack, *budget[rack], {name: peaks[name] for name in rack_names})
+            for rack, rack_names in sorted(members.items())]
 
 
 def test_rack_power_budget(conformance: ConformanceSession, bmcs: Readings,

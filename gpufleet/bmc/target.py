@@ -1,4 +1,5 @@
-"""Where a node's BMC is and how to log in to it, from the inventory."""
+"""Where a node's BMC is, how it is spoken to (Redfish or IPMI) and how to log in to it,
+from the inventory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from urllib.parse import urlsplit
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
 from gpufleet.inventory.secrets import redact
+
+PROTOCOLS = ("redfish", "ipmi")
+IPMI_PORT = 623
+DEFAULT_CIPHER_SUITE = 17
 
 
 @dataclass(frozen=True)
@@ -19,10 +24,18 @@ class BmcTarget:
     user: str
     password: str = field(repr=False)
     ca_file: str | None = None
+    protocol: str = "redfish"
+    cipher_suite: int = DEFAULT_CIPHER_SUITE
 
     @property
     def where(self) -> str:
         return f"{self.node}'s BMC ({self.url})"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The BMC's host and port (the IPMI port, 623, unless given)."""
+        parts = urlsplit(self.url)
+        return str(parts.hostname), parts.port or (IPMI_PORT if self.protocol == "ipmi" else 443)
 
 
 def target_of(host: Host) -> BmcTarget | None:
@@ -34,8 +47,13 @@ def target_of(host: Host) -> BmcTarget | None:
         return None
     where = host.origin("bmc_address")
     place = f" ({where})" if where else ""
+    protocol = str(host.vars.get("bmc_protocol") or "redfish")
+    if protocol not in PROTOCOLS:
+        raise GpufleetError(f"host '{host.name}': bmc_protocol must be redfish or ipmi, got "
+                            f"{protocol!r}{place}")
     try:
-        url = bmc_url(str(address), host.name)
+        url = bmc_url(str(address), host.name) if protocol == "redfish" \
+            else ipmi_url(str(address), host.name)
     except GpufleetError as exc:
         raise GpufleetError(f"{exc}{place}") from None
     user, password = host.vars.get("bmc_user"), host.vars.get("bmc_password")
@@ -43,7 +61,12 @@ def target_of(host: Host) -> BmcTarget | None:
         raise GpufleetError(f"host '{host.name}': bmc_address is set{place} but bmc_user or "
                             f"bmc_password is not (both are needed to log in to the BMC)")
     ca = host.vars.get("bmc_ca_file")
-    return BmcTarget(host.name, url, str(user), str(password), str(ca) if ca else None)
+    suite = host.vars.get("bmc_ipmi_cipher_suite", DEFAULT_CIPHER_SUITE)
+    if isinstance(suite, bool) or not str(suite).isdigit() or not 0 <= int(suite) <= 17:
+        raise GpufleetError(f"host '{host.name}': bmc_ipmi_cipher_suite must be an IPMI "
+                            f"cipher suite from 0 to 17, got {suite!r}")
+    return BmcTarget(host.name, url, str(user), str(password), str(ca) if ca else None,
+                     protocol, int(suite))
 
 
 def bmc_url(address: str, node: str) -> str:
@@ -56,3 +79,17 @@ def bmc_url(address: str, node: str) -> str:
         raise GpufleetError(f"host '{node}': bmc_address must be a host name, an address, "
                             f"host:port or https://host[:port], got {redact(address)!r}")
     return f"https://{parts.netloc}"
+
+
+def ipmi_url(address: str, node: str) -> str:
+    """``ipmi://HOST[:PORT]`` for an IPMI BMC's ``host`` or ``host:port``."""
+    parts = urlsplit(f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if "://" in address or not parts.hostname or parts.username or parts.path or \
+            parts.query or parts.fragment or (port is not None and not 0 < port < 65536):
+        raise GpufleetError(f"host '{node}': bmc_address of an IPMI BMC must be a host name, "
+                            f"an address or host:port, got {redact(address)!r}")
+    return f"ipmi://{parts.netloc}"

@@ -184,8 +184,9 @@ def _check_bmc(v: RoleVars) -> None:
         power_checks.parse_redundancy(v.get("psu_redundancy"))
     except ValueError:
         raise v.fail("psu_redundancy", "N, N+M or 2N", v.get("psu_redundancy")) from None
-    if v.get("rack_power_w") is not None:
-        _positive(v, "rack_power_w")
+    for key in ("rack_power_w", "psu_rating_w"):
+        if v.get(key) is not None:
+            _positive(v, key)
     if not 0 < v.number("rack_power_margin") <= 1:
         raise v.fail("rack_power_margin", "a number above 0, at most 1",
                      v.get("rack_power_margin"))
@@ -332,6 +333,10 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
               "bmc_ca_file": Var(None, "string", "CA bundle on the controller that the "
                                                  "BMC's certificate chains to (default: "
                                                  "the system's)"),
+              "bmc_protocol": Var("redfish", "string", "redfish or ipmi (RMCP+)"),
+              "bmc_ipmi_cipher_suite": Var(17, "integer", "the RMCP+ cipher suite"),
+              "psu_rating_w": Var(None, "number", "each PSU's rating where the BMC reports "
+                                                  "none (IPMI)"),
               "psu_min_headroom": Var(1.3, "number", "healthy PSU rating over the measured "
                                                      "peak"),
               "psu_redundancy": Var(None, "string", "N, N+M or 2N: the PSUs the node must "

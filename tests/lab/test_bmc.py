@@ -1,5 +1,6 @@
 """Power and cooling from BMCs: a Redfish service per lab node on the controller's loopback
-(sushy-tools' static mockup server behind HTTPS and basic authentication, gpufleet.lab.bmc).
+(sushy-tools' static mockup server behind HTTPS and basic authentication, gpufleet.lab.bmc),
+and an IPMI BMC (OpenIPMI's simulator, read with ipmitool, gpufleet.lab.ipmi).
 node05 and node06 share rack A; node08 declares no BMC. Each fault of the issue is injected
 in the mockup files and fails the right node or rack; the password never appears in any
 output."""
@@ -17,8 +18,10 @@ import pytest
 import yaml
 
 from gpufleet import app
+from gpufleet.lab import ipmi as ipmi_lab
 from gpufleet.lab.bmc import LabBmcs, running
 from gpufleet.lab.cluster import Lab
+from gpufleet.lab.ipmi import LabIpmiBmc
 from tests.lab.conftest import TEST_NET, node_sh
 
 WITH_BMC = ("node05", "node06", "node07")
@@ -192,3 +195,59 @@ def test_the_recorded_peak_stands_in_for_an_unreachable_bmc_and_credentials_stay
         f"unknown: node06's BMC (https://127.0.0.1:{bad}): unreachable: connection refused"))
     assert found[("fleet", "rack_power_budget")] == ("pass", "")
     assert PASSWORD not in output and wrong not in output
+
+
+@pytest.fixture
+def ipmi_bmc(lab: Lab) -> Iterator[LabIpmiBmc]:
+    """node07's BMC as an IPMI BMC: OpenIPMI's simulator, spoken to with ipmitool."""
+    port = 21000 + TEST_NET * 10
+    with ipmi_lab.running(lab.config.root / "ipmi", {"node07": port}, "gfmonitor",
+                          PASSWORD) as found:
+        yield found.bmcs["node07"]
+
+
+def _over_ipmi(bmc: LabIpmiBmc, password: str = PASSWORD) -> dict[str, Any]:
+    return {"bmc_address": f"127.0.0.1:{bmc.port}", "bmc_protocol": "ipmi",
+            "bmc_ipmi_cipher_suite": 3, "bmc_user": "gfmonitor", "bmc_password": password,
+            "psu_rating_w": 3000, "psu_redundancy": "N+1"}
+
+
+def test_an_ipmi_bmc_passes_then_its_failed_psu_hot_inlet_and_sel_entry_fail(
+        lab: Lab, bmcs: LabBmcs, ipmi_bmc: LabIpmiBmc, tmp_path: Path) -> None:
+    inventory = lab.config.inventory_dir
+    values = declared(bmcs)
+    values["node07"] = _over_ipmi(ipmi_bmc)
+    with host_vars(inventory, values):
+        code, clean, _, doc = run(inventory, tmp_path, "ipmi-clean")
+        ipmi_bmc.fail_psu(1)
+        ipmi_bmc.set_inlet(41)
+        _, faults, output, _ = run(inventory, tmp_path, "ipmi-faults")
+    assert code == 0, clean
+    assert {clean[("node07", c)] for c in ("power_supplies", "inlet_temperature_and_fans",
+                                           "no_new_critical_events")} == {("pass", "")}
+    assert doc["data"]["bmc"]["node07"]["power_now_w"] == 5200.0
+    assert faults[("node07", "power_supplies")] == ("fail", (
+        "power supply PS2 Status (Enabled, health Critical) (measured peak from the BMC's "
+        "chassis input power now)"))
+    assert faults[("node07", "inlet_temperature_and_fans")] == ("fail", (
+        "Inlet Temp reads 41 C, above 35 C (bmc_max_inlet_c)"))
+    outcome, message = faults[("node07", "no_new_critical_events")]
+    assert outcome == "fail"
+    assert message.endswith(" Power Supply PS2 Status: Failure detected (entry 5 of SEL)"), message
+    assert {n for n in WITH_BMC if faults[(n, "power_supplies")][0] == "fail"} == {"node07"}
+    assert PASSWORD not in output
+
+
+def test_an_ipmi_bmc_that_refuses_the_password_is_unknown_without_the_secret(
+        lab: Lab, bmcs: LabBmcs, ipmi_bmc: LabIpmiBmc, tmp_path: Path) -> None:
+    inventory = lab.config.inventory_dir
+    wrong = "not-this-bmcs-Pa55word"
+    values = declared(bmcs)
+    values["node07"] = _over_ipmi(ipmi_bmc, wrong)
+    with host_vars(inventory, values):
+        code, found, output, _ = run(inventory, tmp_path, "ipmi-wrong")
+    assert code == 1
+    assert found[("node07", "power_supplies")] == ("fail", (
+        f"unknown: node07's BMC (ipmi://127.0.0.1:{ipmi_bmc.port}): the BMC refused the "
+        f"password of 'gfmonitor'"))
+    assert wrong not in output and PASSWORD not in output

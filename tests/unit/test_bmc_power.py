@@ -17,6 +17,7 @@ from gpufleet.conformance.checks.power import (
     Psu,
     RackUse,
     cooling_problems,
+    ipmi_reading,
     measured_peak,
     new_critical_events,
     parse_redundancy,
@@ -183,3 +184,73 @@ def test_a_bad_bmc_variable_is_refused_before_any_host_is_contacted(
     err = capsys.readouterr().err
     assert err == f"error: {message.format(inv=inv)}\n"
     assert "hunter2-secret-7" not in err
+
+
+IPMI = ROOT / "tests" / "fixtures" / "ipmi"
+
+
+def _ipmi(sdr: str, sel: str = "ipmi_sim_sel_elist_psu2_failed.txt",
+          dcmi: str = "ipmi_sim_dcmi_power_reading.txt") -> BmcReading:
+    dcmi_text = (IPMI / dcmi).read_text()
+    return ipmi_reading((IPMI / sdr).read_text(), (IPMI / sel).read_text(),
+                        None if "DCMI request failed" in dcmi_text else dcmi_text, 3000.0)
+
+
+def test_ipmitool_s_sensors_read_as_psus_temperatures_fans_and_power() -> None:
+    bmc = _ipmi("ipmi_sim_sdr_elist.txt")
+    assert [(p.name, p.capacity_w, p.health, p.state) for p in bmc.psus] == [
+        (f"PS{i} Status", 3000.0, "OK", "Enabled") for i in range(1, 5)]
+    assert [(t.name, t.celsius, t.inlet, t.exhaust) for t in bmc.temperatures] == [
+        ("Inlet Temp", 24.0, True, False), ("Exhaust Temp", 41.0, False, True)]
+    assert [(f.name, f.reading, f.failed) for f in bmc.fans] == [("Fan1", 9000.0, False)]
+    assert (bmc.power_now_w, bmc.power_peak_w) == (5200.0, None)
+    assert psu_problems(bmc.psus, 5200.0, 1.3, "N+1") == []
+    assert cooling_problems(bmc, 35) == []
+
+
+def test_a_failed_psu_and_a_hot_inlet_from_ipmitool() -> None:
+    bmc = _ipmi("ipmi_sim_sdr_elist_psu2_failed_inlet_41.txt")
+    assert psu_problems(bmc.psus, 5200.0, 1.3, None) == [
+        "power supply PS2 Status (Enabled, health Critical)"]
+    assert cooling_problems(bmc, 35) == ["Inlet Temp reads 41 C, above 35 C (bmc_max_inlet_c)"]
+
+
+def test_the_sel_s_failure_is_critical_and_dated_and_presence_is_not() -> None:
+    events = _ipmi("ipmi_sim_sdr_elist.txt").events
+    assert [(e.id, e.severity, e.created) for e in events] == [
+        ("1", "OK", None), ("2", "OK", None), ("3", "OK", None), ("4", "OK", None),
+        ("5", "Critical", datetime(2026, 12, 2, 7, 23, 33, tzinfo=timezone.utc))]
+    found = new_critical_events(events, datetime(2026, 12, 1, tzinfo=timezone.utc))
+    assert [e.describe() for e in found] == [
+        "2026-12-02T07:23:33Z Power Supply PS2 Status: Failure detected (entry 5 of SEL)"]
+    assert new_critical_events(events, datetime(2026, 12, 3, tzinfo=timezone.utc)) == []
+
+
+def test_dcmi_gives_the_power_now_and_the_peak_of_its_period() -> None:
+    bmc = _ipmi("ipmi_sim_sdr_elist.txt", dcmi="dcmi_power_reading_format.txt")
+    assert (bmc.power_now_w, bmc.power_peak_w, bmc.power_interval_min) == (5230, 6120, 30)
+    assert measured_peak(bmc) == (6120, "the BMC's highest over its interval")
+    off = (IPMI / "dcmi_power_reading_format.txt").read_text().replace(
+        "is:                   activated", "is:                   deactivated")
+    idle = ipmi_reading((IPMI / "ipmi_sim_sdr_elist.txt").read_text(), "", off, None)
+    assert (idle.power_now_w, idle.power_peak_w) == (5200.0, None), "the SDR's sensor instead"
+    assert idle.psus[0].capacity_w is None
+
+
+def test_ipmi_addresses_and_protocols() -> None:
+    def target(**extra: object) -> object:
+        return target_of(Host("n", {"bmc_address": "10.0.5.17", "bmc_user": "ro",
+                                    "bmc_password": "pw-secret-1", **extra}, frozenset()))
+
+    found = target(bmc_protocol="ipmi")
+    assert found is not None and found.url == "ipmi://10.0.5.17"  # type: ignore[attr-defined]
+    assert found.host_port == ("10.0.5.17", 623)  # type: ignore[attr-defined]
+    assert target(bmc_protocol="ipmi", bmc_address="bmc7:6230").host_port == (  # type: ignore[attr-defined]
+        "bmc7", 6230)
+    for extra, message in (({"bmc_protocol": "snmp"}, "bmc_protocol must be redfish or ipmi"),
+                           ({"bmc_protocol": "ipmi", "bmc_address": "https://b"},
+                            "bmc_address of an IPMI BMC must be"),
+                           ({"bmc_protocol": "ipmi", "bmc_ipmi_cipher_suite": 42},
+                            "bmc_ipmi_cipher_suite must be an IPMI cipher suite")):
+        with pytest.raises(GpufleetError, match=message):
+            target(**extra)

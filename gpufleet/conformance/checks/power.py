@@ -202,6 +202,104 @@ def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mappin
     return out
 
 
+_SDR_LINE = re.compile(r"^(?P<name>[^|]*?)\s*\|\s*(?P<id>[0-9A-Fa-f]+h)\s*\|\s*(?P<status>\w+)\s*"
+                       r"\|\s*(?P<entity>\d+\.\d+)\s*\|\s*(?P<reading>.*?)\s*$")
+_NUMBER_UNIT = re.compile(r"^(?P<value>-?\d+(?:\.\d+)?)\s+(?P<unit>.+)$")
+_DCMI = re.compile(r"^\s*(?P<key>Instantaneous power reading|Maximum during sampling period|"
+                   r"Sampling period|Power reading state is)\s*:\s*(?P<value>.+?)\s*$", re.M)
+IPMI_CRITICAL_STATUS = frozenset({"cr", "nr", "lcr", "ucr", "lnr", "unr"})
+POWER_SUPPLY_ENTITY = "10"
+PSU_FAILED = ("Failure detected", "Power Supply AC lost", "AC lost", "input lost",
+              "Config Error")
+SEL_CRITICAL = re.compile(
+    r"Failure detected|AC lost|input lost|Critical going (?:low|high)|Non-recoverable|"
+    r"Uncorrectable ECC|IERR|Thermal Trip|Bus Uncorrectable|Bus Fatal|Redundancy Lost|"
+    r"Transition to Critical|Transition to Non-Recoverable", re.IGNORECASE)
+
+
+def _sdr_rows(text: str) -> list[re.Match[str]]:
+    return [m for m in map(_SDR_LINE.match, text.splitlines()) if m]
+
+
+def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | None
+                 ) -> BmcReading:
+    """The reading of a BMC from ipmitool's ``sdr elist``, ``sel elist`` and ``dcmi power
+    reading`` (None: the BMC has no DCMI). IPMI reports no PSU rating: ``psu_rating_w``
+    stands for each PSU's."""
+    out = BmcReading()
+    sdr_power: float | None = None
+    for row in _sdr_rows(sdr):
+        name, status, reading = row["name"], row["status"].lower(), row["reading"]
+        critical = status in IPMI_CRITICAL_STATUS
+        number = _NUMBER_UNIT.match(reading)
+        unit = number["unit"] if number else ""
+        value = float(number["value"]) if number else None
+        if unit == "degrees C":
+            out.temperatures.append(Temperature(name, value, None, "Critical" if critical
+                                                else "OK", value if critical else None))
+        elif unit == "RPM" or (unit == "" and name.lower().startswith("fan")
+                               and status == "ns"):
+            out.fans.append(Fan(name, value, "RPM", "Critical" if critical else
+                                ("OK" if status != "ns" else None),
+                                "Enabled" if status != "ns" else "Absent"))
+        elif unit == "Watts" and re.search(r"pwr|power", name, re.IGNORECASE):
+            sdr_power = value if sdr_power is None else sdr_power
+        elif row["entity"].split(".")[0] == POWER_SUPPLY_ENTITY and not number:
+            present = "Presence detected" in reading
+            failed = any(marker in reading for marker in PSU_FAILED) or critical
+            out.psus.append(Psu(name, psu_rating_w, "Critical" if failed else
+                                ("OK" if present else None),
+                                "Enabled" if present else "Absent"))
+    readings = {m["key"]: m["value"] for m in _DCMI.finditer(dcmi or "")}
+    active = readings.get("Power reading state is", "activated") == "activated"
+    if active and "Instantaneous power reading" in readings:
+        out.power_now_w = _watts(readings["Instantaneous power reading"])
+        out.power_peak_w = _watts(readings.get("Maximum during sampling period", ""))
+        period = re.match(r"0*(\d+) Seconds", readings.get("Sampling period", ""))
+        out.power_interval_min = round(int(period[1]) / 60, 2) if period else None
+    if out.power_now_w is None:
+        out.power_now_w = sdr_power
+    out.events = sel_events(sel)
+    return out
+
+
+def _watts(text: str) -> float | None:
+    match = re.match(r"(\d+(?:\.\d+)?) Watts", text)
+    return float(match[1]) if match else None
+
+
+def sel_events(text: str) -> list[Event]:
+    """``ipmitool sel elist`` lines as events; an asserted event that means a failure
+    (a PSU failure or lost input, a critical or non-recoverable threshold, an uncorrectable
+    error, a thermal trip, lost redundancy) is Critical."""
+    events = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 5 or not cells[0].isdigit():
+            continue
+        if cells[1] == "Pre-Init":
+            created, rest = None, cells[3:]
+        else:
+            created, rest = _sel_time(cells[1], cells[2]), cells[3:]
+        sensor, event = rest[0], rest[1] if len(rest) > 1 else ""
+        asserted = len(rest) < 3 or rest[2] != "Deasserted"
+        severity = "Critical" if asserted and SEL_CRITICAL.search(event) else "OK"
+        events.append(Event("SEL", cells[0], created, severity, f"{sensor}: {event}"))
+    return events
+
+
+def _sel_time(day: str, clock: str) -> datetime | None:
+    """ipmitool's date (MM/DD/YY or MM/DD/YYYY) and time (HH:MM:SS, with a zone it may
+    print) as UTC."""
+    clock = clock.split(maxsplit=1)[0] if clock else ""
+    for layout in ("%m/%d/%y %H:%M:%S", "%m/%d/%Y %H:%M:%S"):
+        try:
+            return datetime.strptime(f"{day} {clock}", layout).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+    return None
+
+
 def measured_peak(bmc: BmcReading | None, gpu_soak_w: float | None = None,
                   recorded_w: float | None = None) -> tuple[float | None, str]:
     """The node's measured peak power and where it came from."""
