@@ -1,6 +1,12 @@
 """NVIDIA driver at an exact version, from the source and in the flavour the site uses:
-installed, held, pinned, kept from unattended-upgrades; or preinstalled with the host image
-and only verified.
+installed, held, pinned, kept from unattended-upgrades; or preinstalled with the host image,
+or run by NVIDIA's GPU Operator (its driver container), and only verified.
+
+A node whose driver the GPU Operator runs (its driver container's root at
+``/run/nvidia/driver``, or the operator's ``/run/nvidia/validations`` markers) is never given
+driver packages: with ``nvidia_driver_install: apt`` the role refuses, naming the operator,
+instead of installing a second driver under it; with ``operator`` it verifies the loaded
+module against the pin.
 
 Each source names its packages its own way (:data:`SOURCES`): NVIDIA's CUDA repository
 (``nvidia-open-580``, ``cuda-drivers-580``), Ubuntu's archive (``nvidia-driver-580-server``,
@@ -31,7 +37,9 @@ from gpufleet.provision.standins import Standin
 
 UNATTENDED_PATH = "/etc/apt/apt.conf.d/51gpufleet-unattended-upgrades"
 FLAVORS = ("open", "proprietary")
-INSTALLS = ("apt", "preinstalled")
+INSTALLS = ("apt", "preinstalled", "operator")
+VERIFY_ONLY = ("preinstalled", "operator")
+OPERATOR_ROOT = "/run/nvidia/driver"
 # (source, flavour) -> the packages that install the driver; {branch} is 580 for 580.95.05.
 SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("cuda-repo", "open"): ("nvidia-open-{branch}",),
@@ -49,6 +57,12 @@ MODULE_FLAVOR = Fact(
     "nvidia_module_flavor",
     "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; else "
     "echo 'no NVIDIA kernel module loaded'; exit 127; fi", parsers.proc_driver_flavor)
+GPU_OPERATOR = Fact(
+    "gpu_operator",
+    f"if [ -x {OPERATOR_ROOT}/usr/bin/nvidia-smi ] || "
+    "[ -e /run/nvidia/validations/.driver-ctr-ready ] || "
+    "[ -e /run/nvidia/validations/driver-ready ]; then echo operator; else echo none; fi",
+    parsers.gpu_operator)
 SECURE_BOOT = Fact(
     "secure_boot",
     "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
@@ -60,7 +74,8 @@ class DriverRole(RoleBase):
     order = 20
     variables: ClassVar[Mapping[str, Var]] = {
         "nvidia_driver_version": Var(None, "string", "driver version, e.g. 580.95.05"),
-        "nvidia_driver_install": Var("apt", "string", "apt, or preinstalled (verify only)"),
+        "nvidia_driver_install": Var("apt", "string", "apt, preinstalled or operator (NVIDIA's "
+                                                      "GPU Operator runs it): verify only"),
         "nvidia_driver_flavor": Var(None, "string",
                                     "open or proprietary (default: open from branch 560)"),
         "nvidia_driver_source": Var("cuda-repo", "string", "cuda-repo, ubuntu or debian"),
@@ -98,7 +113,7 @@ class DriverRole(RoleBase):
     def install(self, v: RoleVars) -> str:
         mode = v.string("nvidia_driver_install")
         if mode not in INSTALLS:
-            raise v.fail("nvidia_driver_install", "apt or preinstalled", mode)
+            raise v.fail("nvidia_driver_install", "apt, preinstalled or operator", mode)
         return mode
 
     def flavor(self, v: RoleVars) -> str:
@@ -112,9 +127,9 @@ class DriverRole(RoleBase):
         return flavor
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
-        """Package -> version pattern; empty for a preinstalled driver."""
+        """Package -> version pattern; empty for a driver the role only verifies."""
         fields = self._fields(v)
-        if self.install(v) == "preinstalled":
+        if self.install(v) in VERIFY_ONLY:
             return {}
         source = v.string("nvidia_driver_source")
         names = v.items("nvidia_driver_packages") or (
@@ -145,9 +160,12 @@ class DriverRole(RoleBase):
         wanted = self.wanted(v)
         files = {UNATTENDED_PATH} | ({apt.pin_path(self.name)} if wanted else set())
         return FactRequest(packages=frozenset(wanted), files=frozenset(files),
-                           custom=frozenset({MODULE_FLAVOR, SECURE_BOOT}))
+                           custom=frozenset({MODULE_FLAVOR, SECURE_BOOT, GPU_OPERATOR}))
 
     def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
+        operator = self._operator(facts, v)
+        if operator is not None:
+            return [operator]
         wanted = self.wanted(v)
         changes = apt.pinned_packages(self.name, facts, wanted, diagnose=diagnose) \
             if wanted else []
@@ -157,6 +175,25 @@ class DriverRole(RoleBase):
             change = file_change(self.name, facts, UNATTENDED_PATH, content)
             changes += [change] if change else []
         return changes + self._module_changes(facts, v)
+
+    def _operator(self, facts: Facts, v: RoleVars) -> Change | None:
+        """A refusal when the GPU Operator runs the driver and the inventory would install
+        one, or says the operator runs it where it does not."""
+        mode, found = self.install(v), facts.get("gpu_operator")
+        if mode == "apt" and found:
+            return Change(self.name, "driver", "verify", "run by NVIDIA's GPU Operator",
+                          "installed from apt", [Fail(
+                              f"the GPU Operator runs this node's driver (its driver "
+                              f"container at {OPERATOR_ROOT}): gpufleet does not install or "
+                              f"remove a driver under it; declare nvidia_driver_install: "
+                              f"operator to verify it")], kind="driver")
+        if mode == "operator" and found is False:
+            return Change(self.name, "driver", "verify", "no GPU Operator driver",
+                          "run by NVIDIA's GPU Operator", [Fail(
+                              f"nvidia_driver_install is operator, but no GPU Operator driver "
+                              f"runs on this node (no {OPERATOR_ROOT}, no "
+                              f"/run/nvidia/validations markers)")], kind="driver")
+        return None
 
     def _module_changes(self, facts: Facts, v: RoleVars) -> list[Change]:
         target, flavor = self._fields(v)["version"], self.flavor(v)
@@ -172,6 +209,11 @@ class DriverRole(RoleBase):
                            [Fail(f"the host image provides the driver: loaded {before}, the "
                                  f"inventory wants {after}; install the right image")],
                            kind="driver")]
+        if self.install(v) == "operator":
+            return [Change(self.name, "kernel module nvidia", "verify", before, after,
+                           [Fail(f"the GPU Operator provides the driver: loaded {before}, the "
+                                 f"inventory wants {after}; set the operator's driver version "
+                                 f"(ClusterPolicy spec.driver.version)")], kind="driver")]
         reason = f"loaded kernel module {before}, driver package {after}"
         return [Change(self.name, "kernel module nvidia", "reboot", before, after,
                        [Reboot(v.string("nvidia_driver_reboot_command"), reason)],

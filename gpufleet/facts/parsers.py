@@ -640,6 +640,15 @@ def proc_driver_flavor(text: str) -> str:
     return "open" if "Open Kernel Module" in text else "proprietary"
 
 
+def gpu_operator(text: str) -> bool:
+    """Whether NVIDIA's GPU Operator runs the node's driver (the detection prints
+    ``operator`` or ``none``)."""
+    for line in _output_lines(text):
+        if line.strip() in ("operator", "none"):
+            return line.strip() == "operator"
+    raise _error("the GPU Operator detection", "'operator' or 'none'", text)
+
+
 def secure_boot(text: str) -> bool:
     """Whether ``mokutil --sb-state`` reports Secure Boot on."""
     for line in _output_lines(text):

@@ -117,3 +117,49 @@ def test_a_driver_whose_dkms_build_fails_says_so(lab: Lab, inventory_path: Path)
     finally:
         node_sh(lab, node, "dpkg --purge --force-all nvidia-driver-570 >/dev/null 2>&1; true")
         _reset(lab, node)
+
+
+def test_a_node_whose_driver_the_gpu_operator_runs_is_verified_and_left_alone(
+        lab: Lab, inventory_path: Path, tmp_path: Path) -> None:
+    """node14 as a GPU Operator node: the driver container's root at /run/nvidia/driver and
+    its module loaded (580.95.05, open). With nvidia_driver_install: apt the role refuses
+    and installs nothing; with operator the node is converged and drift is clean; a pin of
+    another version is a verify failure naming the operator."""
+    node = "node14"
+    wanted = {"nvidia_driver_version": "580.95.05", "nvidia_driver_flavor": "open",
+              "nvidia_driver_source": "cuda-repo", "nvidia_driver_package": None,
+              "nvidia_driver_package_version": "{version}-*"}
+    node_sh(lab, node, "mkdir -p /run/nvidia/driver/usr/bin /run/nvidia/validations "
+            "/proc/driver/nvidia && printf '#!/bin/sh\\n' > /run/nvidia/driver/usr/bin/nvidia-smi"
+            " && chmod 755 /run/nvidia/driver/usr/bin/nvidia-smi && touch "
+            "/run/nvidia/validations/.driver-ctr-ready && printf '%s\\n' 'NVRM version: NVIDIA "
+            "UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (gpu-operator)' > "
+            "/proc/driver/nvidia/version")
+    try:
+        with override(inventory_path, "host_vars", node, wanted):
+            refused = run(inventory_path, node, role_names="nvidia_repo,driver")[node]
+            packages = node_sh(lab, node, "dpkg-query -W -f '${Package}\\n' 'nvidia-*' "
+                                          "2>/dev/null; true")
+        with override(inventory_path, "host_vars", node,
+                      {**wanted, "nvidia_driver_install": "operator"}):
+            verified = run(inventory_path, node, role_names="driver")[node]
+            drift = app.drift_cmd(str(inventory_path), limit=node, roles="driver",
+                                  outputs=app.DriftOutputs(report_dir=str(tmp_path / "d")))
+        with override(inventory_path, "host_vars", node,
+                      {**wanted, "nvidia_driver_install": "operator",
+                       "nvidia_driver_version": "580.105.08"}):
+            other = run(inventory_path, node, role_names="driver")[node]
+    finally:
+        node_sh(lab, node, "rm -rf /run/nvidia /proc/driver/nvidia; true")
+        _reset(lab, node)
+    assert refused.status == "failed"
+    assert "the GPU Operator runs this node's driver (its driver container at " \
+           "/run/nvidia/driver): gpufleet does not install or remove a driver under it" \
+           in str(refused.error), refused.error
+    assert packages.strip() == "", packages
+    assert verified.status == "ok", verified.error
+    assert items(verified) == []
+    assert drift == 0
+    assert other.status == "failed"
+    assert "the GPU Operator provides the driver: loaded 580.95.05 (open), the inventory " \
+           "wants 580.105.08 (open)" in str(other.error), other.error

@@ -136,6 +136,31 @@ def test_a_preinstalled_driver_of_another_version_or_flavour_cannot_be_fixed(
     assert isinstance(step, Fail) and "the host image provides the driver" in step.message
 
 
+def test_the_gpu_operator_s_driver_is_verified_never_installed(tmp_path: Path) -> None:
+    assert parsers.gpu_operator("operator\n") and not parsers.gpu_operator("none\n")
+    run_by_operator = real_module_facts(gpu_operator=True)
+    operator = host_vars(tmp_path, PREINSTALLED.replace("preinstalled", "operator"))
+    assert driver.ROLE.request(role_vars(driver.ROLE, operator)).packages == frozenset()
+    assert driver.GPU_OPERATOR in driver.ROLE.request(role_vars(driver.ROLE, operator)).custom
+    assert plan(driver.ROLE, operator, run_by_operator) == []
+    [other] = plan(driver.ROLE, host_vars(tmp_path, PREINSTALLED.replace(
+        "preinstalled", "operator").replace("580.159.04", "580.95.05")), run_by_operator)
+    [step] = other.steps
+    assert isinstance(step, Fail) and step.message == (
+        "the GPU Operator provides the driver: loaded 580.159.04 (open), the inventory wants "
+        "580.95.05 (open); set the operator's driver version (ClusterPolicy "
+        "spec.driver.version)")
+    [refused] = plan(driver.ROLE, host_vars(tmp_path, 'nvidia_driver_version: "580.159.04"\n'),
+                     run_by_operator)
+    assert rows([refused]) == [("driver/driver", "verify", "run by NVIDIA's GPU Operator",
+                                "installed from apt")]
+    assert "gpufleet does not install or remove a driver under it" in \
+        refused.steps[0].message  # type: ignore[union-attr]
+    [absent] = plan(driver.ROLE, operator, real_module_facts(gpu_operator=False))
+    assert "no GPU Operator driver runs on this node" in \
+        absent.steps[0].message  # type: ignore[union-attr]
+
+
 def test_an_apt_driver_in_the_wrong_flavour_needs_a_reboot(tmp_path: Path) -> None:
     inv = host_vars(tmp_path, 'nvidia_driver_version: "580.159.04"\nnvidia_driver_flavor: '
                               "proprietary\nnvidia_driver_protect_from_unattended_upgrades: "
