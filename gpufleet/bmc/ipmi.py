@@ -19,8 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from gpufleet.bmc.redfish import BmcError
-from gpufleet.bmc.target import BmcTarget
+from gpufleet.bmc.target import BmcError, BmcTarget
 from gpufleet.inventory.secrets import redact
 
 COMMAND_TIMEOUT_S = 60.0

@@ -24,8 +24,7 @@ from typing import Any
 import sushy.exceptions
 from sushy import connector
 
-from gpufleet.bmc.target import BmcTarget
-from gpufleet.errors import GpufleetError
+from gpufleet.bmc.target import BmcError, BmcTarget
 from gpufleet.inventory.secrets import redact
 
 ROOT = "/redfish/v1"
@@ -33,11 +32,8 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 20.0
 MAX_PAGES = 20
 MAX_MEMBERS = 64
+MAX_LINKED = 256  # members a collection lists by link only that are read, one GET each
 logging.getLogger("sushy").setLevel(logging.WARNING)
-
-
-class BmcError(GpufleetError):
-    """The BMC could not be read; the message names the node and the BMC, never a secret."""
 
 
 @dataclass
@@ -80,8 +76,10 @@ class RedfishReader:
 
     def members(self, path: str) -> Iterator[dict[str, Any]]:
         """The members of the collection at ``path`` (each read unless it came expanded),
-        following ``@odata.nextLink`` up to MAX_PAGES pages."""
+        following ``@odata.nextLink`` up to MAX_PAGES pages; of members listed by link
+        only, the first MAX_LINKED are read."""
         page: str | None = path
+        linked = 0
         for _ in range(MAX_PAGES):
             if page is None:
                 return
@@ -90,7 +88,9 @@ class RedfishReader:
                 if not isinstance(member, dict):
                     continue
                 if set(member) <= {"@odata.id"} and isinstance(member.get("@odata.id"), str):
-                    yield self.get(member["@odata.id"])
+                    linked += 1
+                    if linked <= MAX_LINKED:
+                        yield self.get(member["@odata.id"])
                 else:
                     yield member
             link = doc.get("@odata.nextLink")

@@ -15,6 +15,10 @@ IPMI_PORT = 623
 DEFAULT_CIPHER_SUITE = 17
 
 
+class BmcError(GpufleetError):
+    """The BMC could not be read; the message names the node and the BMC, never a secret."""
+
+
 @dataclass(frozen=True)
 class BmcTarget:
     """Where a node's BMC is and how to log in to it."""
