@@ -4,8 +4,11 @@ The HTTP side is sushy's connector (TLS verified against the system's CAs or
 ``bmc_ca_file``, HTTP basic authentication, its error types); the documents are read as
 the DMTF schema shapes them, because sushy's resource models carry neither a chassis'
 ``PowerControl`` readings nor log services. What is read: the chassis collection, each
-chassis' ``Power`` and ``Thermal`` resources, and the entries of every log service of the
-managers and systems (following ``@odata.nextLink``, up to ``MAX_PAGES`` pages each).
+chassis' ``Power`` and ``Thermal`` resources (or, where a BMC has only the newer ones,
+``PowerSubsystem`` with its power supplies and ``EnvironmentMetrics``, and
+``ThermalSubsystem`` with ``ThermalMetrics`` and its fans), and the entries of every log
+service of the managers and systems (following ``@odata.nextLink``, up to ``MAX_PAGES``
+pages each).
 
 The password travels only in the HTTP Authorization header of a TLS connection: it is
 never on a command line, never in a message (sushy's own log is kept at WARNING, and every
@@ -25,6 +28,7 @@ import sushy.exceptions
 from sushy import connector
 
 from gpufleet.bmc.target import BmcError, BmcTarget
+from gpufleet.conformance.checks import power as power_checks
 from gpufleet.inventory.secrets import redact
 
 ROOT = "/redfish/v1"
@@ -125,6 +129,24 @@ def _connection_problem(exc: BaseException) -> str:
     return f"unreachable: {_reason(exc)}"
 
 
+def _power_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[str, Any]:
+    """The chassis' PowerSubsystem and EnvironmentMetrics, as a ``Power`` resource."""
+    subsystem = reader.get(str(_link(chassis, "PowerSubsystem")))
+    supplies = _link(subsystem, "PowerSupplies")
+    environment = _link(chassis, "EnvironmentMetrics")
+    return power_checks.power_from_subsystem(
+        list(reader.members(supplies)) if supplies else [],
+        reader.get(environment) if environment else None)
+
+
+def _thermal_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[str, Any]:
+    """The chassis' ThermalSubsystem (ThermalMetrics, Fans), as a ``Thermal`` resource."""
+    subsystem = reader.get(str(_link(chassis, "ThermalSubsystem")))
+    metrics, fans = _link(subsystem, "ThermalMetrics"), _link(subsystem, "Fans")
+    return power_checks.thermal_from_subsystem(reader.get(metrics) if metrics else None,
+                                               list(reader.members(fans)) if fans else [])
+
+
 def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return redact(text[-300:])
@@ -143,25 +165,39 @@ def read(target: BmcTarget) -> BmcDocuments:
         for index, chassis in enumerate(reader.members(chassis_path)):
             if index >= MAX_MEMBERS:
                 break
-            docs.chassis.append(chassis)
-            name = str(chassis.get("@odata.id") or chassis.get("Id") or index)
-            for key, into in (("Power", docs.power), ("Thermal", docs.thermal)):
-                path = _link(chassis, key)
-                if path is not None:
-                    into[name] = reader.get(path)
+            _read_chassis(reader, chassis, str(chassis.get("@odata.id") or index), docs)
         for collection in ("Managers", "Systems"):
             path = _link(root, collection)
-            if path is None:
-                continue
-            for index, owner in enumerate(reader.members(path)):
-                services = _link(owner, "LogServices")
-                if index >= MAX_MEMBERS or services is None:
-                    continue
-                for service in reader.members(services):
-                    entries = _link(service, "Entries")
-                    if entries is not None:
-                        docs.log_entries[entries] = list(reader.members(entries))
+            if path is not None:
+                _read_logs(reader, path, docs)
     finally:
         reader.close()
     docs.duration_s = time.monotonic() - start
     return docs
+
+
+def _read_chassis(reader: RedfishReader, chassis: dict[str, Any], name: str,
+                  docs: BmcDocuments) -> None:
+    """A chassis' power and thermal resources, the older ones where the BMC has them."""
+    docs.chassis.append(chassis)
+    power, thermal = _link(chassis, "Power"), _link(chassis, "Thermal")
+    if power is not None:
+        docs.power[name] = reader.get(power)
+    elif _link(chassis, "PowerSubsystem") is not None:
+        docs.power[name] = _power_subsystem(reader, chassis)
+    if thermal is not None:
+        docs.thermal[name] = reader.get(thermal)
+    elif _link(chassis, "ThermalSubsystem") is not None:
+        docs.thermal[name] = _thermal_subsystem(reader, chassis)
+
+
+def _read_logs(reader: RedfishReader, collection: str, docs: BmcDocuments) -> None:
+    """The entries of every log service of the collection's members (managers, systems)."""
+    for index, owner in enumerate(reader.members(collection)):
+        services = _link(owner, "LogServices")
+        if index >= MAX_MEMBERS or services is None:
+            continue
+        for service in reader.members(services):
+            entries = _link(service, "Entries")
+            if entries is not None:
+                docs.log_entries[entries] = list(reader.members(entries))

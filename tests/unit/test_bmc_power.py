@@ -21,9 +21,11 @@ from gpufleet.conformance.checks.power import (
     measured_peak,
     new_critical_events,
     parse_redundancy,
+    power_from_subsystem,
     psu_problems,
     rack_problems,
     reading,
+    thermal_from_subsystem,
 )
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
@@ -254,3 +256,32 @@ def test_ipmi_addresses_and_protocols() -> None:
                             "bmc_ipmi_cipher_suite must be an IPMI cipher suite")):
         with pytest.raises(GpufleetError, match=message):
             target(**extra)
+
+
+def _subsystem_reading() -> BmcReading:
+    base = "Chassis/1U"
+    supplies = [_doc(f"{base}/PowerSubsystem/PowerSupplies/{bay}") for bay in ("Bay1", "Bay2")]
+    fans = [_doc(f"{base}/ThermalSubsystem/Fans/{fan}")
+            for fan in ("Bay1", "Bay2", "CPU1", "CPU2")]
+    return reading(
+        {"/redfish/v1/Chassis/1U": power_from_subsystem(
+            supplies, _doc(f"{base}/EnvironmentMetrics"))},
+        {"/redfish/v1/Chassis/1U": thermal_from_subsystem(
+            _doc(f"{base}/ThermalSubsystem/ThermalMetrics"), fans)}, {})
+
+
+def test_the_newer_power_and_thermal_subsystems_read_as_the_older_resources() -> None:
+    bmc = _subsystem_reading()
+    assert [(p.name, p.capacity_w, p.health, p.state) for p in bmc.psus] == [
+        ("Power Supply Bay 1", 400, "Warning", "Enabled"),
+        ("Power Supply Bay 2", None, None, "Absent")]
+    assert (bmc.power_now_w, bmc.power_peak_w) == (374, None)
+    assert [(t.name, t.celsius, t.inlet, t.exhaust) for t in bmc.temperatures] == [
+        ("Intake (summary)", 24.8, True, False), ("Ambient (summary)", 22.5, True, False),
+        ("Exhaust (summary)", 40.5, False, True)]
+    assert [(f.name, f.reading, f.failed) for f in bmc.fans] == [
+        ("Fan Bay 1", 2200, False), ("Fan Bay 2", 2400, False), ("Fan for CPU 1", None, False),
+        ("Fan for CPU 2", 1490, False)]
+    assert psu_problems(bmc.psus, 374, 1.3, None)[0] == (
+        "power supply Power Supply Bay 1 (Enabled, health Warning)")
+    assert cooling_problems(bmc, 35) == []

@@ -14,7 +14,7 @@ import pytest
 from gpufleet.bmc import redfish
 from gpufleet.bmc.target import BmcError, BmcTarget
 from gpufleet.conformance.checks.power import reading
-from gpufleet.lab.bmc import SEL, LabBmcs, running
+from gpufleet.lab.bmc import CHASSIS, SEL, LabBmcs, running
 
 PASSWORD = "unit-Redfish-pa55"
 
@@ -69,3 +69,38 @@ def test_a_refused_account_and_an_untrusted_certificate_are_named(bmc: LabBmcs,
     assert "its TLS certificate is not trusted (unable to get local issuer certificate): " \
            "set bmc_ca_file" in str(untrusted.value)
     assert PASSWORD not in str(refused.value) + str(untrusted.value)
+
+
+def test_a_bmc_with_only_the_newer_subsystems_is_read_through_them(bmc: LabBmcs) -> None:
+    lab = bmc.bmcs["n1"]
+    chassis = lab.load(CHASSIS)
+    base = f"/redfish/v1/{CHASSIS}"
+    newer = {k: v for k, v in chassis.items() if k not in ("Power", "Thermal")}
+    newer.update(PowerSubsystem={"@odata.id": f"{base}/PowerSubsystem"},
+                 ThermalSubsystem={"@odata.id": f"{base}/ThermalSubsystem"},
+                 EnvironmentMetrics={"@odata.id": f"{base}/EnvironmentMetrics"})
+    lab.store(f"{CHASSIS}/PowerSubsystem", {"PowerSupplies": {
+        "@odata.id": f"{base}/PowerSubsystem/PowerSupplies"}})
+    lab.store(f"{CHASSIS}/PowerSubsystem/PowerSupplies", {"Members": [
+        {"@odata.id": f"{base}/PowerSubsystem/PowerSupplies/{i}"} for i in (1, 2)]})
+    for i, health in ((1, "OK"), (2, "Critical")):
+        lab.store(f"{CHASSIS}/PowerSubsystem/PowerSupplies/{i}", {
+            "Name": f"PSU{i}", "PowerCapacityWatts": 3000,
+            "Status": {"State": "Enabled", "Health": health}})
+    lab.store(f"{CHASSIS}/EnvironmentMetrics", {"PowerWatts": {"Reading": 2500}})
+    lab.store(f"{CHASSIS}/ThermalSubsystem", {
+        "ThermalMetrics": {"@odata.id": f"{base}/ThermalSubsystem/ThermalMetrics"},
+        "Fans": {"@odata.id": f"{base}/ThermalSubsystem/Fans"}})
+    lab.store(f"{CHASSIS}/ThermalSubsystem/ThermalMetrics", {
+        "TemperatureSummaryCelsius": {"Intake": {"Reading": 27}}})
+    lab.store(f"{CHASSIS}/ThermalSubsystem/Fans", {"Members": []})
+    lab.store(CHASSIS, newer)
+    try:
+        docs = redfish.read(_target(bmc))
+    finally:
+        lab.store(CHASSIS, chassis)
+    found = reading(docs.power, docs.thermal, docs.log_entries)
+    assert [(p.name, p.health) for p in found.psus] == [("PSU1", "OK"), ("PSU2", "Critical")]
+    assert found.power_now_w == 2500
+    assert [(t.name, t.celsius, t.inlet) for t in found.temperatures] == [
+        ("Intake (summary)", 27, True)]

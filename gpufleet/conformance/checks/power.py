@@ -300,6 +300,49 @@ def _sel_time(day: str, clock: str) -> datetime | None:
     return None
 
 
+def power_from_subsystem(supplies: Sequence[Mapping[str, Any]],
+                         environment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A chassis' ``PowerSubsystem`` (its PowerSupply resources) and ``EnvironmentMetrics``
+    (``PowerWatts``), the Redfish 2020 resources, in the shape of the older ``Power``
+    resource that :func:`reading` reads."""
+    control = []
+    watts = (environment or {}).get("PowerWatts")
+    if isinstance(watts, dict) and _number(watts.get("Reading")) is not None:
+        control.append({"Name": "EnvironmentMetrics PowerWatts",
+                        "PowerConsumedWatts": watts["Reading"]})
+    return {"PowerSupplies": list(supplies), "PowerControl": control}
+
+
+def thermal_from_subsystem(metrics: Mapping[str, Any] | None,
+                           fans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A chassis' ``ThermalSubsystem`` (``ThermalMetrics`` and its Fan resources) in the
+    shape of the older ``Thermal`` resource: the summary's Intake, Ambient and Exhaust,
+    then every other named reading."""
+    temperatures: list[dict[str, Any]] = []
+    summary = (metrics or {}).get("TemperatureSummaryCelsius")
+    seen: set[str] = set()
+    if isinstance(summary, dict):
+        for context in ("Intake", "Ambient", "Exhaust"):
+            value = summary.get(context)
+            if isinstance(value, dict) and _number(value.get("Reading")) is not None:
+                temperatures.append({"Name": f"{context} (summary)", "PhysicalContext":
+                                     "Intake" if context == "Ambient" else context,
+                                     "ReadingCelsius": value["Reading"]})
+                seen.add(str(value.get("DataSourceUri")))
+    readings = (metrics or {}).get("TemperatureReadingsCelsius")
+    for item in readings if isinstance(readings, list) else []:
+        if isinstance(item, dict) and str(item.get("DataSourceUri")) not in seen:
+            temperatures.append({"Name": item.get("DeviceName") or "temperature",
+                                 "ReadingCelsius": item.get("Reading")})
+    converted = []
+    for fan in fans:
+        speed = fan.get("SpeedPercent")
+        rpm = speed.get("SpeedRPM") if isinstance(speed, dict) else None
+        converted.append({"Name": fan.get("Name"), "Status": fan.get("Status"),
+                          "Reading": rpm, "ReadingUnits": "RPM" if rpm is not None else None})
+    return {"Temperatures": temperatures, "Fans": converted}
+
+
 def measured_peak(bmc: BmcReading | None, gpu_soak_w: float | None = None,
                   recorded_w: float | None = None) -> tuple[float | None, str]:
     """The node's measured peak power and where it came from."""
