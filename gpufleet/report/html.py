@@ -286,6 +286,7 @@ def _conformance_parts(doc: Mapping[str, Any], results: list[Result]) -> dict[st
             "skips": sorted(skipped.values(), key=lambda g: (g.name, -len(g.rows))),
             "fleet": [r for r in results if r.host == FLEET],
             "counters": counter_rows(results),
+            "racks": rack_rows(doc, results),
             "plots": [*allreduce_plots(doc, results), *thermal_plots(doc, results),
                       *storage_plots(results)]}
 
@@ -308,6 +309,28 @@ def counter_rows(results: Sequence[Result]) -> list[Row]:
                                 _clip("; ".join(moved)),
                                 {"pass": "pass", "fail": "fail"}.get(r.outcome, "skip")))
     return sorted(rows, key=lambda row: (natural(row.host), row.name))
+
+
+def rack_rows(doc: Mapping[str, Any], results: Sequence[Result]) -> list[Row]:
+    """Each rack's power budget use (the bmc suite's ``data.racks.budgets``): measured peaks
+    against the budget, tagged with the rack check's outcome."""
+    check = next(iter(_find(results, "bmc", "test_rack_power_budget")), None)
+    css = {"pass": "pass", "fail": "fail"}.get(check.outcome if check else "", "skip")
+    rows = []
+    budgets = _mapping(_mapping(_mapping(doc.get("data")).get("racks")).get("budgets"))
+    for rack, entry in sorted(budgets.items(), key=lambda kv: natural(str(kv[0]))):
+        use = _mapping(entry)
+        used, budget = _float(use.get("used_w")) or 0.0, _float(use.get("budget_w")) or 0.0
+        share = f" ({used / budget:.0%})" if budget else ""
+        peaks = _mapping(use.get("nodes"))
+        unknown = sorted(str(n) for n, v in peaks.items() if v is None)
+        rows.append(Row(str(rack), f"{use.get('cooling')} cooled", _clip(
+            f"{number(used)} W of {number(budget)} W{share}: {use.get('margin')} x the "
+            f"{number(_float(use.get('supply_w')) or 0)} W supply, {len(peaks)} "
+            f"node{'' if len(peaks) == 1 else 's'}"
+            + (f"; no measured peak for {fold(unknown)}" if unknown else "")),
+            "fail" if budget and used > budget else css))
+    return rows
 
 
 def _header(doc: Mapping[str, Any]) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import time
 from html.parser import HTMLParser
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpufleet.report import html
+from tests.conftest import ROOT
 from tests.report_docs import (
     HOSTILE,
     HOSTILE_MESSAGE,
@@ -263,3 +265,19 @@ def test_the_counters_that_moved_and_the_line_rate_are_on_the_page() -> None:
     assert [r for r in html.counter_rows(html.results_of(doc))] == [
         html.Row("gpu0002", "AllReduce, all nodes", moved, "fail"),
         html.Row("gpu0003", "reachability connects", "3 TCP retransmits", "pass")]
+
+
+def test_each_rack_s_budget_use_is_on_the_page() -> None:
+    doc = json.loads((ROOT / "tests" / "fixtures" / "h200x1" / "gpufleet" /
+                      "conformance-thermal-bmc-2026-12-02.json").read_text())
+    page = Page(html.render_conformance(doc))
+    text = " ".join(page.text)
+    assert "Rack power budgets (measured peaks)" in text
+    [row] = html.rack_rows(doc, html.results_of(doc))
+    assert (row.host, row.name, row.css) == ("rack-h200", "air cooled", "pass")
+    assert row.message == "694.1 W of 6400 W (11%): 0.8 x the 8000 W supply, 1 node"
+    assert row.message in text
+    doc["data"]["racks"]["budgets"]["rack-h200"].update(used_w=7000.0, nodes={
+        "gpu-local": 694.1, "gpu-other": None})
+    [over] = html.rack_rows(doc, html.results_of(doc))
+    assert over.css == "fail" and over.message.endswith("; no measured peak for gpu-other")
