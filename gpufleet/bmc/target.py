@@ -13,6 +13,7 @@ from gpufleet.inventory.secrets import redact
 PROTOCOLS = ("redfish", "ipmi")
 IPMI_PORT = 623
 DEFAULT_CIPHER_SUITE = 17
+IPMI_PASSWORD_MAX = 20  # bytes, IPMI 2.0
 
 
 class BmcError(GpufleetError):
@@ -64,6 +65,9 @@ def target_of(host: Host) -> BmcTarget | None:
     if not user or password in (None, ""):
         raise GpufleetError(f"host '{host.name}': bmc_address is set{place} but bmc_user or "
                             f"bmc_password is not (both are needed to log in to the BMC)")
+    if protocol == "ipmi" and len(str(password).encode()) > IPMI_PASSWORD_MAX:
+        raise GpufleetError(f"host '{host.name}': bmc_password is longer than IPMI allows "
+                            f"({IPMI_PASSWORD_MAX} bytes)")
     ca = host.vars.get("bmc_ca_file")
     suite = host.vars.get("bmc_ipmi_cipher_suite", DEFAULT_CIPHER_SUITE)
     if isinstance(suite, bool) or not str(suite).isdigit() or not 0 <= int(suite) <= 17:

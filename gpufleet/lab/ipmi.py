@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from gpufleet.bmc.target import IPMI_PASSWORD_MAX
 from gpufleet.errors import LabError
 
 ADDRESS = "127.0.0.1"
@@ -181,6 +182,8 @@ def _ipmitool(bmc: LabIpmiBmc, user: str, password: str, *args: str
 def running(directory: Path, nodes: dict[str, int], user: str, password: str,
             power_w: int = 5200) -> Iterator[LabIpmiBmcs]:
     """A simulated IPMI BMC for each node (node -> UDP port) while the context lasts."""
+    if len(password.encode()) > IPMI_PASSWORD_MAX:
+        raise LabError(f"an IPMI password is at most {IPMI_PASSWORD_MAX} bytes")
     found = LabIpmiBmcs()
     source = directory / "lab.sdrs"
     directory.mkdir(parents=True, exist_ok=True)

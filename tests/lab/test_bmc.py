@@ -28,6 +28,7 @@ WITH_BMC = ("node05", "node06", "node07")
 NODES = (*WITH_BMC, "node08")
 RACK = {"rack": "rackA", "rack_power_w": 20000, "rack_cooling": "liquid"}
 PASSWORD = "lab-bmc-Pa55-w0rd-9d1f"
+IPMI_PASSWORD = "lab-Ipmi-Pa55-7c1e"  # IPMI 2.0 passwords are at most 20 bytes
 BASELINE = "/etc/gpufleet/baseline.json"
 
 
@@ -202,11 +203,11 @@ def ipmi_bmc(lab: Lab) -> Iterator[LabIpmiBmc]:
     """node07's BMC as an IPMI BMC: OpenIPMI's simulator, spoken to with ipmitool."""
     port = 21000 + TEST_NET * 10
     with ipmi_lab.running(lab.config.root / "ipmi", {"node07": port}, "gfmonitor",
-                          PASSWORD) as found:
+                          IPMI_PASSWORD) as found:
         yield found.bmcs["node07"]
 
 
-def _over_ipmi(bmc: LabIpmiBmc, password: str = PASSWORD) -> dict[str, Any]:
+def _over_ipmi(bmc: LabIpmiBmc, password: str = IPMI_PASSWORD) -> dict[str, Any]:
     return {"bmc_address": f"127.0.0.1:{bmc.port}", "bmc_protocol": "ipmi",
             "bmc_ipmi_cipher_suite": 3, "bmc_user": "gfmonitor", "bmc_password": password,
             "psu_rating_w": 3000, "psu_redundancy": "N+1"}
@@ -235,13 +236,13 @@ def test_an_ipmi_bmc_passes_then_its_failed_psu_hot_inlet_and_sel_entry_fail(
     assert outcome == "fail"
     assert message.endswith(" Power Supply PS2 Status: Failure detected (entry 5 of SEL)"), message
     assert {n for n in WITH_BMC if faults[(n, "power_supplies")][0] == "fail"} == {"node07"}
-    assert PASSWORD not in output
+    assert PASSWORD not in output and IPMI_PASSWORD not in output
 
 
 def test_an_ipmi_bmc_that_refuses_the_password_is_unknown_without_the_secret(
         lab: Lab, bmcs: LabBmcs, ipmi_bmc: LabIpmiBmc, tmp_path: Path) -> None:
     inventory = lab.config.inventory_dir
-    wrong = "not-this-bmcs-Pa55word"
+    wrong = "not-this-Pa55word"
     values = declared(bmcs)
     values["node07"] = _over_ipmi(ipmi_bmc, wrong)
     with host_vars(inventory, values):
@@ -250,4 +251,4 @@ def test_an_ipmi_bmc_that_refuses_the_password_is_unknown_without_the_secret(
     assert found[("node07", "power_supplies")] == ("fail", (
         f"unknown: node07's BMC (ipmi://127.0.0.1:{ipmi_bmc.port}): the BMC refused the "
         f"password of 'gfmonitor'"))
-    assert wrong not in output and PASSWORD not in output
+    assert wrong not in output and IPMI_PASSWORD not in output

@@ -253,7 +253,9 @@ def test_ipmi_addresses_and_protocols() -> None:
                            ({"bmc_protocol": "ipmi", "bmc_address": "https://b"},
                             "bmc_address of an IPMI BMC must be"),
                            ({"bmc_protocol": "ipmi", "bmc_ipmi_cipher_suite": 42},
-                            "bmc_ipmi_cipher_suite must be an IPMI cipher suite")):
+                            "bmc_ipmi_cipher_suite must be an IPMI cipher suite"),
+                           ({"bmc_protocol": "ipmi", "bmc_password": "x" * 21},
+                            r"bmc_password is longer than IPMI allows \(20 bytes\)$")):
         with pytest.raises(GpufleetError, match=message):
             target(**extra)
 
