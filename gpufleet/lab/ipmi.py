@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -195,8 +196,9 @@ def running(directory: Path, nodes: dict[str, int], user: str, password: str,
         for node, port in nodes.items():
             bmc = LabIpmiBmc(node, port, directory / node)
             name = f"gf-{node}"
+            shutil.rmtree(bmc.directory / "state", ignore_errors=True)  # a new SEL each time
             state = bmc.directory / "state" / "ipmi_sim" / name
-            state.mkdir(parents=True, exist_ok=True)
+            state.mkdir(parents=True)
             (state / "sdr.20.main").write_bytes(compiled.stdout)
             conf = bmc.directory / "lan.conf"
             conf.touch(mode=0o600)
