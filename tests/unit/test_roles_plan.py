@@ -124,7 +124,7 @@ def test_driver_request(tmp_path: Path) -> None:
     assert driver.ROLE.active(v)
     assert driver.ROLE.request(v) == FactRequest(
         packages=frozenset({"nvidia-driver-550"}), files=frozenset({DRIVER_PIN, UNATTENDED}),
-        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT}))
+        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT, driver.GPU_OPERATOR}))
     assert not driver.ROLE.active(RoleVars(inventory(tmp_path).hosts["gpu01"],
                                            driver.ROLE.defaults))
 
@@ -741,7 +741,7 @@ def test_plan_host_orders_reboots_last_and_unions_requests(tmp_path: Path) -> No
         packages=frozenset({"nvidia-driver-550", "cuda-toolkit-12-4"}),
         files=frozenset({DRIVER_PIN, UNATTENDED, CUDA_PIN}),
         links=frozenset({"/usr/local/cuda", "/etc/alternatives/cuda"}),
-        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT}))
+        custom=frozenset({driver.MODULE_FLAVOR, driver.SECURE_BOOT, driver.GPU_OPERATOR}))
     facts = driver_facts(module=None)
     facts.values["packages"]["cuda-toolkit-12-4"] = installed("12.4.1-1")
     facts.values[f"file:{CUDA_PIN}"] = present(CUDA_PIN, CUDA_PIN_TEXT)
