@@ -98,3 +98,60 @@ def test_the_toolkit_converges_and_a_driver_change_regenerates_the_cdi_spec(
     assert (runtime["item"], runtime["actual"], runtime["desired"]) == (
         "container_toolkit/runtime docker", "/etc/docker/daemon.json: no nvidia runtime",
         "/etc/docker/daemon.json: nvidia runtime (the default)")
+
+
+ENROOT_PACKAGES = ("enroot", "enroot+caps", "nvslurm-plugin-pyxis")
+ENROOT_WANTED = {"enroot_version": "3.5.0-1", "pyxis_version": "0.20.0-1",
+                 "enroot_settings": {"ENROOT_ROOTFS_WRITABLE": True},
+                 "enroot_shm_size": "50%", "shared_mounts": [{"path": "/datasets"}]}
+
+
+def test_enroot_and_pyxis_converge_and_a_hand_edit_is_drift(
+        lab: Lab, inventory_path: Path, tmp_path: Path) -> None:
+    """node12 gets enroot, enroot+caps and pyxis pinned, enroot's settings and mounts, and
+    pyxis's plugstack link; while its plugstack.conf lacks the include, the run fails naming
+    it; a line added by hand to enroot's settings is drift with its diff."""
+    roles = "nvidia_repo,enroot_pyxis"
+    try:
+        with override(inventory_path, "host_vars", NODE, ENROOT_WANTED):
+            refused = run(inventory_path, NODE, role_names=roles)[NODE]
+            node_sh(lab, NODE, "mkdir -p /etc/slurm && echo 'include "
+                    "/etc/slurm/plugstack.conf.d/*' > /etc/slurm/plugstack.conf")
+            converged = run(inventory_path, NODE, role_names=roles)[NODE]
+            versions = node_sh(lab, NODE, "dpkg-query -W -f='${Package}=${Version}\\n' "
+                               + " ".join(ENROOT_PACKAGES))
+            settings = node_sh(lab, NODE, "cat /etc/enroot/enroot.conf.d/90-gpufleet.conf")
+            fstab = node_sh(lab, NODE, "cat /etc/enroot/mounts.d/90-gpufleet.fstab")
+            link = node_sh(lab, NODE, "readlink /etc/slurm/plugstack.conf.d/pyxis.conf")
+            version = node_sh(lab, NODE, "enroot version")
+            code = app.drift_cmd(str(inventory_path), limit=NODE, roles=roles,
+                                 outputs=app.DriftOutputs(report_dir=str(tmp_path / "h")))
+            node_sh(lab, NODE, "echo 'ENROOT_ROOTFS_WRITABLE no' >> "
+                    "/etc/enroot/enroot.conf.d/90-gpufleet.conf")
+            report = tmp_path / "edited.json"
+            edited = app.drift_cmd(str(inventory_path), limit=NODE, roles=roles,
+                                   outputs=app.DriftOutputs(json_path=str(report),
+                                                            report_dir=str(tmp_path / "h")))
+    finally:
+        node_sh(lab, NODE, "apt-mark unhold " + " ".join(ENROOT_PACKAGES) + " >/dev/null 2>&1; "
+                "DEBIAN_FRONTEND=noninteractive apt-get -qq -y purge " + " ".join(ENROOT_PACKAGES)
+                + " >/dev/null 2>&1; rm -rf /etc/enroot /etc/slurm "
+                "/etc/apt/preferences.d/gpufleet-enroot_pyxis.pref; true")
+    assert refused.status == "failed"
+    assert "/etc/slurm/plugstack.conf must include /etc/slurm/plugstack.conf.d/* for Slurm " \
+           "to load pyxis" in str(refused.error), refused.error
+    # the failed run applied what came before the failure: only the include was missing
+    assert converged.status == "ok", converged.error
+    assert items(converged) == []
+    assert sorted(versions.split()) == ["enroot+caps=3.5.0-1", "enroot=3.5.0-1",
+                                        "nvslurm-plugin-pyxis=0.20.0-1"]
+    assert settings.splitlines()[1:] == ["ENROOT_ROOTFS_WRITABLE yes"]
+    assert fstab.splitlines()[1:] == ["/datasets /datasets none x-create=dir,bind,rw,nosuid,nodev",
+                                      "tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,size=50%"]
+    assert link.strip() == "/usr/share/pyxis/pyxis.conf"
+    assert version.strip() == "3.5.0"
+    assert code == 0
+    assert edited == 1
+    [item] = json.loads(report.read_text())["hosts"][NODE]["items"]
+    assert item["item"] == "enroot_pyxis/file /etc/enroot/enroot.conf.d/90-gpufleet.conf"
+    assert "\n-ENROOT_ROOTFS_WRITABLE no\n" in item["diff"]  # the host's line, to go

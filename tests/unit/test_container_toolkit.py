@@ -1,6 +1,7 @@
-"""NVIDIA Container Toolkit: pinned packages, the engine's runtime read back from the file
-nvidia-ctk writes, and the CDI spec kept in step with the driver and the GPUs; the readers
-on a real CDI spec (tests/fixtures/cdi) and on what the lab's nvidia-ctk writes."""
+"""NVIDIA Container Toolkit and enroot/pyxis: pinned packages, the engine's runtime read back
+from the file nvidia-ctk writes, the CDI spec kept in step with the driver and the GPUs, and
+enroot's training settings; the readers on a real CDI spec (tests/fixtures/cdi) and on what
+the lab's nvidia-ctk writes."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
-from gpufleet.provision.plan import Change, Fail, Run
+from gpufleet.provision.plan import Change, Fail, Put, Run
 from gpufleet.provision.role import PlanContext, RoleVars
-from gpufleet.roles import container_toolkit
+from gpufleet.roles import container_toolkit, enroot_pyxis
 from gpufleet.roles.container_toolkit_standin import NVIDIA_CTK
 from tests.conftest import ROOT
 
@@ -276,3 +277,82 @@ def test_the_stand_ins_have_nvidias_names_and_dependencies() -> None:
             f"(= {version}), libnvidia-container-tools (<< 2.0.0)")
         assert "/usr/bin/nvidia-ctk" in served[("nvidia-container-toolkit-base", version)
                                               ].executables
+
+
+# --------------------------------------------------------------------------- enroot and pyxis
+
+ENROOT = enroot_pyxis.ROLE
+ENROOT_VARS = """\
+enroot_version: "3.5.0-1"
+pyxis_version: "0.20.0-1"
+enroot_settings: {ENROOT_ROOTFS_WRITABLE: true, ENROOT_RUNTIME_PATH: "/run/enroot/user-$UID"}
+enroot_shm_size: 64g
+enroot_rdma: true
+shared_mounts: [{path: /datasets, fstype: nfs4}, {path: /checkpoints}]
+"""
+ENROOT_FILES = ("/etc/enroot/enroot.conf.d/90-gpufleet.conf",
+                "/etc/enroot/mounts.d/90-gpufleet.fstab", "/etc/slurm/plugstack.conf")
+
+
+def enroot_plan(inv: Inventory, facts: Facts) -> list[Change]:
+    host = inv.hosts["gpu01"]
+    v = RoleVars(host, ENROOT.defaults)
+    ENROOT.check(v)
+    return ENROOT.plan(facts, v, PlanContext(inv, host))
+
+
+def enroot_node(plugstack: str | None) -> Facts:
+    values: dict[str, Any] = {"packages": {}, "link:/etc/slurm/plugstack.conf.d/pyxis.conf": None,
+                              f"file:{apt.pin_path(ENROOT.name)}": FileState("p", False)}
+    values.update({f"file:{p}": FileState(p, False) for p in ENROOT_FILES})
+    if plugstack is not None:
+        values["file:/etc/slurm/plugstack.conf"] = present("/etc/slurm/plugstack.conf",
+                                                           plugstack)
+    return Facts("gpu01", values=values)
+
+
+def test_enroot_and_pyxis_are_pinned_and_enroot_gets_the_training_settings(
+        tmp_path: Path) -> None:
+    inv = inventory(tmp_path, ENROOT_VARS)
+    changes = enroot_plan(inv, enroot_node("include /etc/slurm/plugstack.conf.d/*\n"))
+    assert [(c.item, c.action) for c in changes] == [
+        ("enroot_pyxis/package enroot", "install"), ("enroot_pyxis/package enroot+caps", "install"),
+        ("enroot_pyxis/package nvslurm-plugin-pyxis", "install"),
+        (f"enroot_pyxis/file {apt.pin_path(ENROOT.name)}", "create"),
+        (f"enroot_pyxis/file {ENROOT_FILES[0]}", "create"),
+        (f"enroot_pyxis/file {ENROOT_FILES[1]}", "create"),
+        ("enroot_pyxis/link /etc/slurm/plugstack.conf.d/pyxis.conf", "link")]
+    settings, fstab = (c.steps[0] for c in changes[4:6])
+    assert isinstance(settings, Put) and isinstance(fstab, Put)
+    assert settings.content.decode().splitlines()[1:] == [
+        "ENROOT_ROOTFS_WRITABLE yes", "ENROOT_RUNTIME_PATH /run/enroot/user-$UID"]
+    assert fstab.content.decode().splitlines()[1:] == [
+        "/datasets /datasets none x-create=dir,bind,rw,nosuid,nodev",
+        "/checkpoints /checkpoints none x-create=dir,bind,rw,nosuid,nodev",
+        "tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,size=64g",
+        "/dev/infiniband /dev/infiniband none x-create=dir,bind,rw,nosuid"]
+    assert changes[-1].after == "/usr/share/pyxis/pyxis.conf"
+
+
+@pytest.mark.parametrize("plugstack", [None, "required /usr/lib/other.so\n"])
+def test_pyxis_needs_plugstack_conf_to_include_its_directory(tmp_path: Path,
+                                                             plugstack: str | None) -> None:
+    changes = enroot_plan(inventory(tmp_path, ENROOT_VARS), enroot_node(plugstack))
+    [check] = [c for c in changes if c.kind == "plugstack"]
+    [fail] = check.steps
+    assert isinstance(fail, Fail)
+    assert fail.message.startswith("/etc/slurm/plugstack.conf must include "
+                                   "/etc/slurm/plugstack.conf.d/* for Slurm to load pyxis")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("enroot_settings: {PATH: /bin}\n", "enroot_settings PATH: a key ENROOT_"),
+    ("enroot_settings: {ENROOT_X: 'a b'}\n", "enroot_settings ENROOT_X"),
+    ("enroot_shm_size: lots\n", "enroot_shm_size must be a tmpfs size"),
+    ("enroot_mounts: ['data dir']\n", "enroot_mounts must be absolute paths"),
+    ("pyxis_plugstack: 'x\\ny'\n", "pyxis_plugstack must be an absolute path"),
+])
+def test_bad_enroot_variables_are_refused(tmp_path: Path, extra: str, message: str) -> None:
+    host = inventory(tmp_path, 'enroot_version: "3.5.0-1"\n' + extra).hosts["gpu01"]
+    with pytest.raises(VarError, match=message):
+        ENROOT.check(RoleVars(host, ENROOT.defaults))
