@@ -356,3 +356,20 @@ def test_bad_enroot_variables_are_refused(tmp_path: Path, extra: str, message: s
     host = inventory(tmp_path, 'enroot_version: "3.5.0-1"\n' + extra).hosts["gpu01"]
     with pytest.raises(VarError, match=message):
         ENROOT.check(RoleVars(host, ENROOT.defaults))
+
+
+def test_the_spec_a_real_h200_node_needs(tmp_path: Path) -> None:
+    """The real 1x H200 node (tests/fixtures/h200x1: driver 580.159.04, one GPU, no toolkit
+    and no spec): the plan generates the spec for its driver and its GPU, and the lab's
+    nvidia-ctk, fed the node's real nvidia-smi -L and module line, writes a spec the role
+    then finds current."""
+    real = ROOT / "tests" / "fixtures" / "h200x1"
+    gpus = parsers.nvidia_smi_list((real / "nvidia_smi_L.txt").read_text())
+    driver = parsers.proc_driver_version((real / "proc_nvidia_version.txt").read_text())
+    assert (driver, len(gpus)) == ("580.159.04", 1)
+    [change] = plan(inventory(tmp_path, PODMAN), node(gpus, driver))
+    assert (change.before, change.after) == ("absent", "driver 580.159.04, 1 GPU(s)")
+    spec = present(SPEC, generated_spec(tmp_path, driver, gpus))
+    assert plan(inventory(tmp_path, PODMAN), node(gpus, driver, s=spec)) == []
+    nodes = (real / "containers" / "dev-nvidia.txt").read_text()
+    assert "/dev/nvidia0" in nodes and "/dev/nvidia0" in spec.text
