@@ -76,6 +76,10 @@ class ContainerToolkitRole(RoleBase):
         if engine == "podman" and not v.boolean("nvidia_cdi"):
             raise v.fail("nvidia_cdi", "true with podman (podman reaches the GPUs through "
                          "CDI only)", v.get("nvidia_cdi"))
+        if engine == "podman" and v.get("container_engine_config") is not None:
+            raise v.fail("container_engine_config", "unset with podman (podman has no runtime "
+                         "to configure: it reaches the GPUs through CDI)",
+                         v.get("container_engine_config"))
         v.boolean("container_default_runtime")
         for key in ("nvidia_cdi_spec", "container_engine_config"):
             path = v.opt_string(key)
@@ -174,8 +178,9 @@ class ContainerToolkitRole(RoleBase):
             return Change(self.name, f"cdi spec {path}", "generate", before, "the driver's",
                           [Fail("no NVIDIA driver is loaded: the CDI spec cannot be generated "
                                 f"({facts.why_absent('nvidia_module')})")], kind="cdi")
-        check = (f"grep -q -- {shlex.quote('--host-driver-version=' + driver)} "
-                 f"{shlex.quote(path)}")
+        # the driver as the spec names it: the hook's argument, else libcuda's mount
+        check = (f"grep -q -e {shlex.quote('--host-driver-version=' + driver)} "
+                 f"-e {shlex.quote('libcuda.so.' + driver)} {shlex.quote(path)}")
         command = (f"nvidia-ctk cdi generate --output={shlex.quote(path)} >/dev/null && "
                    f"{{ {check} || {{ echo 'the generated spec is not of driver {driver} "
                    f"(the loaded driver differs: reboot into it)' >&2; exit 1; }}; }}")

@@ -178,6 +178,8 @@ PODMAN = 'container_engine: podman\nnvidia_container_toolkit_version: "1.17.8-1"
      "container_engine must be docker or podman or containerd, got 'lxc'"),
     ("container_engine: docker\n", "nvidia_container_toolkit_version must be set"),
     (PODMAN + "nvidia_cdi: false\n", "nvidia_cdi must be true with podman"),
+    (PODMAN + "container_engine_config: /etc/containers/containers.conf\n",
+     "container_engine_config must be unset with podman"),
     (DOCKER + "nvidia_cdi_spec: 'x; rm -rf /'\n", "nvidia_cdi_spec must be an absolute path"),
     ("container_engine: docker\nnvidia_container_toolkit_version: '1.17 8'\n",
      "which is not a package version"),
@@ -241,6 +243,7 @@ def test_a_spec_of_the_old_driver_or_missing_a_gpu_is_stale(tmp_path: Path) -> N
     assert isinstance(step, Run)
     assert step.command.startswith(f"nvidia-ctk cdi generate --output={SPEC} ")
     assert "--host-driver-version=580.105.08" in step.command
+    assert "libcuda.so.580.105.08" in step.command  # toolkits before 1.17.5 write no hook arg
 
     # the inventory's pinned driver is what the spec must be of (a driver upgrade regenerates)
     [pinned] = plan(inventory(tmp_path, PODMAN + 'nvidia_driver_version: "580.105.08"\n'),
@@ -373,3 +376,28 @@ def test_the_spec_a_real_h200_node_needs(tmp_path: Path) -> None:
     assert plan(inventory(tmp_path, PODMAN), node(gpus, driver, s=spec)) == []
     nodes = (real / "containers" / "dev-nvidia.txt").read_text()
     assert "/dev/nvidia0" in nodes and "/dev/nvidia0" in spec.text
+
+
+@pytest.mark.parametrize(("hook", "driver", "rc"), [
+    (True, "570.133.20", 0), (False, "570.133.20", 0), (False, "580.95.05", 1)])
+def test_the_regenerated_spec_is_checked_by_its_hook_or_its_libcuda_mount(
+        tmp_path: Path, hook: bool, driver: str, rc: int) -> None:
+    """The regeneration's own check on a real spec, with and without the hook argument that
+    toolkits before 1.17.5 do not write: the spec must be of the wanted driver."""
+    text = REAL_SPEC.read_text()
+    if not hook:
+        text = text.replace("--host-driver-version=570.133.20", "--other")
+    (tmp_path / "spec.yaml").write_text(text)
+    fake = tmp_path / "nvidia-ctk"  # writes the spec where --output says
+    fake.write_text(f"#!/bin/sh\ncp {tmp_path / 'spec.yaml'} \"${{3#--output=}}\"\n")
+    fake.chmod(0o755)
+    spec = tmp_path / "etc-cdi-nvidia.yaml"
+    inv = inventory(tmp_path, PODMAN + f"nvidia_cdi_spec: {spec}\n"
+                    f'nvidia_driver_version: "{driver}"\n')
+    [change] = plan(inv, node(h200_gpus(), driver, s=FileState(str(spec), False)))
+    [step] = change.steps
+    assert isinstance(step, Run)
+    done = subprocess.run(["sh", "-c", step.command], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=False)
+    assert done.returncode == rc, done.stderr
+    assert (rc == 0) or f"not of driver {driver}" in done.stderr
