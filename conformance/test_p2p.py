@@ -30,7 +30,7 @@ def _threshold(node: Node, key: str) -> float | None:
 def _run(node: Node, trials: int) -> NodeOutput:
     output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb")),
                                       "--trials", str(trials)],
-                        float(node.var("p2p_timeout_s")))
+                        float(node.var("p2p_timeout_s")), in_image=True)
     if output.rc != 0:
         pytest.fail(f"unknown: the p2p probe failed (exit {output.rc}): {output.stderr_tail}")
     return output

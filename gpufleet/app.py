@@ -17,9 +17,9 @@ from typing import Any, TextIO
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
+from gpufleet.conformance import container, registry
 from gpufleet.conformance import junit as conformance_junit
 from gpufleet.conformance import metrics as conformance_metrics
-from gpufleet.conformance import registry
 from gpufleet.conformance.results import FLEET, ConformanceReport
 from gpufleet.conformance.runner import ConformanceOptions, run_suites
 from gpufleet.connect.connection import Connection, ConnectOptions
@@ -525,8 +525,10 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     launcher: str = "ssh", partition: str | None = None,
                     record_baseline: bool = False, compare_baseline: bool = False,
                     prometheus_path: str | None = None, html_path: str | None = None,
-                    out: TextIO | None = None) -> int:
-    """Run the conformance suites; the exit code is 1 when any check failed. ``launcher``
+                    image: str | None = None, out: TextIO | None = None) -> int:
+    """Run the conformance suites; the exit code is 1 when any check failed. ``image``
+    runs the image suite and the allreduce, ddp and p2p probes in that image on every
+    selected node (``container_image`` for this run). ``launcher``
     ``slurm`` reaches the nodes as job steps of one Slurm allocation instead of SSH
     (node-local commands of many nodes in one step; ``slurm-per-node``: a step per
     command). With
@@ -536,6 +538,10 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     fleet = fleet or FleetArgs()
     _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path,
                    html=html_path)
+    if image is not None:
+        container.check_reference(image, "--image")
+        for host in target.hosts:
+            host.vars["container_image"] = image
     metrics = _metrics_target(target, prometheus_path, limit, "conformance")
     if drain_failed:
         scheduler.check(target.hosts, "--drain-failed")

@@ -336,14 +336,17 @@ def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
                  record_baseline="record each passing node's performance figures on the node "
                                  "(/etc/gpufleet/baseline.json)",
                  compare_baseline="gate performance figures at max(floor, baseline_fraction "
-                                  "x the node's baseline) and report the trend"))
+                                  "x the node's baseline) and report the trend",
+                 image="certify this training image on every node (container_image for the "
+                       "run): the image suite, and allreduce, ddp and p2p in the image"))
 def conformance(c: Context, inventory: str | None = None, limit: str | None = None,
                 suite: str | None = None, junit: str | None = None, json: str | None = None,
                 pairs: str = "auto", with_nccl_tests: bool = False, forks: str | None = None,
                 timeout: str | None = None, drain_failed: bool = False, launcher: str = "ssh",
                 partition: str | None = None, record_baseline: bool = False,
                 compare_baseline: bool = False, prometheus: str | None = None,
-                html: str | None = None, verbose: int = 0, list_hosts: bool = False) -> None:
+                html: str | None = None, image: str | None = None, verbose: int = 0,
+                list_hosts: bool = False) -> None:
     """Certify nodes: versions, reachability, AllReduce bandwidth, RDMA QoS, GPU health."""
     def command() -> int:
         if list_hosts:
@@ -353,7 +356,7 @@ def conformance(c: Context, inventory: str | None = None, limit: str | None = No
             with_nccl_tests=with_nccl_tests, fleet=_fleet(c, forks, None, None, False, timeout),
             drain_failed=drain_failed, launcher=launcher, partition=partition,
             record_baseline=record_baseline, compare_baseline=compare_baseline,
-            prometheus_path=prometheus, html_path=html))
+            prometheus_path=prometheus, html_path=html, image=image))
 
     _run(c, verbose, command)
 

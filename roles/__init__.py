@@ -59,6 +59,18 @@ def training_python(host: Host) -> str:
     return provided(host, "training_python", "python3")
 
 
+def torch_pin_problems(torch: dict[str, object], host: Host) -> list[str]:
+    """What differs between a torch's own report (``torch``, ``cuda``, ``nccl``) and the
+    host's pytorch pins (empty when the pytorch role pins nothing)."""
+    from gpufleet.roles.pytorch import ROLE, verify  # noqa: PLC0415 - the registry's own module
+
+    v = RoleVars(host, ROLE.defaults)
+    if not ROLE.active(v):
+        return []
+    return verify(torch, v.string("pytorch_version"), v.opt_string("pytorch_cuda"),
+                  v.opt_string("pytorch_nccl"))
+
+
 def consistency_request(host: Host) -> FactRequest:
     """Facts the consistency check compares even where the inventory pins nothing."""
     request = FactRequest()

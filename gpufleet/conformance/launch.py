@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpufleet.conformance import container
 from gpufleet.conformance.checks.nccl_log import condense
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import Budget, keeps_node_local
@@ -164,15 +165,23 @@ def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list
     if ifname:
         env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
     env.update({k: v for k, v in (extra_env or {}).items() if k not in SAFE_ENV})
-    launch = [_torchrun(node), f"--nproc-per-node={nproc or processes_per_node(node)}"]
+    rundir = str(Path(probe).parent)
+    torchrun = ([str(node.var("container_python")), "-m", "torch.distributed.run"]
+                if container.image(node) else [_torchrun(node)])
+    launch = [*torchrun, f"--nproc-per-node={nproc or processes_per_node(node)}"]
     if len(nodes) == 1:
         launch += ["--standalone", "--nnodes=1"]
     else:
         launch += [f"--nnodes={len(nodes)}", f"--node-rank={rank}",
                    f"--master-addr={nodes[0].host.address}", f"--master-port={port}"]
-    inner = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), "timeout", "-k", "10",
-                        str(int(timeout_s)), *launch, probe, *args])
-    return f"cd {shlex.quote(str(Path(probe).parent))} && {inner}; echo \"{RC_MARK}$?\""
+    limit = ["timeout", "-k", "10", str(int(timeout_s))]
+    if container.image(node):
+        inner = shlex.join([*limit, *container.run_argv(node, rundir, [*launch, probe, *args],
+                                                        env)])
+    else:
+        inner = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *limit, *launch,
+                            probe, *args])
+    return f"cd {shlex.quote(rundir)} && {inner}; echo \"{RC_MARK}$?\""
 
 
 def _parse(stdout: str, stderr: str) -> NodeOutput:
@@ -235,9 +244,11 @@ def clean_up(rundir: str, nodes: list[Node]) -> dict[str, str]:
     # contain that path literally, so pkill cannot match its own shell.
     pattern = shlex.quote("[/]" + rundir.lstrip("/") + "/")
     glob = shlex.quote(rundir[:-1]) + f"[{rundir[-1]}]"
-    command = f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; rm -rf {glob}; true"
+    processes = f"pkill -KILL -f {pattern}; sleep 0.5; pgrep -af {pattern}; rm -rf {glob}; true"
 
     def one(node: Node) -> tuple[str, str]:
+        command = (f"{container.removal(node, rundir)}; {processes}" if container.image(node)
+                   else processes)
         if not node.budget.spent:
             with contextlib.suppress(GpufleetError):
                 return node.name, node.run(command, timeout=CLEANUP_BUDGET_S).stdout.strip()
@@ -265,10 +276,13 @@ def cleanup_active() -> dict[str, dict[str, str]]:
     return {rundir: clean_up(rundir, nodes) for rundir, nodes in active.items()}
 
 
-def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float
-               ) -> NodeOutput:
+def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float, *,
+               in_image: bool = False) -> NodeOutput:
     """Run a single-process probe (``conformance/probes/<probe_name>.py``) on one node with
-    its training interpreter; the probe's files are removed afterwards."""
+    its training interpreter (``in_image``: in the node's image, when it has one); the
+    probe's files are removed afterwards."""
+    if in_image and container.image(node):
+        return run_in_image(node, probe_name, args, timeout_s)
     rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
     python = training_python(node.host)
     env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
@@ -281,6 +295,27 @@ def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float
     except GpufleetError:
         with contextlib.suppress(GpufleetError):
             node.run(f"rm -rf {shlex.quote(rundir)}", timeout=30)
+        raise
+    return _parse(result.stdout, result.stderr)
+
+
+def run_in_image(node: Node, probe_name: str, args: list[str], timeout_s: float
+                 ) -> NodeOutput:
+    """Run a single-process probe in a container of the node's image (its interpreter,
+    ``container_python``); the container and the probe's files are removed afterwards."""
+    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
+    argv = container.run_argv(node, rundir, [str(node.var("container_python")),
+                                             f"{rundir}/{probe_name}.py", *args], SAFE_ENV)
+    command = (f"trap {shlex.quote(container.removal(node, rundir) + '; rm -rf ' + rundir)} "
+               f"EXIT; timeout -k 10 {int(timeout_s)} {shlex.join(argv)}; "
+               f"echo \"{RC_MARK}$?\"")
+    try:
+        _ship(node, rundir, probe_name)
+        result = node.run(command, timeout=timeout_s + 30)
+    except GpufleetError:
+        with contextlib.suppress(GpufleetError):
+            node.run(f"{container.removal(node, rundir)}; rm -rf {shlex.quote(rundir)}",
+                     timeout=CLEANUP_BUDGET_S)
         raise
     return _parse(result.stdout, result.stderr)
 

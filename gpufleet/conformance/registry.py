@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpufleet.bmc.target import target_of
-from gpufleet.conformance import verdict
+from gpufleet.conformance import container, verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
 from gpufleet.conformance.checks import generations
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
@@ -96,6 +96,7 @@ def _probe_variables() -> dict[str, Var]:
                                         "the rendezvous port the firewall opens"),
         "conformance_python": Var("python3", "string",
                                   "interpreter of the probes that need no torch"),
+        **container.VARIABLES,
     }
 
 
@@ -119,6 +120,8 @@ _GPU = {
     "gpu_mixed_models": Var(False, "boolean", "GPUs of several models on a node or in a "
                                               "group are meant"),
 }
+
+_SHARED_MOUNTS = Var(None, "list", "[{path, fstype, source, options, writable}]")
 
 _RANGE = {
     "firewall_port_range": Var(PORT_RANGE, "string", "TCP range open to the cluster"),
@@ -153,6 +156,16 @@ def _check_mounts(v: RoleVars) -> None:
     except ValueError as exc:
         where = v.host.origin("shared_mounts") if "shared_mounts" in v.host.vars else None
         raise GpufleetError(str(exc) + (f" ({where})" if where else "")) from None
+
+
+def _check_in_image(v: RoleVars) -> None:
+    _check_performance(v)
+    container.check(v)
+
+
+def _check_image(v: RoleVars) -> None:
+    container.check(v)
+    _check_mounts(v)
 
 
 def _check_network(v: RoleVars) -> None:
@@ -204,6 +217,7 @@ def _check_allreduce(v: RoleVars) -> None:
     _check_ranges(v)
     _check_counters(v)
     allreduce_checks.check_choices(v)
+    container.check(v)
     if not 0 < v.number("allreduce_min_line_rate_fraction") <= 1:
         raise v.fail("allreduce_min_line_rate_fraction", "a number above 0, at most 1",
                      v.get("allreduce_min_line_rate_fraction"))
@@ -275,7 +289,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "ddp_min_efficiency_across_nodes": Var(0.7, "number",
                                                             "scaling across nodes")},
           cross_node=frozenset({"ddp_across_nodes"}), records_baseline=True,
-          check=_check_performance),
+          check=_check_in_image),
     Suite("thermal", ("acceptance",),
           "a sustained GPU load: temperature, clocks against temperature, TFLOPS",
           variables={**PERFORMANCE,
@@ -355,8 +369,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
           check=_check_bmc),
     Suite("mounts", ("acceptance",),
           "the shared filesystems mounted alike on every node, and the same filesystem",
-          variables={"shared_mounts": Var(None, "list",
-                                          "[{path, fstype, source, options, writable}]")},
+          variables={"shared_mounts": _SHARED_MOUNTS},
           cross_node=frozenset({"same_filesystem", "mounts_agree_within_each_group"}),
           facts=lambda host: FactRequest(custom=frozenset({mounts_checks.MOUNTINFO})),
           check=_check_mounts),
@@ -378,8 +391,18 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
                      "p2p_min_gbps": Var(None, "mapping", "{MODEL: GB/s} between GPUs"),
                      "h2d_min_gbps": Var(None, "mapping", "{MODEL: GB/s} host to GPU"),
                      "p2p_size_mb": Var(1024, "integer", "size of each copy"),
-                     "p2p_timeout_s": Var(600, "number", "limit of the probe")},
-          records_baseline=True, check=_check_performance),
+                     "p2p_timeout_s": Var(600, "number", "limit of the probe"),
+                     **container.VARIABLES},
+          records_baseline=True, check=_check_in_image),
+    Suite("image", (),
+          "the fleet's training image on every node: it starts under the NVIDIA runtime, "
+          "sees every GPU, its CUDA runs on the node's driver, its NCCL and torch are the "
+          "fleet's, /dev/shm, RDMA devices and shared mounts inside, one image per group",
+          variables={**container.VARIABLES, "shared_mounts": _SHARED_MOUNTS},
+          cross_node=frozenset({"image_agrees_within_each_group"}),
+          facts=lambda host: FactRequest(custom=frozenset({
+              generations.DRIVER_CUDA, container.GPU_BRAND, mounts_checks.MOUNTINFO})),
+          check=_check_image),
 ]}
 
 

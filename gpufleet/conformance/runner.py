@@ -74,6 +74,9 @@ def check_options(target: Target, options: ConformanceOptions) -> list[Suite]:
     if options.pairs not in PAIRS and not _sample(options.pairs):
         raise GpufleetError(f"--pairs must be auto, all, ring or sample:K, got "
                             f"{options.pairs!r}")
+    image = registry.suite("image")
+    if image not in suites and any(h.vars.get("container_image") for h in target.hosts):
+        suites.insert(0, image)  # a training image is certified wherever it is named
     validate(target.hosts, role_registry.ALL)
     registry.validate(target.hosts, suites)
     return suites

@@ -34,7 +34,7 @@ PROVISIONED = "node01:node02:node03:node04"
 # name and state directory. Each test lab has its own offset, so its own /16: t 0, dn 1, 32 2,
 # sl 3, bs 4, hs 5, the firewall-against-the-kernel namespaces (test_firewall_kernel) 6, and
 # the network placement lab (test_network_placement) 7, the shared mounts lab
-# (test_shared_mounts) 8.
+# (test_shared_mounts) 8, the image conformance lab (test_image_conformance) 9.
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
 

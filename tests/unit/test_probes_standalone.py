@@ -22,6 +22,7 @@ NEEDS = {
     "storage": {"probe_common"},
     "probe_common": {"torch"},
     "reachability": set(),
+    "image_stack": {"torch"},  # inside the image, when it has torch
 }
 
 

@@ -1,0 +1,199 @@
+"""Probes inside the fleet's training image (``conformance --image`` or ``container_image``):
+the container each probe runs in, started by the node's engine the way the fleet's jobs
+start it, and what the engine says of the image.
+
+A container of the image gets the host's network (rendezvous and NCCL's ports are the
+node's), the probe's directory at the same path, the node's GPUs through the NVIDIA runtime
+(Docker's ``--gpus=all``; Podman's CDI device ``nvidia.com/gpu=all``), its RDMA devices
+when it has them (``container_rdma``), the shared filesystems (``container_mounts``, by
+default the ``shared_mounts`` paths) and then the fleet's own options
+(``container_run_options``: ``--ipc=host``, ``--shm-size=16g`` ...). It is named after the
+probe's directory, so a clean-up removes it even when the engine's client was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.errors import GpufleetError, ParseError
+from gpufleet.facts.catalog import NO_SMI, Fact, needs
+from gpufleet.provision.role import RoleVars, Var
+
+if TYPE_CHECKING:
+    from gpufleet.conformance.session import Node
+
+ENGINES = ("docker", "podman")
+PULL = ("missing", "never", "always")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+_OPTION = re.compile(r"^-[-A-Za-z0-9]*(?:=[^\n\x00]*)?$|^[^-\n\x00][^\n\x00]*$")
+_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
+_BRAND = re.compile(r"^\s*Product Brand\s*:\s*(\S.*?)\s*$", re.MULTILINE)
+
+VARIABLES = {
+    "container_image": Var(None, "string", "the fleet's training image: probes run in it "
+                                           "(conformance --image sets it for the run)"),
+    "container_pull": Var("missing", "string", "the engine's --pull: missing, never or "
+                                               "always"),
+    "container_run_options": Var([], "list", "the engine's run options the fleet's jobs "
+                                             "use (--ipc=host, --shm-size=16g ...)"),
+    "container_mounts": Var(None, "list", "host paths bound at the same path (default: the "
+                                          "shared_mounts paths)"),
+    "container_rdma": Var(True, "boolean", "give the container the node's RDMA devices"),
+    "container_python": Var("python3", "string", "the image's interpreter"),
+    "container_min_shm_gb": Var(1, "number", "smallest /dev/shm in the container, GiB"),
+    "container_timeout_s": Var(300, "number", "limit of the image stack probe"),
+}
+
+
+def parse_brand(text: str) -> str:
+    """The first GPU's product brand, from ``nvidia-smi -q``'s first lines."""
+    match = _BRAND.search(text)
+    if not match:
+        raise ParseError("nvidia-smi -q printed no 'Product Brand' line")
+    return match.group(1)
+
+
+GPU_BRAND = Fact("gpu_brand", needs("nvidia-smi", NO_SMI) + "nvidia-smi -q | head -n 12",
+                 parse_brand, "nvidia-smi")
+
+
+def image(node: Node) -> str | None:
+    """The image the node's probes run in, None when they run on the host."""
+    value = node.var("container_image")
+    return None if value is None else str(value)
+
+
+def engine(node: Node) -> str:
+    return str(node.var("container_engine"))
+
+
+def container_name(rundir: str) -> str:
+    """The container of a probe's run: named after its directory."""
+    return "gpufleet-" + rundir.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_reference(reference: str, where: str) -> None:
+    """An image reference as engines accept it (GpufleetError naming ``where``)."""
+    if not _REFERENCE.match(reference) or len(reference) > 512:
+        raise GpufleetError(f"{where} must be an image reference (registry/name:tag or "
+                            f"name@sha256:digest), got {reference!r}")
+
+
+def check(v: RoleVars) -> None:
+    """The image variables of one host, before any host is contacted."""
+    reference = v.opt_string("container_image")
+    if reference is None:
+        return
+    if not _REFERENCE.match(reference) or len(reference) > 512:
+        raise v.fail("container_image", "an image reference (registry/name:tag or "
+                     "name@sha256:digest)", reference)
+    chosen = v.opt_string("container_engine")
+    if chosen not in ENGINES:
+        raise v.fail("container_engine", " or ".join(ENGINES) + " to run probes in "
+                     "container_image", chosen)
+    if v.string("container_pull") not in PULL:
+        raise v.fail("container_pull", " or ".join(PULL), v.get("container_pull"))
+    for option in v.items("container_run_options"):
+        if not isinstance(option, str) or not _OPTION.match(option):
+            raise v.fail("container_run_options", "engine run options, one per item "
+                         "(--ipc=host, --shm-size=16g)", option)
+    for path in mounts_of(v):
+        if not _PATH.match(path):
+            raise v.fail("container_mounts", "absolute paths of letters, digits and . _ - /",
+                         path)
+    python = v.string("container_python")
+    if not re.match(r"^[A-Za-z0-9._/-]+$", python):
+        raise v.fail("container_python", "an interpreter's name or path", python)
+    if v.number("container_timeout_s") <= 0:
+        raise v.fail("container_timeout_s", "a number above 0", v.get("container_timeout_s"))
+    if v.number("container_min_shm_gb") < 0:
+        raise v.fail("container_min_shm_gb", "a number of 0 or more",
+                     v.get("container_min_shm_gb"))
+    v.boolean("container_rdma")
+
+
+def mounts_of(v: RoleVars) -> list[str]:
+    """The host paths bound into the container: ``container_mounts``, else the paths of
+    ``shared_mounts``."""
+    if v.get("container_mounts") is not None:
+        return [str(p) for p in v.items("container_mounts")]
+    declared = v.get("shared_mounts")
+    return [str(e["path"]) for e in declared or [] if isinstance(e, Mapping) and "path" in e]
+
+
+def run_argv(node: Node, rundir: str, command: Sequence[str],
+             env: Mapping[str, str]) -> list[str]:
+    """The engine's command line that runs ``command`` in a container of the node's image."""
+    reference = image(node)
+    if reference is None:
+        raise GpufleetError(f"{node.name}: no container_image to run probes in")
+    chosen = engine(node)
+    argv = [chosen, "run", "--rm", f"--name={container_name(rundir)}", "--network=host",
+            f"--pull={node.var('container_pull')}", f"--volume={rundir}:{rundir}",
+            f"--workdir={rundir}"]
+    if node.facts is not None and node.facts.get("gpus"):
+        argv.append("--gpus=all" if chosen == "docker" else "--device=nvidia.com/gpu=all")
+    if node.flag("container_rdma") and node.facts is not None and node.facts.get("rdma"):
+        argv += ["--device=/dev/infiniband", "--cap-add=IPC_LOCK", "--ulimit=memlock=-1:-1"]
+    argv += [f"--volume={p}:{p}" for p in mounts_of(node.settings)]
+    argv += [str(o) for o in node.settings.items("container_run_options")]
+    argv += [f"--env={k}={v}" for k, v in env.items()]
+    return [*argv, reference, *command]
+
+
+def removal(node: Node, rundir: str) -> str:
+    """The shell command that removes the run's container (nothing when there is none)."""
+    return (f"{shlex.quote(engine(node))} rm -f {shlex.quote(container_name(rundir))} "
+            ">/dev/null 2>&1")
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the node's engine says of the image: its ID (the digest of its configuration,
+    the same on every node that holds the same image), the registry digests it was pulled
+    by, its environment and labels."""
+
+    reference: str
+    id: str
+    repo_digests: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.reference, "id": self.id, "repo_digests": self.repo_digests,
+                "env": self.env, "labels": self.labels}
+
+
+def inspect_command(node: Node) -> str:
+    reference = image(node) or ""
+    return (f"{shlex.quote(engine(node))} image inspect --format '{{{{json .}}}}' "
+            f"{shlex.quote(reference)}")
+
+
+def parse_inspect(reference: str, text: str) -> ImageInfo:
+    """``docker|podman image inspect --format '{{json .}}'``: one JSON object."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"image inspect printed no JSON ({exc.msg})") from None
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if not isinstance(data, dict) or not isinstance(data.get("Id"), str):
+        raise ValueError("image inspect printed no image")
+    config: dict[str, Any] = data["Config"] if isinstance(data.get("Config"), dict) else {}
+    env = {}
+    for item in config.get("Env") or []:
+        key, _, value = str(item).partition("=")
+        env[key] = value
+    labels = config.get("Labels") or data.get("Labels") or {}
+    ident = data["Id"] if data["Id"].startswith("sha256:") else f"sha256:{data['Id']}"
+    return ImageInfo(reference, ident, [str(d) for d in data.get("RepoDigests") or []], env,
+                     {str(k): str(v) for k, v in labels.items()})
