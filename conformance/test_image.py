@@ -115,16 +115,21 @@ def test_image_sees_every_gpu(node: Node, conformance: ConformanceSession,
     if not gpus:
         pytest.skip("the node has no GPUs")
     stack = _started(node, conformance)
-    listed = stack["gpus"].get("uuids")
-    torch = stack.get("torch") or {}
-    seen = len(listed) if listed is not None else int(torch.get("devices") or 0)
+    seen, missing = gpus_seen(stack, [str(g.get("uuid")) for g in gpus])
     record_property("gpus_in_image", seen)
-    wanted = {str(g.get("uuid")) for g in gpus}
-    missing = sorted(wanted - set(listed)) if listed is not None else []
     assert seen == len(gpus) and not missing, (
         f"image {container.image(node)}: the container sees {seen} of the node's "
         f"{len(gpus)} GPUs" + (f" (missing {', '.join(missing)})" if missing else "")
         + (f": {stack['gpus']['error']}" if stack["gpus"].get("error") else ""))
+
+
+def gpus_seen(stack: dict[str, Any], uuids: list[str]) -> tuple[int, list[str]]:
+    """How many GPUs the container sees (``nvidia-smi -L`` inside, else torch's count) and
+    which of the node's ``uuids`` it lacks."""
+    listed = stack["gpus"].get("uuids")
+    if listed is None:
+        return int((stack.get("torch") or {}).get("devices") or 0), []
+    return len(listed), sorted(set(uuids) - set(listed))
 
 
 def _driver(node: Node) -> str | None:
@@ -167,7 +172,7 @@ def test_image_cuda_supported_by_driver(node: Node, conformance: ConformanceSess
     assert verdict.ok, verdict.message
 
 
-def _image_nccl(stack: dict[str, Any], env: dict[str, str]) -> tuple[str, str] | None:
+def image_nccl(stack: dict[str, Any], env: dict[str, str]) -> tuple[str, str] | None:
     """The NCCL the image's jobs use, and where it was read: torch's own, else the image's
     libnccl2 package, else the NCCL_VERSION its environment declares."""
     torch_nccl = (stack.get("torch") or {}).get("nccl")
@@ -176,7 +181,7 @@ def _image_nccl(stack: dict[str, Any], env: dict[str, str]) -> tuple[str, str] |
     if stack.get("dpkg_nccl"):
         return str(stack["dpkg_nccl"]).split("-", 1)[0], "libnccl2"
     if env.get("NCCL_VERSION"):
-        return env["NCCL_VERSION"], "NCCL_VERSION"
+        return env["NCCL_VERSION"].split("-", 1)[0], "NCCL_VERSION"
     return None
 
 
@@ -188,7 +193,7 @@ def test_image_nccl_matches_pin(node: Node, conformance: ConformanceSession,
     if not pins:
         pytest.skip("the fleet pins no NCCL (nccl_version, pytorch_nccl)")
     stack = _started(node, conformance)
-    found = _image_nccl(stack, _declarations(_stack(node, conformance)))
+    found = image_nccl(stack, _declarations(_stack(node, conformance)))
     if found is None:
         pytest.fail(f"image {reference}: no NCCL found (torch, libnccl2, NCCL_VERSION); the "
                     f"fleet pins {pins[0][1]} ({pins[0][0]})")

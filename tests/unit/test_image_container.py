@@ -5,6 +5,7 @@ prints it (tests/fixtures/containers/podman-image-inspect.json, captured on the 
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,15 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance import container, registry
+from gpufleet.conformance.checks import cuda_compat
+from gpufleet.conformance.checks.mounts import parse_mountinfo
 from gpufleet.conformance.launch import _command, clean_up
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import CommandResult, ConnectOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Host
+from gpufleet.suites.test_image import gpus_seen, image_nccl
 from tests.conftest import ROOT
 
 INSPECT = ROOT / "tests" / "fixtures" / "containers" / "podman-image-inspect.json"
@@ -146,3 +150,39 @@ def test_the_inspect_output_of_podman_gives_the_id_and_the_declarations() -> Non
 def test_the_gpu_brand_is_read_from_the_real_h200_query() -> None:
     text = (ROOT / "tests" / "fixtures" / "h200x2" / "nvidia_smi_q.txt").read_text()
     assert container.parse_brand(text) == "NVIDIA"
+
+
+H200_STACK = ROOT / "tests" / "fixtures" / "h200x1" / "containers" / "image_stack.json"
+H200_UUID = "GPU-c0d90b27-196a-874b-b4c8-678cdbee7eb1"
+
+
+def test_the_stack_probe_in_nvidias_cuda_image_on_the_h200() -> None:
+    """The probe's real output in a container of NVIDIA's CUDA 13.0.2 image on the H200:
+    the NCCL the job uses is torch's own (2.28.9), not the image's libnccl2 or its
+    NCCL_VERSION (2.28.3); the one GPU is seen by UUID; the image's real
+    NVIDIA_REQUIRE_CUDA holds on the node's driver, and on an older 570 driver only by a
+    forward-compatibility branch."""
+    stack = json.loads(H200_STACK.read_text())
+    env = stack["env"]
+    assert image_nccl(stack, env) == ("2.28.9", "torch.cuda.nccl.version()")
+    no_torch = {**stack, "torch": {"error": "ModuleNotFoundError: No module named 'torch'"}}
+    assert image_nccl(no_torch, env) == ("2.28.3", "libnccl2")
+    assert image_nccl({**no_torch, "dpkg_nccl": None}, env) == ("2.28.3", "NCCL_VERSION")
+    assert gpus_seen(stack, [H200_UUID]) == (1, [])
+    assert gpus_seen(stack, [H200_UUID, "GPU-other"]) == (1, ["GPU-other"])
+    verdict = cuda_compat.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
+                                disable_require=False, driver="580.159.04",
+                                driver_cuda_version="13.0", brand="NVIDIA")
+    assert verdict.ok and verdict.rule == "requirement", verdict
+    older = cuda_compat.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
+                              disable_require=False, driver="570.195.03",
+                              driver_cuda_version="12.8", brand="NVIDIA")
+    assert older.ok and older.rule == "forward compatibility", older
+    geforce = cuda_compat.judge(image_cuda=env["CUDA_VERSION"],
+                                require=env["NVIDIA_REQUIRE_CUDA"], disable_require=False,
+                                driver="570.195.03", driver_cuda_version="12.8",
+                                brand="GeForce")
+    assert not geforce.ok and "570.195.03" in geforce.message
+    mounts = parse_mountinfo(stack["mountinfo"])
+    assert any(m.target == "/dev/shm" for m in mounts)
+    assert stack["shm_bytes"] == 128 << 30 and stack["rdma_devices"] == ["rdma_cm"]
