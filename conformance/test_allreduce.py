@@ -22,6 +22,8 @@ the run of all nodes.
 Alone, every size is timed ``perf_trials`` times and gated on the median (the largest size
 against the threshold; every size against the node's baseline with --compare-baseline), and
 a median just under its gate is re-measured with more trials.
+With a training image (``--image``, ``container_image``) every probe runs in a container
+of it on each node.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ ddp_depth, ddp_timeout_s (600), ddp_min_efficiency (0.85, within a node),
 ddp_min_efficiency_across_nodes (0.7); perf_trials and the other verdict variables: the
 timed steps run ``perf_trials`` times after the warm-up, the efficiency of each trial is
 gated on its median, and a median just under the gate is re-measured with more trials.
+With a training image (``--image``, ``container_image``) every probe runs in a container
+of it on each node.
 """
 
 from __future__ import annotations

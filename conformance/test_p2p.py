@@ -2,7 +2,7 @@
 through PyTorch, against thresholds per GPU model (and, with --compare-baseline, the node's
 own baseline); every copy is timed ``perf_trials`` times after a warm-up, gated on the
 median, and a median just under its gate is re-measured with more trials; the slow pair is
-named.
+named. With a training image (``--image``, ``container_image``) the probe runs in it.
 
 Variables: p2p_min_gbps ({model: GB/s}), h2d_min_gbps ({model: GB/s}, also for d2h),
 p2p_size_mb (1024), p2p_timeout_s (600), perf_trials and the other verdict variables.
