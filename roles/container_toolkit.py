@@ -15,7 +15,6 @@ of another driver than the node's, or one missing a GPU, is stale: containers as
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 from typing import ClassVar
@@ -36,7 +35,6 @@ ENGINE_CONFIG = {"docker": "/etc/docker/daemon.json",
                  "containerd": "/etc/containerd/config.toml"}
 READERS = {"docker": containers.docker_runtime, "containerd": containers.containerd_runtime}
 CDI_KIND = "nvidia.com/gpu"
-_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 class ContainerToolkitRole(RoleBase):
@@ -82,9 +80,8 @@ class ContainerToolkitRole(RoleBase):
                          v.get("container_engine_config"))
         v.boolean("container_default_runtime")
         for key in ("nvidia_cdi_spec", "container_engine_config"):
-            path = v.opt_string(key)
-            if path is not None and not _PATH.match(path):
-                raise v.fail(key, "an absolute path of letters, digits and . _ - /", path)
+            if v.opt_string(key) is not None:
+                v.path(key)
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
         return apt.templated(v, [str(p) for p in v.items("nvidia_container_toolkit_packages")],

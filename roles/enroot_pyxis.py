@@ -22,14 +22,13 @@ from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision import apt
 from gpufleet.provision.managed import HEADER, file_change, link_change
 from gpufleet.provision.plan import Change, Fail
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.provision.role import SAFE_PATH, PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 PYXIS_PACKAGE = "nvslurm-plugin-pyxis"
 PYXIS_CONF = "/usr/share/pyxis/pyxis.conf"
 _SETTING = re.compile(r"^ENROOT_[A-Z0-9_]+$")
 _VALUE = re.compile(r"^[A-Za-z0-9._/:%$@{}+=,-]+$")
-_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 _SIZE = re.compile(r"^(\d+[kKmMgG]?|\d{1,2}%|100%)$")
 _PATH_KEYS = ("enroot_config", "enroot_fstab", "pyxis_plugstack", "slurm_plugstack_conf")
 
@@ -71,8 +70,7 @@ class EnrootPyxisRole(RoleBase):
             return
         self.wanted(v)
         for key in _PATH_KEYS:
-            if not _PATH.match(v.string(key)):
-                raise v.fail(key, "an absolute path of letters, digits and . _ - /", v.get(key))
+            v.path(key)
         self.settings(v)
         self.mounts(v)
         size = v.opt_string("enroot_shm_size")
@@ -110,7 +108,7 @@ class EnrootPyxisRole(RoleBase):
             paths = [str(m.get("path")) for m in v.items("shared_mounts") if isinstance(m, dict)]
             key = "shared_mounts"
         for path in paths:
-            if not _PATH.match(path):
+            if not SAFE_PATH.match(path):
                 raise v.fail(key, "absolute paths of letters, digits and . _ - /", path)
         return paths
 

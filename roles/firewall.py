@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import re
 import shlex
 import socket
 import time
@@ -45,7 +44,6 @@ LOCK = f"{STATE_DIR}/firewall.guard.lock"
 CONFIRMED = f"{STATE_DIR}/firewall.confirmed"
 FIRED = f"{STATE_DIR}/firewall.guard-fired"
 CONTROLLERS_VAR = "gpufleet_controllers"
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 @dataclass(frozen=True)
@@ -275,11 +273,8 @@ class FirewallRole(RoleBase):
             raise VarError(f"host {v.host.name}: firewall_backend must be nftables or "
                            f"iptables, got {name!r}")
         default = f"{STATE_DIR}/firewall.{'nft' if name == 'nftables' else 'rules'}"
-        path = v.opt_string("firewall_ruleset_path") or default
-        if not _SAFE_PATH.match(path):
-            raise VarError(f"host {v.host.name}: variable firewall_ruleset_path must be an "
-                           "absolute path of letters, digits and . _ - / (it is run by the "
-                           f"boot unit), got {path!r}")
+        path = (v.path("firewall_ruleset_path", "it is run by the boot unit")
+                if v.opt_string("firewall_ruleset_path") else default)
         return _backend(name, path)
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:

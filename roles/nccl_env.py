@@ -22,7 +22,6 @@ from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 class NcclEnvRole(RoleBase):
@@ -53,9 +52,7 @@ class NcclEnvRole(RoleBase):
             return
         for key in ("nccl_conf_path", "nccl_env_file", "nccl_profile_script",
                     "nccl_sysctl_file"):
-            if not _PATH.match(v.string(key)):
-                raise v.fail(key, "an absolute path of letters, digits and . _ - / (it is "
-                             "written into the profile script and run by sysctl)", v.get(key))
+            v.path(key, "it is written into the profile script and run by sysctl")
         self.settings(v)
         self.port_range(v)
 

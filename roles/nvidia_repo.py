@@ -24,7 +24,6 @@ from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 DEFAULT_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
 _URL = re.compile(r"^(https?://|file:/)[A-Za-z0-9._~:/?#@!$&()*+,;=%-]+$")
-_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 class NvidiaRepoRole(RoleBase):
@@ -51,9 +50,7 @@ class NvidiaRepoRole(RoleBase):
         if not self.active(v):
             return
         for key in ("nvidia_repo_keyring_path", "nvidia_repo_list", "nvidia_repo_pin"):
-            if not _PATH.match(v.string(key)):
-                raise v.fail(key, "an absolute path of letters, digits and . _ - /",
-                             v.get(key))
+            v.path(key)
         if not 1 <= v.integer("nvidia_repo_pin_priority") <= 990:
             raise v.fail("nvidia_repo_pin_priority", "1-990 (above 990 would downgrade "
                          "installed packages)", v.get("nvidia_repo_pin_priority"))

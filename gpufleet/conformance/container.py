@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts.catalog import NO_SMI, Fact, needs
-from gpufleet.provision.role import RoleVars, Var
+from gpufleet.provision.role import SAFE_PATH, RoleVars, Var
 
 if TYPE_CHECKING:
     from gpufleet.conformance.session import Node
@@ -34,7 +34,6 @@ _REFERENCE = re.compile(
     rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
 _OPTION = re.compile(r"^-[-A-Za-z0-9]*(?:=[^\n\x00]*)?$|^[^-\n\x00][^\n\x00]*$")
-_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
 _BRAND = re.compile(r"^\s*Product Brand\s*:\s*(\S.*?)\s*$", re.MULTILINE)
 
 VARIABLES = {
@@ -106,7 +105,7 @@ def check(v: RoleVars) -> None:
             raise v.fail("container_run_options", "engine run options, one per item "
                          "(--ipc=host, --shm-size=16g)", option)
     for path in mounts_of(v):
-        if not _PATH.match(path):
+        if not SAFE_PATH.match(path):
             raise v.fail("container_mounts", "absolute paths of letters, digits and . _ - /",
                          path)
     python = v.string("container_python")

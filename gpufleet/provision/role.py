@@ -10,6 +10,7 @@ lab stand-ins), and the engine, drift, bootstrap and conformance know it only th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -34,6 +35,9 @@ class Var:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown variable kind {self.kind!r}")
+
+
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
 class RoleVars:
@@ -66,6 +70,15 @@ class RoleVars:
 
     def opt_string(self, key: str) -> str | None:
         return None if self.get(key) in (None, "") else self.string(key)
+
+    def path(self, key: str, why: str = "") -> str:
+        """An absolute path of letters, digits and . _ - / (safe in a shell line and in the
+        files that name it); ``why`` says where it goes."""
+        value = self.string(key)
+        if not SAFE_PATH.match(value):
+            raise self.fail(key, "an absolute path of letters, digits and . _ - /"
+                            + (f" ({why})" if why else ""), self.get(key))
+        return value
 
     def integer(self, key: str) -> int:
         value = self.get(key)
