@@ -974,6 +974,8 @@ def _versions(merged: Mapping[str, Any], bootstrap: Sequence[Mapping[str, Any]],
             found.update({"GPUs (AllReduce probe)": ", ".join(f"{n}x {d}" for d, n in
                                                               devices.items())} if devices else {})
             per_host.setdefault(name.removeprefix("single "), {}).update(found)
+    for host, entry in _mapping(_mapping(merged.get("data")).get("image")).items():
+        per_host.setdefault(str(host), {}).update(_image_versions(_mapping(entry)))
     for r in results_of(merged):
         if r.suite == "stack" and r.check == "test_torch_imports":
             per_host.setdefault(r.host, {}).update(
@@ -985,6 +987,19 @@ def _versions(merged: Mapping[str, Any], bootstrap: Sequence[Mapping[str, Any]],
     return [(key, [(value, fold(hosts)) for value, hosts in
                    sorted(values.items(), key=lambda kv: -len(kv[1]))])
             for key, values in sorted(keys.items())]
+
+
+def _image_versions(entry: Mapping[str, Any]) -> dict[str, str]:
+    """The training image's stack on one node, as the image suite reported it."""
+    stack = _mapping(entry.get("image_stack"))
+    torch = _mapping(stack.get("torch"))
+    env = _mapping(stack.get("env"))
+    found = {"image": entry.get("image"), "image ID": str(stack.get("id") or "")[:19] or None,
+             "python (image)": stack.get("python"), "torch (image)": torch.get("version"),
+             "cuda (image)": env.get("CUDA_VERSION") or torch.get("cuda"),
+             "nccl (image)": torch.get("nccl") or stack.get("dpkg_nccl")
+             or env.get("NCCL_VERSION")}
+    return {k: str(v) for k, v in found.items() if v}
 
 
 def _figure_summary(results: Sequence[Result]) -> list[Row]:

@@ -281,3 +281,22 @@ def test_each_rack_s_budget_use_is_on_the_page() -> None:
         "gpu-local": 694.1, "gpu-other": None})
     [over] = html.rack_rows(doc, html.results_of(doc))
     assert over.css == "fail" and over.message.endswith("; no measured peak for gpu-other")
+
+
+def test_the_acceptance_report_shows_the_training_image_beside_the_host_stack() -> None:
+    """The image stack the image suite reports (here the real one of NVIDIA's CUDA 13.0.2
+    image on the H200) is in the versions table, one node's other image named apart."""
+    stack = json.loads((ROOT / "tests" / "fixtures" / "h200x1" / "containers" /
+                        "image_stack.json").read_text())
+    doc = synthetic_conformance(4)
+    image = {"python": stack["python"], "torch": stack["torch"], "dpkg_nccl": stack["dpkg_nccl"],
+             "env": stack["env"], "id": "sha256:" + "a" * 64}
+    doc["data"]["image"] = {f"gpu{i:04d}": {"image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                                            "engine": "docker", "host": {},
+                                            "image_stack": image} for i in range(1, 5)}
+    doc["data"]["image"]["gpu0004"]["image_stack"] = {**image, "id": "sha256:" + "b" * 64}
+    words = "\n".join(Page(html.render_acceptance([doc])).text)
+    assert "torch (image)" in words and "2.11.0+cu130" in words
+    assert "nccl (image)" in words and "2.28.9" in words and "13.0.2" in words
+    assert "sha256:aaaaaaaaaaaa" in words and "sha256:bbbbbbbbbbbb" in words
+    assert "gpu[0001-0003]" in words
