@@ -29,7 +29,7 @@ from gpufleet.conformance.checks.mounts import (
     mounted_at,
     parse_mountinfo,
 )
-from gpufleet.conformance.launch import run_in_image
+from gpufleet.conformance.launch import run_script
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.errors import GpufleetError
 
@@ -48,7 +48,8 @@ def _probe(node: Node) -> dict[str, Any]:
     reference = str(container.image(node))
     found: dict[str, Any] = {"image": reference, "engine": container.engine(node)}
     try:
-        output = run_in_image(node, "image_stack", [], float(node.var("container_timeout_s")))
+        output = run_script(node, "image_stack", [], float(node.var("container_timeout_s")),
+                            in_image=True)
     except GpufleetError as exc:
         found["error"] = str(exc)
         return found

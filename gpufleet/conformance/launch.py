@@ -279,43 +279,27 @@ def cleanup_active() -> dict[str, dict[str, str]]:
 def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float, *,
                in_image: bool = False) -> NodeOutput:
     """Run a single-process probe (``conformance/probes/<probe_name>.py``) on one node with
-    its training interpreter (``in_image``: in the node's image, when it has one); the
-    probe's files are removed afterwards."""
+    its training interpreter, or (``in_image``, when the node has an image) in a container
+    of its image with the image's interpreter; the probe's files (and the container) are
+    removed afterwards."""
+    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
+    probe = f"{rundir}/{probe_name}.py"
+    removal = f"rm -rf {shlex.quote(rundir)}"
     if in_image and container.image(node):
-        return run_in_image(node, probe_name, args, timeout_s)
-    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
-    python = training_python(node.host)
-    env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
-    command = (f"trap 'rm -rf {shlex.quote(rundir)}' EXIT; "
-               f"env {env} {shlex.join([python, f'{rundir}/{probe_name}.py', *args])}; "
-               f"echo \"{RC_MARK}$?\"")
+        argv = container.run_argv(node, rundir, [str(node.var("container_python")), probe,
+                                                 *args], SAFE_ENV)
+        launch = shlex.join(["timeout", "-k", "10", str(int(timeout_s)), *argv])
+        removal = f"{container.removal(node, rundir)}; {removal}"
+    else:
+        env = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
+        launch = f"env {env} {shlex.join([training_python(node.host), probe, *args])}"
+    command = f"trap {shlex.quote(removal)} EXIT; {launch}; echo \"{RC_MARK}$?\""
     try:
         _ship(node, rundir, probe_name)
         result = node.run(command, timeout=timeout_s + 30)
     except GpufleetError:
         with contextlib.suppress(GpufleetError):
-            node.run(f"rm -rf {shlex.quote(rundir)}", timeout=30)
-        raise
-    return _parse(result.stdout, result.stderr)
-
-
-def run_in_image(node: Node, probe_name: str, args: list[str], timeout_s: float
-                 ) -> NodeOutput:
-    """Run a single-process probe in a container of the node's image (its interpreter,
-    ``container_python``); the container and the probe's files are removed afterwards."""
-    rundir = f"/tmp/gpufleet-probe-{uuid.uuid4().hex[:12]}"
-    argv = container.run_argv(node, rundir, [str(node.var("container_python")),
-                                             f"{rundir}/{probe_name}.py", *args], SAFE_ENV)
-    command = (f"trap {shlex.quote(container.removal(node, rundir) + '; rm -rf ' + rundir)} "
-               f"EXIT; timeout -k 10 {int(timeout_s)} {shlex.join(argv)}; "
-               f"echo \"{RC_MARK}$?\"")
-    try:
-        _ship(node, rundir, probe_name)
-        result = node.run(command, timeout=timeout_s + 30)
-    except GpufleetError:
-        with contextlib.suppress(GpufleetError):
-            node.run(f"{container.removal(node, rundir)}; rm -rf {shlex.quote(rundir)}",
-                     timeout=CLEANUP_BUDGET_S)
+            node.run(removal, timeout=CLEANUP_BUDGET_S)
         raise
     return _parse(result.stdout, result.stderr)
 
