@@ -21,7 +21,7 @@ import resource
 import shlex
 import shutil
 import subprocess
-import sys
+import zipfile
 from pathlib import Path
 
 from gpufleet.lab.cluster import Lab
@@ -30,7 +30,10 @@ from tests.lab.conftest import node_sh
 CACHE = Path("/var/cache/gpufleet-lab")
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-TORCH = "torch==2.13.0"
+TORCH = "torch-2.13.0"
+# torch and what it imports, from the lab's wheelhouse
+WHEELS = frozenset({"torch", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath",
+                    "networkx", "sympy", "typing_extensions"})
 BASE = "localhost/gpufleet-lab/base:1"
 # conmon runs a container's processes under at most this many processes
 NPROC_CEILING = 32768
@@ -38,7 +41,7 @@ NPROC_CEILING = 32768
 
 def rootfs(wheelhouse: Path) -> Path:
     """Debian with python3 and the lab's torch (built once, then reused)."""
-    done = CACHE / f"image-rootfs-{SUITE}-{TORCH.replace('==', '-')}"
+    done = CACHE / f"image-rootfs-{SUITE}-{TORCH}"
     if (done / "etc" / "gpufleet-lab-image").exists():
         return done
     building = done.with_name(done.name + ".building")
@@ -46,14 +49,27 @@ def rootfs(wheelhouse: Path) -> Path:
     building.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", SUITE,
                     str(building), MIRROR], check=True, capture_output=True, timeout=900)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links",
-                    str(wheelhouse), "--target",
-                    str(building / "usr/local/lib/python3.11/dist-packages"), TORCH],
-                   check=True, capture_output=True, timeout=900)
+    # the wheels unpacked where Debian's python3 finds them (a wheel is a zip of its files;
+    # torch runs as python3 -m torch.distributed.run, no entry point is needed)
+    site = building / "usr/local/lib/python3.11/dist-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    for wheel in sorted(wheelhouse.glob("*.whl")):
+        if wheel.name.split("-")[0].lower() in WHEELS:
+            _unpack(wheel, site)
     (building / "etc" / "gpufleet-lab-image").write_text("gpufleet lab training image\n")
     shutil.rmtree(done, ignore_errors=True)
     building.rename(done)
     return done
+
+
+def _unpack(wheel: Path, site: Path) -> None:
+    """A wheel's files into ``site``, with their modes."""
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            path = Path(archive.extract(member, site))
+            mode = member.external_attr >> 16 & 0o777
+            if mode and not member.is_dir():
+                path.chmod(mode)
 
 
 def store(lab: Lab) -> Path:

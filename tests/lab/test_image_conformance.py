@@ -44,7 +44,7 @@ FLEET = {"container_engine": "podman", "nvidia_container_toolkit_version": "1.17
          "container_run_options": ["--shm-size=2g"], "container_pull": "never",
          "shared_mounts": [{"path": MOUNT, "writable": True}],
          # the probes' work kept small: the test proves where they run, not their figures
-         "allreduce_sizes": "64K,1M", "ddp_steps": 6}
+         "allreduce_sizes": "64K,1M", "ddp_steps": 6, "allreduce_cpu_procs": 1}
 PER_NODE = {"node06": {"container_run_options": ["--shm-size=64m"]},
             "node07": {"container_mounts": []}}
 

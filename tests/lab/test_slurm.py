@@ -4,6 +4,7 @@ and the slurm:PARTITION inventory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from gpufleet.slurm import findings
 from gpufleet.slurm.client import RunFindings, Slurm, SlurmNode
 from tests.conftest import ROOT
 from tests.lab.conftest import foreign_table, lab_config_for, node_sh
+from tests.lab.test_provision import override
 
 NODES = 3
 HEALTH_CHECK_INTERVAL = 3
@@ -341,6 +343,23 @@ def _steps(lab: Lab, node: str, job: str) -> set[str]:
     return set(re.findall(rf"launch task StepId={job}\.(\d+)", log.read_text()))
 
 
+def _launcher_run(lab: Lab, tmp_path: Path, launcher: str, suites: str, by_ssh: Path
+                  ) -> dict[str, set[str]]:
+    """The suites through ``launcher``: SSH's outcomes, its job gone; its steps by node."""
+    report = tmp_path / f"{launcher}.json"
+    assert app.conformance_cmd(str(lab.config.inventory_dir), suites=suites,
+                               json_path=str(report), launcher=launcher, partition="lab") == 1
+    assert _outcomes(report) == _outcomes(by_ssh), (launcher, _differing(report, by_ssh))
+    described = json.loads(report.read_text())["data"]["launcher"]["slurm"]
+    assert described["left_out"] == {}
+    assert described["combined_steps"] is (launcher == "slurm")
+    assert not [line for line in subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True,
+        check=True, env=_slurm_env(lab)).stdout.split() if line == described["job_id"]]
+    return {f"node0{i}": _steps(lab, f"node0{i}", described["job_id"])
+            for i in range(1, NODES + 1)}
+
+
 def test_the_slurm_launchers_give_the_ssh_launchers_outcomes(slurm_lab: Lab, slurm: Slurm,
                                                                tmp_path: Path) -> None:
     """slurm (node-local commands of the nodes in one step) and slurm-per-node (a step per
@@ -349,22 +368,15 @@ def test_the_slurm_launchers_give_the_ssh_launchers_outcomes(slurm_lab: Lab, slu
     inventory = str(slurm_lab.config.inventory_dir)
     suites = "firewall,stack,host_sizing,reachability,allreduce"
     by_ssh = tmp_path / "ssh.json"
-    assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_ssh)) == 1
     steps = {}
-    for launcher in ("slurm", "slurm-per-node"):
-        report = tmp_path / f"{launcher}.json"
-        assert app.conformance_cmd(inventory, suites=suites, json_path=str(report),
-                                   launcher=launcher, partition="lab") == 1
-        assert _outcomes(report) == _outcomes(by_ssh), (launcher, _differing(report, by_ssh))
-        described = json.loads(report.read_text())["data"]["launcher"]["slurm"]
-        assert described["left_out"] == {}
-        assert described["combined_steps"] is (launcher == "slurm")
-        steps[launcher] = {f"node0{i}": _steps(slurm_lab, f"node0{i}", described["job_id"])
-                           for i in range(1, NODES + 1)}
-        assert not [line for line in subprocess.run(
-            ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True,
-            check=True, env=_slurm_env(slurm_lab)).stdout.split()
-            if line == described["job_id"]]
+    with contextlib.ExitStack() as small:
+        # the launchers are compared, not the figures: the lab's two smaller messages
+        for i in range(1, NODES + 1):
+            small.enter_context(override(slurm_lab.config.inventory_dir, "host_vars",
+                                         f"node0{i}", {"allreduce_sizes": "64K,1M"}))
+        assert app.conformance_cmd(inventory, suites=suites, json_path=str(by_ssh)) == 1
+        for launcher in ("slurm", "slurm-per-node"):
+            steps[launcher] = _launcher_run(slurm_lab, tmp_path, launcher, suites, by_ssh)
     outcomes = _outcomes(by_ssh)
     assert outcomes[("fleet", "allreduce", "test_all_nodes_together")] == "pass"
     assert {outcomes[(f"node0{i}", "allreduce", "test_each_node_alone")]
