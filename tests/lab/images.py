@@ -39,9 +39,12 @@ BASE = "localhost/gpufleet-lab/base:1"
 NPROC_CEILING = 32768
 
 
+UNUSED = ("torch/include/", "torch/test/")
+
+
 def rootfs(wheelhouse: Path) -> Path:
     """Debian with python3 and the lab's torch (built once, then reused)."""
-    done = CACHE / f"image-rootfs-{SUITE}-{TORCH}"
+    done = CACHE / f"image-rootfs-{SUITE}-{TORCH}-1"
     if (done / "etc" / "gpufleet-lab-image").exists():
         return done
     building = done.with_name(done.name + ".building")
@@ -63,9 +66,12 @@ def rootfs(wheelhouse: Path) -> Path:
 
 
 def _unpack(wheel: Path, site: Path) -> None:
-    """A wheel's files into ``site``, with their modes."""
+    """A wheel's files into ``site``, with their modes (torch's C++ headers and its own
+    tests left out: nothing imports them)."""
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.infolist():
+            if member.filename.startswith(UNUSED):
+                continue
             path = Path(archive.extract(member, site))
             mode = member.external_attr >> 16 & 0o777
             if mode and not member.is_dir():
