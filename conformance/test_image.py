@@ -84,7 +84,8 @@ def _started(node: Node, conformance: ConformanceSession) -> dict[str, Any]:
 
 
 def _declarations(found: dict[str, Any]) -> dict[str, str]:
-    """The image's environment as its configuration declares it, over what the probe saw."""
+    """The image's environment as its configuration declares it (where NVIDIA's images
+    declare CUDA_VERSION, NVIDIA_REQUIRE_CUDA and NCCL_VERSION), over what the probe saw."""
     info = found.get("info")
     return {**found["stack"].get("env", {}), **(info.env if info is not None else {})}
 

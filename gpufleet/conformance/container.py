@@ -166,10 +166,6 @@ class ImageInfo:
     env: dict[str, str]
     labels: dict[str, str]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"image": self.reference, "id": self.id, "repo_digests": self.repo_digests,
-                "env": self.env, "labels": self.labels}
-
 
 def inspect_command(node: Node) -> str:
     reference = image(node) or ""
