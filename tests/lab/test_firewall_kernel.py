@@ -365,8 +365,9 @@ def _differential(lab: KernelLab, seeds: range, size: Size) -> Tally:
 
 
 def test_the_analysis_agrees_with_the_kernel(kernel_lab: KernelLab) -> None:
-    """100 generated cases: no false open and no false closed verdict."""
-    tally = _differential(kernel_lab, range(1, 101), SMALL)
+    """60 generated cases (the scale tier runs 1,000): no false open and no false closed
+    verdict."""
+    tally = _differential(kernel_lab, range(1, 61), SMALL)
     assert (tally.false_open, tally.false_closed) == (0, 0), tally.report(informational=False)
 
 

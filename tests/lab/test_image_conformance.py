@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,17 +66,21 @@ def image_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     export.mkdir(parents=True, exist_ok=True)
     Path(MOUNT).mkdir(exist_ok=True)
     store = images.store(lab)
-    for node in lab.nodes():
-        images.enable(lab, node.name, store)
-        node_sh(lab, node.name, f"mount --bind {export} {MOUNT} && mkdir -p /proc/driver/nvidia"
+
+    def prepare(name: str) -> None:
+        images.enable(lab, name, store)
+        node_sh(lab, name, f"mount --bind {export} {MOUNT} && mkdir -p /proc/driver/nvidia"
                 " && printf '%s\\n' 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
                 f"{DRIVER}  Release Build  (gpufleet lab)' > /proc/driver/nvidia/version")
-        if node.name == "node08":
-            images.build(lab, node.name, TAG, GOOD, entrypoint=[
+        if name == "node08":
+            images.build(lab, name, TAG, GOOD, entrypoint=[
                 "/bin/sh", "-c", "echo 'entrypoint: /opt/setup.sh not found' >&2; exit 1"])
         else:
-            images.build(lab, node.name, TAG, VARIANTS.get(node.name, GOOD), labels={
+            images.build(lab, name, TAG, VARIANTS.get(name, GOOD), labels={
                 "org.opencontainers.image.title": "gpufleet lab training image"})
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(prepare, [n.name for n in lab.nodes()]))
     yield lab
     for node in lab.nodes():
         node_sh(lab, node.name, f"podman rm -af >/dev/null 2>&1; umount {MOUNT} 2>/dev/null; "
