@@ -79,9 +79,14 @@ def container_name(rundir: str) -> str:
     return "gpufleet-" + rundir.rstrip("/").rsplit("/", 1)[-1]
 
 
+def is_reference(text: str) -> bool:
+    """Whether ``text`` is an image reference as engines accept it."""
+    return bool(_REFERENCE.match(text)) and len(text) <= 512
+
+
 def check_reference(reference: str, where: str) -> None:
     """An image reference as engines accept it (GpufleetError naming ``where``)."""
-    if not _REFERENCE.match(reference) or len(reference) > 512:
+    if not is_reference(reference):
         raise GpufleetError(f"{where} must be an image reference (registry/name:tag or "
                             f"name@sha256:digest), got {reference!r}")
 
@@ -91,7 +96,7 @@ def check(v: RoleVars) -> None:
     reference = v.opt_string("container_image")
     if reference is None:
         return
-    if not _REFERENCE.match(reference) or len(reference) > 512:
+    if not is_reference(reference):
         raise v.fail("container_image", "an image reference (registry/name:tag or "
                      "name@sha256:digest)", reference)
     chosen = v.opt_string("container_engine")
