@@ -777,12 +777,15 @@ class Lab:
 def prepare_wheelhouse(wheelhouse: Path, requirement: str) -> None:
     """Download the wheels the pytorch role installs on nodes, which have no internet."""
     stamp = wheelhouse / ".gpufleet-wheelhouse"
-    if stamp.is_file() and stamp.read_text().strip() == requirement:
-        return
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    localcmd.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                  "--dest", str(wheelhouse), requirement], timeout=1800)
-    stamp.write_text(requirement + "\n")
+    with open(wheelhouse / ".lock", "w") as lock:  # labs coming up at once download it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text().strip() == requirement:
+            return
+        localcmd.run([sys.executable, "-m", "pip", "download", "--quiet",
+                      "--only-binary=:all:", "--dest", str(wheelhouse), requirement],
+                     timeout=1800)
+        stamp.write_text(requirement + "\n")
 
 
 def _module_load_script() -> str:

@@ -34,7 +34,8 @@ PROVISIONED = "node01:node02:node03:node04"
 # name and state directory. Each test lab has its own offset, so its own /16: t 0, dn 1, 32 2,
 # sl 3, bs 4, hs 5, the firewall-against-the-kernel namespaces (test_firewall_kernel) 6, and
 # the network placement lab (test_network_placement) 7, the shared mounts lab
-# (test_shared_mounts) 8, the image conformance lab (test_image_conformance) 9.
+# (test_shared_mounts) 8, the image conformance lab (test_image_conformance) 9, the
+# baseline lab (test_baseline) 10. Under `pytest -n` the labs run side by side (tests/conftest.py).
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
 
@@ -111,6 +112,20 @@ def node_sh(lab: Lab, node: str, command: str, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{node}: {command!r} failed ({proc.returncode}): {proc.stderr}")
     return proc.stdout
+
+
+def node_processes(lab: Lab, node: str) -> list[str]:
+    """The command lines of the processes in ``node``'s network namespace (lab nodes share
+    the controller's PID namespace, so pgrep inside a node would see every process)."""
+    pids = subprocess.run(["ip", "netns", "pids", lab.node(node).netns], capture_output=True,
+                          text=True, check=True).stdout.split()
+    lines = []
+    for pid in pids:
+        try:
+            lines.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip())
+        except OSError:
+            continue
+    return lines
 
 
 def foreign_table(lab: Lab, node: str, rule: str) -> None:

@@ -37,7 +37,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Pa
     inventory = tmp_path_factory.mktemp("baseline") / "lab"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "group_vars" / "all.yml").write_text(yaml.safe_dump(VARIABLES))
-    lab = Lab(lab_config_for("bl", 6, inventory))
+    lab = Lab(lab_config_for("bl", 10, inventory))
     lab.down()
     lab.up(1)
     try:

@@ -19,7 +19,7 @@ import pytest
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
 from tests.conftest import ROOT
-from tests.lab.conftest import lab_config_for, node_sh
+from tests.lab.conftest import lab_config_for, node_processes, node_sh
 from tests.lab.test_provision import override
 
 pytestmark = pytest.mark.scale
@@ -63,7 +63,7 @@ def _rows(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def _leftovers(cut: Lab) -> dict[str, str]:
-    found = {n.name: node_sh(cut, n.name, "pgrep -af '[g]pufleet-probe-' || true").strip()
+    found = {n.name: " ".join(p for p in node_processes(cut, n.name) if "gpufleet-probe-" in p)
              for n in cut.nodes()}
     return {n: p for n, p in found.items() if p}
 

@@ -4,7 +4,6 @@ firewall closing ports on one node, hang handling, and the JUnit/JSON reports.""
 from __future__ import annotations
 
 import json
-import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from gpufleet.connect.fleet import FleetOptions
 from gpufleet.inventory.model import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.junit_schema import check_junit
-from tests.lab.conftest import PROVISIONED, node_sh
+from tests.lab.conftest import PROVISIONED, node_processes, node_sh
 from tests.lab.test_provision import run
 
 PORTS = probe_ports(29500, 49152, 65535, 1)
@@ -36,9 +35,10 @@ def session(provisioned: Path) -> Iterator[ConformanceSession]:
     state.close()
 
 
-def _probe_processes(lab: Lab) -> str:
-    return subprocess.run(["pgrep", "-af", "[g]pufleet-allreduce-"], capture_output=True,
-                          text=True, check=False).stdout.strip()
+def _probe_processes(lab: Lab) -> list[str]:
+    """The AllReduce probe's processes left on the lab's nodes."""
+    return [line for node in lab.nodes() for line in node_processes(lab, node.name)
+            if "gpufleet-allreduce-" in line]
 
 
 @pytest.mark.parametrize("count", [2, 3, 4])
@@ -57,7 +57,7 @@ def test_gloo_allreduce_across_nodes(session: ConformanceSession, lab: Lab,
         assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (world - 1) / world)
         assert row["busbw"] > 0
     assert result.leftovers == {}
-    assert _probe_processes(lab) == ""
+    assert _probe_processes(lab) == []
 
 
 def test_reachability_names_the_node_and_port_a_firewall_closes(
@@ -104,7 +104,7 @@ def test_a_blocked_port_range_makes_allreduce_fail_cleanly_within_its_timeout(
     assert error.startswith("timed out after")
     assert "hung in rendezvous" in error or "hung in the first collective" in error
     assert result.leftovers == {}
-    assert _probe_processes(lab) == ""
+    assert _probe_processes(lab) == []
 
 
 def test_pairs_ring_and_sample_cover_every_node(session: ConformanceSession) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import gather_facts
 from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.lab.cluster import Lab
-from tests.lab.conftest import SUBNET, node_sh, ssh
+from tests.lab.conftest import SUBNET, node_processes, node_sh, ssh
 
 
 def _host(inventory: Inventory, name: str, **extra: object) -> Host:
@@ -119,8 +118,7 @@ def test_hung_command_times_out_and_is_killed_on_the_node(
     assert time.monotonic() - start < 15
     conn.close()
     time.sleep(0.5)
-    assert subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True,
-                          check=False).stdout.strip() == ""
+    assert "sleep 300" not in node_processes(lab, "node03")
 
 
 def test_host_wall_timeout_fails_that_host_only(inventory: Inventory,

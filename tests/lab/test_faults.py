@@ -17,7 +17,7 @@ from typing import Any
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
 from tests.conftest import ROOT
-from tests.lab.conftest import LAB_NODES, PROVISIONED, SUBNET, node_sh
+from tests.lab.conftest import LAB_NODES, PROVISIONED, SUBNET, node_processes, node_sh
 from tests.lab.fakegpu import fake_gpus
 from tests.lab.test_provision import LOCK_HOLDER, items, override, run
 
@@ -29,20 +29,6 @@ PASSWORD = "s3cret-Pw_for-sudo"
 def _json(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc
-
-
-def node_processes(lab: Lab, node: str) -> list[str]:
-    """The command lines of the processes in ``node``'s network namespace (lab nodes share
-    the controller's PID namespace, so pgrep inside a node would see every process)."""
-    pids = subprocess.run(["ip", "netns", "pids", lab.node(node).netns], capture_output=True,
-                          text=True, check=True).stdout.split()
-    lines = []
-    for pid in pids:
-        try:
-            lines.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip())
-        except OSError:
-            continue
-    return lines
 
 
 def kill_sshd(lab: Lab, node: str) -> None:
