@@ -369,8 +369,6 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                         progress=terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
-    if outputs.html_path:
-        html.write_html(outputs.html_path, html.render_drift(document, history.documents()))
     if outputs.json_path:
         write_json(outputs.json_path, document)
     if outputs.junit_path:
@@ -384,6 +382,9 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     drift_report.print_report(con, run, diff)
     if drain_drifted:
         _drain_drifted(target, run, con)
+    if outputs.html_path:
+        html.write_report(outputs.html_path,
+                          lambda: html.render_drift(document, history.documents()))
     return exit_code(run)
 
 
@@ -559,19 +560,19 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     document = report.to_json()
     if json_path:
         write_json(json_path, document)
-    if html_path:
-        acceptance = bool({"acceptance", "all"} & set(options.suites))
-        html.write_html(html_path, html.render_acceptance([document]) if acceptance
-                        else html.render_conformance(document))
+    if junit_path:
+        junit.write(junit_path, conformance_junit.to_junit(report))
     if prometheus_path and metrics is not None:
         label, previous = metrics
         prometheus.write(prometheus_path, conformance_metrics.to_metrics(
             report, prometheus.Textfile(label, "conformance"), previous))
-    if junit_path:
-        junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
         drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path,
                                                   html_path))
+    if html_path:
+        acceptance = bool({"acceptance", "all"} & set(options.suites))
+        html.write_report(html_path, lambda: html.render_acceptance([document]) if acceptance
+                          else html.render_conformance(document))
     return exitcodes.FAILED if report.failed else exitcodes.OK
 
 
@@ -623,6 +624,6 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     if json_path:
         write_json(json_path, document)
     if html_path:
-        html.write_html(html_path, html.render_acceptance(
+        html.write_report(html_path, lambda: html.render_acceptance(
             [r.to_json() for r in result.reports], bootstrap=[document]))
     return result.exit_code

@@ -18,10 +18,12 @@ import base64
 import functools
 import hashlib
 import json
+import logging
+import math
 import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +46,8 @@ from gpufleet.report.svg import (
     size_label,
 )
 from gpufleet.report.terminal import host_set
+
+log = logging.getLogger("gpufleet.report")
 
 FLEET = "fleet"
 MAX_NODE_PLOTS = 12
@@ -185,14 +189,31 @@ def _clip(value: Any) -> str:
     return f"{text[:MAX_MESSAGE]}... ({len(text) - MAX_MESSAGE} more characters in the JSON)"
 
 
-def _float(value: Any) -> float | None:
+def _real(value: Any) -> float | None:
+    """A number from a node's figures as a text shows it: NaN and the infinities kept (they
+    read ``nan``, ``inf``); anything but a number (a string, a list, a bool) is None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float's range: a JSON 1 followed by 400 zeros
+        return math.inf if value > 0 else -math.inf
+
+
+def _float(value: Any) -> float | None:
+    """A number a plot can place: finite; NaN, the infinities and non-numbers are None, so
+    one node's bad figure is left out of the plots rather than breaking the page."""
+    real = _real(value)
+    return real if real is not None and math.isfinite(real) else None
+
+
+def _list(value: Any) -> list[Any]:
+    """A list a node sent, or none: a number or a mapping where a list belongs is none."""
+    return value if isinstance(value, list) else []
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+    return [v for v in _list(value) if isinstance(v, dict)]
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -208,6 +229,20 @@ def _render(template: str, **context: Any) -> str:
 def write_html(path: str, html: str) -> None:
     """Write a rendered report atomically (``-``: standard output)."""
     local_put(path, html.encode("utf-8"))
+
+
+def write_report(path: str, render: Callable[[], str]) -> bool:
+    """Render and write a run's page, the last of its outputs: a page that cannot be
+    rendered or written is one warning (the traceback at -vvv), never the run's failure,
+    so the JSON, JUnit, Prometheus outputs and drains written before it stand."""
+    try:
+        write_html(path, render())
+    except Exception as exc:  # the page is a view of outputs already written
+        log.warning("--html %s: the report could not be written (%s: %s); the run's other "
+                    "outputs and its exit code stand", path, type(exc).__name__, exc)
+        log.debug("the report's traceback", exc_info=True)
+        return False
+    return True
 
 
 # ---- conformance ---------------------------------------------------------------------------
@@ -303,7 +338,7 @@ def counter_rows(results: Sequence[Result]) -> list[Row]:
         if not r.check.startswith("test_nic_counters_during_"):
             continue
         for phase, entry in _mapping(r.properties.get("counters")).items():
-            moved = [str(m) for m in _mapping(entry).get("moved") or []]
+            moved = [str(m) for m in _list(_mapping(entry).get("moved"))]
             if moved:
                 rows.append(Row(r.host, COUNTER_PHASES.get(phase, phase),
                                 _clip("; ".join(moved)),
@@ -393,8 +428,8 @@ def busbw_alone(doc: Mapping[str, Any], results: Sequence[Result]) -> dict[str, 
             if not name.startswith("allreduce.busbw.") or median is None \
                     or not name.rsplit(".", 1)[1].isdigit():
                 continue
-            trials = [x for x in map(_float, [*(v.get("trials") or []),
-                                              *(v.get("remeasured") or [])]) if x is not None]
+            trials = [x for x in map(_float, [*_list(v.get("trials")),
+                                              *_list(v.get("remeasured"))]) if x is not None]
             figures.append(SizeFigure(int(name.rsplit(".", 1)[1]), median,
                                       min(trials, default=median), max(trials, default=median),
                                       _float(v.get("gate")), str(v.get("gate_source") or ""),
@@ -487,7 +522,7 @@ def _node_busbw_chart(host: str, figures: list[SizeFigure], outcome: str,
 def _across_chart(doc: Mapping[str, Any], results: Sequence[Result]) -> Plot | None:
     data = _mapping(_mapping(doc.get("data")).get("allreduce"))
     together = _run_sizes(data.get("all nodes"))
-    pairs = [(_mapping(run).get("nodes") or [], _run_sizes(run))
+    pairs = [(_list(_mapping(run).get("nodes")), _run_sizes(run))
              for run in _dicts(_mapping(data.get("hierarchy")).get("pairs"))]
     pairs = [(nodes, figs) for nodes, figs in pairs if figs]
     if not together and not pairs:
@@ -503,7 +538,7 @@ def _across_chart(doc: Mapping[str, Any], results: Sequence[Result]) -> Plot | N
                                 "pairs" if i == 0 else None, 1, opacity=0.6, title=names))
     world = props.get("world_size")
     if together:
-        label = f"all nodes ({len(_mapping(data.get('all nodes')).get('nodes') or [])} nodes" + \
+        label = f"all nodes ({len(_list(_mapping(data.get('all nodes')).get('nodes')))} nodes" + \
             (f", {world} processes)" if world else ")")
         chart.lines.append(Line([(f.size, f.median) for f in together], PALETTE[0], label, 2.5,
                                 dots=True))
@@ -551,8 +586,8 @@ def soaks(doc: Mapping[str, Any], results: Sequence[Result]) -> list[Soak]:
 
 
 def _series(curve: Mapping[str, Any], key: str) -> list[tuple[float, float]]:
-    return [(t, v) for t, v in zip(map(_float, curve.get("t") or []),
-                                   map(_float, curve.get(key) or []), strict=False)
+    return [(t, v) for t, v in zip(map(_float, _list(curve.get("t"))),
+                                   map(_float, _list(curve.get(key))), strict=False)
             if t is not None and v is not None]
 
 
@@ -726,8 +761,8 @@ def render_drift(doc: Mapping[str, Any], history: Sequence[Mapping[str, Any]] = 
              DRIFT_CSS[s] if any(v == s for v in status.values()) else "")
         for s in DRIFT_ORDER] + [
         Card("items", str(summary.get("items", sum(len(g.hosts) for g in items.values())))),
-        Card("new since last run", str(summary.get("new", len(doc.get("new_since_last") or [])))),
-        Card("resolved", str(summary.get("resolved", len(doc.get("resolved_since_last") or []))))]
+        Card("new since last run", str(summary.get("new", len(_list(doc.get("new_since_last")))))),
+        Card("resolved", str(summary.get("resolved", len(_list(doc.get("resolved_since_last"))))))]
     consistency = [Row(fold(h for hs in _mapping(c.get("values")).values() for h in hs),
                        f"group {c.get('group')}: {c.get('key')}",
                        "; ".join(f"{v} on {fold(hs)}" for v, hs in
@@ -748,7 +783,7 @@ def _since(doc: Mapping[str, Any]) -> list[Row]:
     rows = []
     for key, label in (("new_since_last", "new"), ("resolved_since_last", "resolved")):
         by_item: dict[str, list[str]] = defaultdict(list)
-        for entry in doc.get(key) or []:
+        for entry in _list(doc.get(key)):
             host, _, item = str(entry).partition(" ")
             by_item[item].append(host)
         rows += [Row(fold(h), item, label, "warn" if label == "new" else "pass")
@@ -885,7 +920,7 @@ def _figure(result: Result | None, value: str, gate: str = "") -> Figure:
 def _largest_gate(result: Result) -> str:
     verdicts = _mapping(result.properties.get("verdicts"))
     size = result.properties.get("largest_size")
-    gate = _float(_mapping(verdicts.get(f"allreduce.busbw.{size}")).get("gate"))
+    gate = _real(_mapping(verdicts.get(f"allreduce.busbw.{size}")).get("gate"))
     return f"gate {number(gate)} GB/s" if gate is not None else ""
 
 
@@ -899,9 +934,9 @@ def _multi_node(docs: Sequence[Mapping[str, Any]]) -> dict[str, Figure]:
         if run is None:
             continue
         hosts = {r.host for r in results if r.host != FLEET}
-        left = {str(h) for h in run.properties.get("left_out") or []}
+        left = {str(h) for h in _list(run.properties.get("left_out"))}
         props = run.properties
-        busbw, gate = _float(props.get("busbw_gbps")), _float(props.get("gate_gbps"))
+        busbw, gate = _real(props.get("busbw_gbps")), _real(props.get("gate_gbps"))
         ran = hosts - left
         text = f"{number(busbw)} GB/s on {len(ran)} nodes" if busbw is not None else ""
         figure = _figure(run, text, f"gate {number(gate)} GB/s" if gate is not None else "")
@@ -928,11 +963,11 @@ def acceptance_rows(docs: Sequence[Mapping[str, Any]], results: Sequence[Result]
     rows = []
     for host in hosts:
         a, s, t = alone.get(host), storage.get(host), thermal.get(host)
-        single = _figure(a, f"{number(_float(a.properties.get('busbw_gbps')) or 0)} GB/s at "
+        busbw = _real(a.properties.get("busbw_gbps")) if a else None
+        single = _figure(a, f"{number(busbw)} GB/s at "
                             f"{size_label(_float(a.properties.get('largest_size')) or 0)}"
-                         if a and a.properties.get("busbw_gbps") is not None else "",
-                         _largest_gate(a) if a else "")
-        read = _float(s.properties.get("seq_read_mbps")) if s else None
+                         if a and busbw is not None else "", _largest_gate(a) if a else "")
+        read = _real(s.properties.get("seq_read_mbps")) if s else None
         together = s.properties.get("read_together_with") if s else None
         stored = _figure(s, f"{read:g} MB/s" + (f" with {together} others" if together else "")
                          if read is not None else "",
@@ -942,8 +977,8 @@ def acceptance_rows(docs: Sequence[Mapping[str, Any]], results: Sequence[Result]
             stored.note = "; ".join(filter(None, [
                 stored.note, f"aggregate {aggregate.properties.get('aggregate_mbps')} MB/s "
                 f"({aggregate.outcome})"]))
-        peak = _float(t.properties.get("max_temp_c")) if t else None
-        limit = _float(t.properties.get("temp_limit_c")) if t else None
+        peak = _real(t.properties.get("max_temp_c")) if t else None
+        limit = _real(t.properties.get("temp_limit_c")) if t else None
         heat = _figure(t, f"{peak:g} C" if peak is not None else "",
                        f"limit {limit:g} C" if limit is not None else "")
         rows.append(NodeRow(host, status.get(host, "SKIP"),
@@ -970,7 +1005,7 @@ def _versions(merged: Mapping[str, Any], bootstrap: Sequence[Mapping[str, Any]],
         if name.startswith("single ") and summary:
             found = {f"{k} (AllReduce probe)": str(summary[k]) for k in ("torch", "cuda", "nccl")
                      if summary.get(k)}
-            devices = Counter(map(str, summary.get("devices") or []))
+            devices = Counter(map(str, _list(summary.get("devices"))))
             found.update({"GPUs (AllReduce probe)": ", ".join(f"{n}x {d}" for d, n in
                                                               devices.items())} if devices else {})
             per_host.setdefault(name.removeprefix("single "), {}).update(found)

@@ -94,7 +94,9 @@ class Chart:
     height: int = 240
 
     def empty(self) -> bool:
-        return not (self.lines or self.dots or self.whiskers)
+        """Nothing to place: no line has a point (a legend entry alone is no point), no
+        dot, no whisker."""
+        return not (any(line.points for line in self.lines) or self.dots or self.whiskers)
 
     def svg(self) -> Markup:
         """The chart as an ``<svg>`` element."""
