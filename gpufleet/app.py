@@ -359,7 +359,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
         scheduler.check(target.hosts, "--drain-drifted")
-    metrics = _metrics_target(target, outputs.prometheus_path, limit, "drift")
+    label = _metrics_target(target, outputs.prometheus_path, "drift")
     history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
     options = DriftOptions(selected, fleet.options(target, "drift"), history)
     remediation = fleet.options(target, "provision") if remediate else None
@@ -373,31 +373,29 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
         write_json(outputs.json_path, document)
     if outputs.junit_path:
         junit.write(outputs.junit_path, drift_report.to_junit(run))
-    if outputs.prometheus_path and metrics is not None:
-        label, previous = metrics
-        prometheus.write(outputs.prometheus_path, drift_report.to_metrics(
-            run, prometheus.Textfile(label, "drift"), previous))
     con = _console(out, outputs.json_path, outputs.junit_path, outputs.prometheus_path,
                    outputs.html_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
         _drain_drifted(target, run, con)
+    if outputs.prometheus_path and label is not None:
+        prometheus.update(outputs.prometheus_path, label, "drift", bool(limit),
+                          lambda previous: drift_report.to_metrics(
+                              run, prometheus.Textfile(label, "drift"), previous))
     if outputs.html_path:
         html.write_report(outputs.html_path,
                           lambda: html.render_drift(document, history.documents()))
     return exit_code(run)
 
 
-def _metrics_target(target: Target, path: str | None, limit: str | None, command: str
-                    ) -> tuple[str, str | None] | None:
-    """The ``inventory`` label of the textfile, and the file it replaces when the run
-    covers only part of the fleet (``--limit``: the other hosts' series are kept); checked
-    before any host is contacted."""
+def _metrics_target(target: Target, path: str | None, command: str) -> str | None:
+    """The ``inventory`` label of the textfile, with the file it will replace checked
+    before any host is contacted (it is read again, under its lock, when it is written)."""
     if not path:
         return None
     label = prometheus.inventory_label(target.inventory, target.hosts)
-    previous = prometheus.replaced(path, label, command)
-    return label, previous if limit else None
+    prometheus.replaced(path, label, command)
+    return label
 
 
 def _drain_drifted(target: Target, run: DriftRun, con: Any) -> None:
@@ -543,7 +541,7 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         container.check_reference(image, "--image")
         for host in target.hosts:
             host.vars["container_image"] = image
-    metrics = _metrics_target(target, prometheus_path, limit, "conformance")
+    label = _metrics_target(target, prometheus_path, "conformance")
     if drain_failed:
         scheduler.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
@@ -562,13 +560,13 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         write_json(json_path, document)
     if junit_path:
         junit.write(junit_path, conformance_junit.to_junit(report))
-    if prometheus_path and metrics is not None:
-        label, previous = metrics
-        prometheus.write(prometheus_path, conformance_metrics.to_metrics(
-            report, prometheus.Textfile(label, "conformance"), previous))
     if drain_failed:
         drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path,
                                                   html_path))
+    if prometheus_path and label is not None:
+        prometheus.update(prometheus_path, label, "conformance", bool(limit),
+                          lambda previous: conformance_metrics.to_metrics(
+                              report, prometheus.Textfile(label, "conformance"), previous))
     if html_path:
         acceptance = bool({"acceptance", "all"} & set(options.suites))
         html.write_report(html_path, lambda: html.render_acceptance([document]) if acceptance

@@ -5,14 +5,19 @@ of two inventories can share one node_exporter textfile directory without collid
 every file carries ``gpufleet_build_info{command,version}`` (the command keeps a drift and a
 conformance file of one inventory apart). A run over a subset of the hosts
 (``--limit``) keeps the series of the other hosts from the file it replaces
-(:meth:`Textfile.keep_others`), so a limited run updates only its own hosts.
+(:meth:`Textfile.keep_others`), read again under a lock when it writes (:func:`update`), so
+a limited run updates only its own hosts, however many run at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
+import os
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -24,6 +29,8 @@ from gpufleet.inventory.model import Host, Inventory
 from gpufleet.report.outputs import local_put
 
 METRICS_NAME_VAR = "gpufleet_metrics_name"
+LOCK_SUFFIX = ".lock"
+LOCK_TIMEOUT_S = 60.0  # another run holds the lock only to read, merge and write one file
 _SAMPLE_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum")
 
 
@@ -149,6 +156,46 @@ def write(path: str | Path, textfile: Textfile) -> None:
     """Write the textfile atomically (``-``: stdout): node_exporter never reads half a file,
     and the temporary name does not end in .prom, so its collector passes it over."""
     local_put(str(path), textfile.text())
+
+
+def update(path: str, inventory: str, command_name: str, limited: bool,
+           build: Callable[[str | None], Textfile]) -> None:
+    """Write the run's textfile, ``build(previous)``, where ``previous`` is the file as it is
+    now when the run covers part of the fleet (``limited``): read, merged and replaced under
+    an exclusive lock on ``PATH.lock``, so two overlapping ``--limit`` runs each keep the
+    other's series instead of writing back the copy they read when they started."""
+    if path == "-":
+        write(path, build(None))
+        return
+    with _locked(Path(path + LOCK_SUFFIX)):
+        previous = replaced(path, inventory, command_name) if limited else None
+        write(path, build(previous))
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock`` (created beside the textfile; its name does not
+    end in .prom, so the collector passes it over), waited for up to ``timeout_s``; it is
+    released when the process ends, however it ends."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise MetricsError(f"--prometheus: cannot open the lock file {lock}: "
+                           f"{exc.strerror}") from None
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise MetricsError(f"--prometheus: {lock} stayed locked for {timeout_s:g} "
+                                       "s by another gpufleet run") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
 
 
 _NAME = re.compile(r"[^a-zA-Z0-9_]+")

@@ -1,12 +1,15 @@
 """node_exporter textfiles of drift and conformance, held to promtool and Prometheus' own
-parser: the inventory label on every series, a limited run that keeps the other hosts,
-files of another inventory refused, two roles managing one path refused."""
+parser: the inventory label on every series, a limited run that keeps the other hosts
+(two overlapping ones each other's), files of another inventory refused, two roles
+managing one path refused."""
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from gpufleet.inventory.model import load_inventory
 from gpufleet.provision.engine import BadVariables, validate
 from gpufleet.report import prometheus
 from gpufleet.report.prometheus import MetricsError, Textfile
+from tests.conftest import ROOT
 
 
 def samples(text: str | bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -90,6 +94,86 @@ def test_a_limited_run_updates_only_its_hosts(tmp_path: Path) -> None:
     assert not [k for k in found if k[0] == "gpufleet_drift_items"]
     assert found[("gpufleet_drift_hosts", (("inventory", "prod"), ("status", "clean")))] == 3
     assert found[("gpufleet_drift_last_run_hosts", (("inventory", "prod"),))] == 1
+
+
+OVERLAPPING_RUN = """
+import sys
+import time
+from pathlib import Path
+
+from gpufleet import app
+from gpufleet.conformance.results import ConformanceReport, Result
+
+inventory, host, role, prom, meet = sys.argv[1:]
+meet_at = Path(meet)
+write = app.conformance_metrics.to_metrics
+
+
+def wait_for(*names):
+    deadline = time.monotonic() + 60
+    while not all((meet_at / n).exists() for n in names):
+        assert time.monotonic() < deadline, names
+        time.sleep(0.02)
+
+
+def run_suites(target, options):
+    (meet_at / host).touch()
+    wait_for("gpu01", "gpu02")  # both runs read the textfile when they started
+    if role == "second":
+        wait_for("first-writing")  # and this one writes while the first one does
+    return ConformanceReport(inventory, "d" * 64, time.time(), 1.0,
+                             [Result("stack", "test_role_converged[nccl]", host, "pass", "",
+                                     0.1, {})])
+
+
+def slow_write(report, textfile, previous=None):
+    if role == "first":
+        (meet_at / "first-writing").touch()
+        time.sleep(1.5)
+    return write(report, textfile, previous)
+
+
+app.run_suites = run_suites
+app.conformance_metrics.to_metrics = slow_write
+sys.exit(app.conformance_cmd(inventory, limit=host, suites="stack", prometheus_path=prom))
+"""
+
+
+def test_overlapping_limited_runs_keep_each_other_s_series(tmp_path: Path) -> None:
+    """Two processes: --limit gpu01 and --limit gpu02 of one inventory start together, and
+    the second writes while the first is writing: the file ends with both hosts (each
+    re-reads the file under the lock when it writes), and the lock file is not a .prom."""
+    inventory = tmp_path / "prod.yml"
+    inventory.write_text("all:\n  vars:\n    ansible_connection: local\n"
+                         "  hosts:\n    gpu01:\n    gpu02:\n")
+    script = tmp_path / "run.py"
+    script.write_text(OVERLAPPING_RUN)
+    path = tmp_path / "textfiles" / "conformance-prod.prom"
+    path.parent.mkdir()
+    runs = [subprocess.Popen([sys.executable, str(script), str(inventory), host, role,
+                              str(path), str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE,
+                             text=True)
+            for host, role in (("gpu01", "first"), ("gpu02", "second"))]
+    for proc in runs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    promtool(path)
+    found = samples(path.read_text())
+    results = {dict(labels)["host"] for name, labels in found
+               if name == "gpufleet_conformance_check_result"}
+    assert results == {"gpu01", "gpu02"}
+    assert found[("gpufleet_conformance_hosts", (("inventory", "prod"), ("status", "PASS")))] == 2
+    assert sorted(p.name for p in path.parent.iterdir()) == ["conformance-prod.prom",
+                                                             "conformance-prod.prom.lock"]
+
+
+def test_a_lock_held_too_long_is_an_error_naming_the_lock_file(tmp_path: Path) -> None:
+    path = tmp_path / "prod.prom"
+    with open(f"{path}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(MetricsError, match=re.escape(f"{path}.lock stayed locked")), \
+                prometheus._locked(Path(f"{path}.lock"), timeout_s=0.2):
+            pass
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -1,7 +1,8 @@
 """The outputs of a conformance run in the order that keeps a failed node out of service:
-the machine-read outputs (JSON, JUnit, Prometheus) and the drain first, the HTML page
-last; a node's figure that is NaN, infinite or of the wrong type costs that figure only,
-and a page that cannot be rendered is one warning, never the run's failure."""
+the machine-read outputs (JSON, JUnit, Prometheus) and the drain first (the drain before
+the textfile, which waits for its lock), the HTML page last; a node's figure that is NaN,
+infinite or of the wrong type costs that figure only, and a page that cannot be rendered
+is one warning, never the run's failure."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_a_page_that_cannot_render_is_a_warning_after_every_other_output(
     with caplog.at_level(logging.WARNING, "gpufleet"):
         code, drained, out = run(tmp_path, monkeypatch, hostile_report(), suites)
     assert code == 1 and drained == ["gpu02"]
-    assert sorted(p.name for p in out.iterdir()) == ["c.json", "c.prom", "c.xml"]
+    assert sorted(p.name for p in out.iterdir()) == ["c.json", "c.prom", "c.prom.lock", "c.xml"]
     [warning] = caplog.messages
     assert warning.startswith(f"--html {out / 'c.html'}: the report could not be written "
                               "(ValueError: cannot convert float NaN to integer)")
