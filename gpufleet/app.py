@@ -525,7 +525,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                     record_baseline: bool = False, compare_baseline: bool = False,
                     prometheus_path: str | None = None, html_path: str | None = None,
                     image: str | None = None, out: TextIO | None = None) -> int:
-    """Run the conformance suites; the exit code is 1 when any check failed. ``image``
+    """Run the conformance suites; the exit code is 1 when any check failed, and for an
+    acceptance run 3 when a node measured none of the acceptance figures. ``image``
     runs the image suite and the allreduce, ddp and p2p probes in that image on every
     selected node (``container_image`` for this run). ``launcher``
     ``slurm`` reaches the nodes as job steps of one Slurm allocation instead of SSH
@@ -556,6 +557,9 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
     document = report.to_json()
+    acceptance = bool({"acceptance", "all"} & set(options.suites))
+    if acceptance:
+        document["acceptance"] = html.acceptance([document]).to_json()
     if json_path:
         write_json(json_path, document)
     if junit_path:
@@ -568,10 +572,13 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
                           lambda previous: conformance_metrics.to_metrics(
                               report, prometheus.Textfile(label, "conformance"), previous))
     if html_path:
-        acceptance = bool({"acceptance", "all"} & set(options.suites))
         html.write_report(html_path, lambda: html.render_acceptance([document]) if acceptance
                           else html.render_conformance(document))
-    return exitcodes.FAILED if report.failed else exitcodes.OK
+    if report.failed:
+        return exitcodes.FAILED
+    if acceptance and document["acceptance"]["verdict"] == html.NOT_MEASURED:
+        return exitcodes.UNREACHABLE  # a node measured nothing: it is not accepted
+    return exitcodes.OK
 
 
 def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> None:

@@ -1059,12 +1059,51 @@ def _figure_summary(results: Sequence[Result]) -> list[Row]:
     return rows
 
 
+ACCEPTED, NOT_ACCEPTED, NOT_MEASURED = "ACCEPTED", "NOT ACCEPTED", "NOT MEASURED"
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The acceptance's verdict: NOT ACCEPTED when a check failed or a bootstrapped node is
+    not ready; else NOT MEASURED when a node has none of the four acceptance figures
+    measured (``unmeasured``; each was skipped or not run), or there is no node; else
+    ACCEPTED. Nothing measured is never accepted."""
+
+    verdict: str
+    unmeasured: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "unmeasured": list(self.unmeasured)}
+
+
+def _judge(rows: Sequence[NodeRow], failed: bool, ready: Iterable[bool]) -> Acceptance:
+    unmeasured = tuple(r.host for r in rows if not any(f.css == "pass" for f in r.figures))
+    if failed or not all(ready):
+        return Acceptance(NOT_ACCEPTED, unmeasured)
+    if unmeasured or not rows:
+        return Acceptance(NOT_MEASURED, unmeasured)
+    return Acceptance(ACCEPTED)
+
+
+def acceptance(conformance: Sequence[Mapping[str, Any]], *,
+               bootstrap: Sequence[Mapping[str, Any]] = ()) -> Acceptance:
+    """The verdict the acceptance report shows for these documents (those of
+    :func:`render_acceptance`), for the command's exit code and its JSON to say the same."""
+    results = results_of(merge_conformance(conformance))
+    hosts = set(_host_status(results)) | {str(b.get("host")) for b in bootstrap
+                                          if b.get("host")}
+    rows = acceptance_rows(conformance, results, sorted(hosts, key=natural))
+    return _judge(rows, any(r.outcome == "fail" for r in results),
+                  (b.get("ready") is True for b in bootstrap))
+
+
 def render_acceptance(conformance: Sequence[Mapping[str, Any]], *,
                       bootstrap: Sequence[Mapping[str, Any]] = (),
                       nodes: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The acceptance report: per node the four acceptance figures (single-node and
-    multi-node AllReduce, storage read with every node reading, temperature under sustained
-    load), every other check, the performance figures and the stack's versions.
+    """The acceptance report: its verdict (:class:`Acceptance`), per node the four acceptance
+    figures (single-node and multi-node AllReduce, storage read with every node reading,
+    temperature under sustained load), every other check, the performance figures and the
+    stack's versions.
 
     ``conformance``: the ``gpufleet.conformance/1`` documents of the runs (a ``--suite all``
     run, or a bootstrap's certify runs); ``bootstrap``: ``gpufleet.bootstrap/1`` documents
@@ -1080,13 +1119,13 @@ def render_acceptance(conformance: Sequence[Mapping[str, Any]], *,
               [Row(str(s.get("step")), str(s.get("status")), _clip(s.get("detail")),
                    "pass" if s.get("status") == "ok" else "fail" if s.get("status") == "failed"
                    else "skip") for s in _dicts(b.get("steps"))]) for b in bootstrap]
-    accepted = bool(results or steps) and not parts["failures"] and all(r for _, r, _, _ in steps)
+    verdict = _judge(rows, bool(parts["failures"]), (r for _, r, _, _ in steps))
     passed: dict[str, list[str]] = defaultdict(list)
     for r in results:
         if r.outcome == "pass":
             passed[r.name].append(r.host)
     return _render("acceptance.html.j2", title="gpufleet acceptance report",
-                   header=_header(merged), accepted=accepted, columns=ACCEPTANCE, rows=rows,
+                   header=_header(merged), verdict=verdict, columns=ACCEPTANCE, rows=rows,
                    versions=_versions(merged, bootstrap, nodes), steps=steps,
                    figures=_figure_summary(results),
                    passed=[(name, fold(h), len(h)) for name, h in sorted(passed.items())],

@@ -2,7 +2,8 @@
 the machine-read outputs (JSON, JUnit, Prometheus) and the drain first (the drain before
 the textfile, which waits for its lock), the HTML page last; a node's figure that is NaN,
 infinite or of the wrong type costs that figure only, and a page that cannot be rendered
-is one warning, never the run's failure."""
+is one warning, never the run's failure. An acceptance that measured nothing on a node is
+NOT MEASURED, never ACCEPTED, on the page, in the JSON and in the exit code."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pytest
 from gpufleet import app
 from gpufleet.conformance.results import ConformanceReport, Result
 from gpufleet.report import html
+from gpufleet.report.schemas import validate
 from gpufleet.slurm.client import RunFindings
 from tests.report_docs import synthetic_conformance
+from tests.unit.test_html_report import Page
 from tests.unit.test_metrics import samples
 
 INVENTORY = """all:
@@ -134,3 +137,51 @@ def test_any_value_of_a_node_s_figures_renders(bad: object) -> None:
                                for r in doc["results"]]}
         assert "node0001" in html.render_conformance(changed)
         assert "node0001" in html.render_acceptance([changed])
+
+
+def skipped_acceptance(measured: bool) -> ConformanceReport:
+    """An acceptance run of two nodes: host sizing passed, and every figure the acceptance
+    asks for skipped (``measured``: gpu01's storage read and both soaks measured)."""
+    results = []
+    for host in ("gpu01", "gpu02"):
+        results += [
+            Result("host_sizing", "test_memory", host, "pass", "", 0.1, {}),
+            Result("storage", "test_storage_throughput", host,
+                   "pass" if measured and host == "gpu01" else "skip",
+                   "" if measured and host == "gpu01" else "storage_path is not set", 0.1,
+                   {"seq_read_mbps": 1500.0} if measured and host == "gpu01" else {}),
+            Result("thermal", "test_thermal_soak", host, "pass" if measured else "skip",
+                   "" if measured else "torch is not installed on the node", 0.1,
+                   {"max_temp_c": 71.0} if measured else {})]
+    return ConformanceReport("hosts.yml", "d" * 64, 1.7e9, 10.0, results)
+
+
+def test_an_acceptance_that_measured_nothing_is_not_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, drained, out = run(tmp_path, monkeypatch, skipped_acceptance(False))
+    assert code == 3 and drained == []
+    document = json.loads((out / "c.json").read_text())
+    validate(document)
+    assert document["acceptance"] == {"verdict": "NOT MEASURED",
+                                      "unmeasured": ["gpu01", "gpu02"]}
+    words = page_text((out / "c.html").read_text())
+    assert "NOT MEASURED" in words and "ACCEPTED" not in words
+    assert "nothing measured on 2 node(s)" in words
+
+
+def test_an_acceptance_that_measured_each_node_is_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, out = run(tmp_path, monkeypatch, skipped_acceptance(True))
+    assert code == 0
+    document = json.loads((out / "c.json").read_text())
+    validate(document)
+    assert document["acceptance"] == {"verdict": "ACCEPTED", "unmeasured": []}
+    words = page_text((out / "c.html").read_text())
+    assert "ACCEPTED" in words
+    assert "NOT ACCEPTED" not in words and "NOT MEASURED" not in words
+
+
+
+def page_text(page: str) -> str:
+    """The page's text as a browser shows it."""
+    return " ".join(Page(page).text)
