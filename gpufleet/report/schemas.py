@@ -2,8 +2,10 @@
 as ``gpufleet/schemas/*.schema.json``, and the check of a document against its own schema.
 
 A schema's ``$id`` is ``https://gpufleet.dev/schemas/`` followed by the schema id the
-documents carry in ``schema`` (``gpufleet.drift/1``): an identifier, never fetched; every
-reference between the schemas resolves to the shipped files.
+documents carry in ``schema`` (``gpufleet.drift/1``): an identifier, never fetched. Each
+document's schema is a bundle: it holds ``gpufleet.common/1``, the definitions the schemas
+share, in its ``$defs`` under that schema's ``$id``, so every reference resolves inside the
+one file, for gpufleet and for any draft 2020-12 validator given that file alone.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
-from referencing import Registry, Resource
+from referencing import Registry
 
 from gpufleet.errors import GpufleetError
 
@@ -73,10 +75,9 @@ def load(schema_id: str) -> dict[str, Any]:
 
 @cache
 def _validator(schema_id: str) -> Draft202012Validator:
-    schema = load(schema_id)
-    registry: Registry[Any] = Registry().with_resources(
-        (s["$id"], Resource.from_contents(s)) for s in _shipped().values())
-    return Draft202012Validator(schema, registry=registry, format_checker=FORMATS)
+    """The document schema alone, as a consumer's validator reads the file: a reference it
+    cannot resolve from the bundle is an error, never a fetch."""
+    return Draft202012Validator(load(schema_id), registry=Registry(), format_checker=FORMATS)
 
 
 def validate(document: Any) -> None:

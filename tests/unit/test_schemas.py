@@ -10,6 +10,8 @@ import copy
 import json
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -307,3 +309,79 @@ def test_the_docs_show_a_document_of_every_report() -> None:
                          ids=[f"{doc}:{d['schema']}" for doc, d in SHOWN])
 def test_a_document_the_docs_show_validates(document: dict[str, Any]) -> None:
     validate(document)
+
+
+OFFLINE_CHECK = """
+import os
+import socket
+import sys
+
+
+def refuse(*args, **kwargs):
+    sys.stderr.write(f"network access attempted: {args[:2]!r}\\n")
+    sys.stderr.flush()
+    os._exit(99)
+
+
+socket.getaddrinfo = refuse
+socket.create_connection = refuse
+socket.socket.connect = refuse
+from check_jsonschema import main
+
+sys.argv[0] = "check-jsonschema"
+sys.exit(main())
+"""
+
+
+def check_jsonschema(schema: Path, *documents: Path) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema, a generic validator, given one schema file: in a process whose
+    every attempt to resolve a name or connect ends it with exit 99, no cache."""
+    return subprocess.run([sys.executable, "-c", OFFLINE_CHECK, "--no-cache", "--schemafile",
+                           str(schema), *map(str, documents)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_network_guard_catches_a_schema_that_refers_out(tmp_path: Path) -> None:
+    schema = tmp_path / "refers.schema.json"
+    schema.write_text(json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                  "$ref": "https://gpufleet.dev/schemas/gpufleet.common/1"}))
+    (tmp_path / "doc.json").write_text("{}")
+    proc = check_jsonschema(schema, tmp_path / "doc.json")
+    assert proc.returncode == 99 and "network access attempted" in proc.stderr
+
+
+def test_check_jsonschema_validates_every_document_offline_with_its_schema_file_alone(
+        written: dict[str, Any], tmp_path: Path) -> None:
+    """Each shipped document schema, the only file given, validates the documents gpufleet
+    wrote (the reports, a drift history run, the docs' baseline, a node state) without
+    reaching for the common schema over the network."""
+    inventory = local_inventory(tmp_path)
+    node = Node(inventory.hosts["gpu01"], ConnectOptions())
+    state = node_state(inventory.hosts["gpu01"], inventory,
+                       gather_facts(node.conn, consistency_request(inventory.hosts["gpu01"])),
+                       ready=False, reason="preflight: / has 3 GB free", steps=[], peer=None)
+    node.close()
+    documents = {name: written[name] for name in ("facts", "provision", "drift", "history",
+                                                  "conformance", "bootstrap")}
+    documents["baseline"] = next(d for _, d in SHOWN if d["schema"] == "gpufleet.baseline/1")
+    documents["node"] = json.loads(render_state(state))
+    by_schema: dict[str, list[Path]] = {}
+    for name, document in documents.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        by_schema.setdefault(document["schema"], []).append(path)
+    assert sorted(by_schema) == sorted(DOCUMENTS)
+    shipped = Path(str(files("gpufleet").joinpath("schemas")))
+    for schema_id, paths in by_schema.items():
+        stem = schema_id.split(".")[1].split("/")[0]
+        proc = check_jsonschema(shipped / f"{stem}.schema.json", *paths)
+        assert proc.returncode == 0, (schema_id, proc.stdout + proc.stderr)
+        assert "ok -- validation done" in proc.stdout
+
+
+def test_each_document_schema_bundles_the_common_schema_as_shipped() -> None:
+    """The copy of gpufleet.common/1 in each document schema's $defs is common.schema.json
+    itself: an edit of one without the others fails here."""
+    common = load(schemas.COMMON)
+    for schema_id in DOCUMENTS:
+        assert load(schema_id)["$defs"][schemas.COMMON] == common, schema_id
