@@ -213,15 +213,17 @@ def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mappin
 _SDR_LINE = re.compile(r"^(?P<name>[^|]*?)\s*\|\s*(?P<id>[0-9A-Fa-f]+h)\s*\|\s*(?P<status>\w+)\s*"
                        r"\|\s*(?P<entity>\d+\.\d+)\s*\|\s*(?P<reading>.*?)\s*$")
 _NUMBER_UNIT = re.compile(r"^(?P<value>-?\d+(?:\.\d+)?)\s+(?P<unit>.+)$")
-_DCMI = re.compile(r"(?:^|\s)(?P<key>Instantaneous power reading|Maximum during sampling period|"
-                   r"Sampling period|Power reading state is)\s*:\s*(?P<value>.+?)\s*$", re.M)
+_DCMI = re.compile(r"(?:^|\s)(?P<key>Instantaneous power reading|"
+                   r"Maximum during sampling period|Sampling period|Power reading state is)"
+                   r"\s*:\s*(?P<value>.+?)\s*$", re.M)
 IPMI_CRITICAL_STATUS = frozenset({"cr", "nr", "lcr", "ucr", "lnr", "unr"})
 POWER_SUPPLY_ENTITY = "10"
 PSU_FAILED = ("Failure detected", "Power Supply AC lost", "AC lost", "input lost",
               "Config Error")
 SEL_CRITICAL = re.compile(
     r"Failure detected|AC lost|input lost|Critical going (?:low|high)|Non-recoverable|"
-    r"Uncorrectable ECC|Uncorrectable machine check|IERR|Thermal Trip|Bus Uncorrectable|Bus Fatal|Redundancy Lost|"
+    r"Uncorrectable ECC|Uncorrectable machine check|IERR|Thermal Trip|Bus Uncorrectable|"
+    r"Bus Fatal|Redundancy Lost|"
     r"Transition to Critical|Transition to Non-Recoverable", re.IGNORECASE)
 
 
