@@ -392,3 +392,38 @@ def test_bootstrap_refuses_a_node_while_rack_members_peaks_are_unknown(
     assert str(refused.value) == (
         "unknown: rack rackA: no peak power readable for old2 (unreachable (no route to host)) "
         "(set rack_power_allow_unknown: true to admit the node without counting them)")
+
+
+@pytest.mark.parametrize(("capture", "power_w", "inlets"), [
+    ("dell_idrac_sdr_elist_all_tigerblue77_36.txt", None, [("Ambient Temp", 19.0)]),
+    ("dell_sdr_type_current_home_assistant_ipmi_13.txt", 98.0, []),
+    ("ibm_sdr_elist_power_in_home_assistant_ipmi_13.txt", 292.0, []),
+    ("sdr_type_current_home_assistant_ipmi_13.txt", None, []),
+    ("ibm_rainier_sdr_elist_3625.txt", None, []),
+])
+def test_public_sdr_captures(capture: str, power_w: float | None,
+                             inlets: list[tuple[str, float]]) -> None:
+    """Sensors of the PSU entity that are temperatures or currents are not PSUs; the PSUs'
+    input sensors add up to the node's power."""
+    bmc = ipmi_reading((IPMI / capture).read_text(), "", None, None)
+    assert bmc.power_now_w == power_w
+    assert [(t.name, t.celsius) for t in bmc.temperatures if t.inlet] == inlets
+    assert bmc.psus == []
+
+
+REDFISH = ROOT / "tests" / "fixtures" / "redfish"
+
+
+@pytest.mark.parametrize(("capture", "ids", "critical"), [
+    ("idrac_sel_entries_check_redfish_4.json", ["27", "26"],
+     ["2018-12-19T10:04:14Z Power supply redundancy is lost. (entry 26 of Sel)"]),
+    ("idrac8_sel_entry_idrac_exporter_26.json", ["13"],
+     ["2020-07-13T22:26:58Z The chassis is open while the power is off. (entry 13 of Sel)"]),
+])
+def test_idrac_log_entries_of_two_schema_layouts(capture: str, ids: list[str],
+                                                 critical: list[str]) -> None:
+    entries = json.loads((REDFISH / capture).read_text())
+    bmc = reading({}, {}, {"Sel": entries})
+    assert [e.id for e in bmc.events] == ids and bmc.events_unknown is None
+    found = new_critical_events(bmc.events, datetime(2018, 1, 1, tzinfo=timezone.utc))
+    assert [e.describe() for e in found] == critical

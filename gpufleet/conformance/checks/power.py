@@ -149,14 +149,15 @@ def _name(item: Mapping[str, Any], fallback: str) -> str:
 
 
 def parse_created(value: Any) -> datetime | None:
-    """A log entry's ``Created`` (ISO 8601) as an aware datetime; None when unreadable."""
+    """A log entry's ``Created`` (ISO 8601, any offset) in UTC; None when unreadable."""
     if not isinstance(value, str):
         return None
     try:
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+    return stamp.astimezone(timezone.utc) if stamp.tzinfo else stamp.replace(
+        tzinfo=timezone.utc)
 
 
 def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mapping[str, Any]],
@@ -218,6 +219,7 @@ _DCMI = re.compile(r"(?:^|\s)(?P<key>Instantaneous power reading|"
                    r"\s*:\s*(?P<value>.+?)\s*$", re.M)
 IPMI_CRITICAL_STATUS = frozenset({"cr", "nr", "lcr", "ucr", "lnr", "unr"})
 POWER_SUPPLY_ENTITY = "10"
+NOT_A_PSU_STATE = re.compile(r"temp|current|volt|fan", re.IGNORECASE)  # PSUs' other sensors
 PSU_FAILED = ("Failure detected", "Power Supply AC lost", "AC lost", "input lost",
               "Config Error")
 SEL_CRITICAL = re.compile(
@@ -235,9 +237,12 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
                  ) -> BmcReading:
     """The reading of a BMC from ipmitool's ``sdr elist``, ``sel elist`` and ``dcmi power
     reading`` (None: the BMC has no DCMI). IPMI reports no PSU rating: ``psu_rating_w``
-    stands for each PSU's."""
+    stands for each PSU's. Without DCMI the power now is the chassis' power sensor, else
+    the sum of the PSUs' input sensors (``PS1 Power In``): one PSU's is not the node's. A
+    PSU's temperature, current or voltage sensor is not a PSU."""
     out = BmcReading()
-    sdr_power: float | None = None
+    chassis_power: float | None = None
+    psu_inputs: list[float] = []
     for row in _sdr_rows(sdr):
         name, status, reading = row["name"], row["status"].lower(), row["reading"]
         critical = status in IPMI_CRITICAL_STATUS
@@ -253,8 +258,12 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
                                 ("OK" if status != "ns" else None),
                                 "Enabled" if status != "ns" else "Absent"))
         elif unit == "Watts" and re.search(r"pwr|power", name, re.IGNORECASE):
-            sdr_power = value if sdr_power is None else sdr_power
-        elif row["entity"].split(".")[0] == POWER_SUPPLY_ENTITY and not number:
+            if row["entity"].split(".")[0] != POWER_SUPPLY_ENTITY:
+                chassis_power = value if chassis_power is None else chassis_power
+            elif value is not None:
+                psu_inputs.append(value)
+        elif row["entity"].split(".")[0] == POWER_SUPPLY_ENTITY and not number \
+                and not NOT_A_PSU_STATE.search(name):
             present = "Presence detected" in reading
             failed = any(marker in reading for marker in PSU_FAILED) or critical
             out.psus.append(Psu(name, psu_rating_w, "Critical" if failed else
@@ -268,7 +277,8 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
         period = re.match(r"0*(\d+) Seconds", readings.get("Sampling period", ""))
         out.power_interval_min = round(int(period[1]) / 60, 2) if period else None
     if out.power_now_w is None:
-        out.power_now_w = sdr_power
+        out.power_now_w = chassis_power if chassis_power is not None else (
+            sum(psu_inputs) if psu_inputs else None)
     out.events, out.events_unknown = sel_events(sel)
     return out
 
