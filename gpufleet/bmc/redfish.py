@@ -103,9 +103,9 @@ class RedfishReader:
         url = urljoin(f"{self.target.url}/", path)
         if self._origin is None or _origin(url) != self._origin:
             parts = urlsplit(url)
+            where = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
             raise BmcError(f"{self.target.where}: a document links off the BMC, to "
-                           f"{redact(parts.scheme)}://{redact(str(parts.hostname))}"
-                           f"{':' + str(parts.port) if parts.port else ''}: not followed")
+                           f"{redact(where[:120])!r}: not followed")
         return url
 
     def get(self, path: str) -> dict[str, Any]:

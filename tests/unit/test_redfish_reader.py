@@ -225,11 +225,14 @@ def test_requests_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_link_to_another_host_or_port_is_never_requested() -> None:
     with _plain_bmc({"/redfish/v1/Chassis": {"Members": []}}) as (other, elsewhere):
-        for link in (f"{other}/redfish/v1/Chassis", "https://127.0.0.1/redfish/v1/Chassis",
-                     "//attacker.example/redfish/v1/Chassis"):
+        for link, where in ((f"{other}/redfish/v1/Chassis", other),
+                            ("https://127.0.0.1/redfish/v1/Chassis", "https://127.0.0.1"),
+                            ("//u:pw@attacker.example:99999/x", "http://attacker.example:99999")):
             with _plain_bmc({"/redfish/v1": _root(link)}) as (url, _), \
-                    pytest.raises(BmcError, match="a document links off the BMC, to"):
+                    pytest.raises(BmcError) as refused:
                 redfish.read(_plain(url))
+            assert str(refused.value) == (f"n1's BMC ({url}): a document links off the BMC, "
+                                          f"to {where!r}: not followed")
     assert elsewhere == []
 
 
