@@ -440,7 +440,9 @@ def power_budget(inventory: Inventory, host: Host, rack: str, conn: Connection,
                  fleet: FleetOptions) -> tuple[str, dict[str, Any]]:
     """``rack`` with the node in it, against the rack's budget: the node's measured peak
     (recorded at certification) and the recorded peaks of the rack's other nodes. A node
-    whose own peak is unknown, or that would push the rack over, is refused."""
+    whose own peak is unknown, or that would push the rack over, is refused; so is one
+    whose rack has members whose peaks cannot be read (what they draw is not 0 W), unless
+    the rack's ``rack_power_allow_unknown`` is true."""
     settings = registry.suite("bmc").vars(host)
     own, why = _recorded_peak(host, conn, fleet)
     if own is None:
@@ -462,6 +464,11 @@ def power_budget(inventory: Inventory, host: Host, rack: str, conn: Connection,
                                settings.string("rack_cooling"), peaks)
     problems, warnings = power_checks.rack_problems(use, adding=host.name)
     data = {"rack": rack, **use.to_dict(), "not_counted": left_out, "warnings": warnings}
+    if left_out and not settings.boolean("rack_power_allow_unknown"):
+        problems.insert(0, f"unknown: rack {rack}: no peak power readable for "
+                           + ", ".join(f"{name} ({why})" for name, why in sorted(left_out.items()))
+                           + " (set rack_power_allow_unknown: true to admit the node without "
+                             "counting them)")
     if problems:
         raise GpufleetError("; ".join(problems))
     uncounted = f"; not counted: {', '.join(sorted(left_out))}" if left_out else ""

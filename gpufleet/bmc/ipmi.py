@@ -50,9 +50,10 @@ def base(target: BmcTarget) -> list[str]:
             "-U", target.user, "-E"]
 
 
-def run(target: BmcTarget, args: list[str], verbose: bool = False
-        ) -> subprocess.CompletedProcess[str]:
-    """One ipmitool command; BmcError when ipmitool is missing or does not return."""
+def run(target: BmcTarget, args: list[str], verbose: bool = False,
+        timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """One ipmitool command; BmcError when ipmitool is missing or does not return within
+    ``timeout_s``."""
     if shutil.which("ipmitool") is None:
         raise BmcError(f"{target.where}: ipmitool is not installed on the controller "
                        f"(apt-get install ipmitool)")
@@ -62,10 +63,10 @@ def run(target: BmcTarget, args: list[str], verbose: bool = False
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "IPMI_PASSWORD": target.password}
     try:
         return subprocess.run([*argv, *args], capture_output=True, text=True, env=env,
-                              timeout=COMMAND_TIMEOUT_S, check=False)
+                              timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise BmcError(f"{target.where}: ipmitool {' '.join(args)} did not return within "
-                       f"{COMMAND_TIMEOUT_S:g}s") from None
+                       f"{timeout_s:g}s") from None
 
 
 def _failure(target: BmcTarget, args: list[str], result: subprocess.CompletedProcess[str]
@@ -85,13 +86,18 @@ def _failure(target: BmcTarget, args: list[str], result: subprocess.CompletedPro
     return BmcError(f"{target.where}: ipmitool {' '.join(args)} failed: {detail}")
 
 
-def read(target: BmcTarget) -> IpmiOutput:
-    """The SDR, the SEL and the DCMI power reading of one BMC."""
+def read(target: BmcTarget, budget_s: float = COMMAND_TIMEOUT_S * 3) -> IpmiOutput:
+    """The SDR, the SEL and the DCMI power reading of one BMC, all three within
+    ``budget_s`` seconds (``bmc_read_budget_s``)."""
     start = time.monotonic()
     outputs: dict[str, str | None] = {}
     for key, args in (("sdr", ["sdr", "elist"]), ("sel", ["sel", "elist"]),
                       ("dcmi", ["dcmi", "power", "reading"])):
-        result = run(target, args)
+        left = budget_s - (time.monotonic() - start)
+        if left <= 0:
+            raise BmcError(f"{target.where}: not read within bmc_read_budget_s "
+                           f"({budget_s:g} s): stopped before ipmitool {' '.join(args)}")
+        result = run(target, args, timeout_s=min(COMMAND_TIMEOUT_S, left))
         if result.returncode != 0:
             if key == "dcmi":
                 outputs[key] = None

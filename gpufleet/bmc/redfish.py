@@ -1,31 +1,37 @@
 """Reading a node's BMC over Redfish, from the controller (never from the node).
 
-The HTTP side is sushy's connector (TLS verified against the system's CAs or
-``bmc_ca_file``, HTTP basic authentication, its error types); the documents are read as
-the DMTF schema shapes them, because sushy's resource models carry neither a chassis'
-``PowerControl`` readings nor log services. What is read: the chassis collection, each
-chassis' ``Power`` and ``Thermal`` resources (or, where a BMC has only the newer ones,
-``PowerSubsystem`` with its power supplies and ``EnvironmentMetrics``, and
-``ThermalSubsystem`` with ``ThermalMetrics`` and its fans), and the entries of every log
-service of the managers and systems (following ``@odata.nextLink``, up to ``MAX_PAGES``
-pages each).
+The HTTP side is a requests session (TLS verified against the system's CAs or
+``bmc_ca_file``, HTTP basic authentication): one GET per document, without retries or
+redirects, its body streamed and stopped at ``MAX_DOCUMENT_BYTES``. sushy's connector is
+not used for the reads because it retries on its own and reads whole bodies, and a BMC's
+reading must be bounded: one wall-clock budget for all of it (``bmc_read_budget_s``),
+``MAX_REQUESTS`` requests, and only links on the BMC's own scheme, host and port are
+followed (the password goes nowhere else). The documents are read as the DMTF schema
+shapes them, because sushy's resource models carry neither a chassis' ``PowerControl``
+readings nor log services. What is read: the chassis collection, each chassis' ``Power``
+and ``Thermal`` resources (or, where a BMC has only the newer ones, ``PowerSubsystem``
+with its power supplies and ``EnvironmentMetrics``, and ``ThermalSubsystem`` with
+``ThermalMetrics`` and its fans), and the entries of every log service of the managers
+and systems (following ``@odata.nextLink``, up to ``MAX_PAGES`` pages each; a log cut
+short is named, and its events are unknown).
 
-The password travels only in the HTTP Authorization header of a TLS connection: it is
-never on a command line, never in a message (sushy's own log is kept at WARNING, and every
-error is passed through the inventory's redaction).
+The password travels only in the HTTP Authorization header of a TLS connection to the
+BMC: it is never on a command line, never in a message (every error is passed through the
+inventory's redaction).
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import re
+import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
-import sushy.exceptions
-from sushy import connector
+import requests
+import urllib3.exceptions
 
 from gpufleet.bmc.target import BmcError, BmcTarget
 from gpufleet.conformance.checks import power as power_checks
@@ -33,75 +39,192 @@ from gpufleet.inventory.secrets import redact
 
 ROOT = "/redfish/v1"
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 20.0
+READ_TIMEOUT_S = 20.0  # one socket read; the whole reading has its budget
+DEFAULT_BUDGET_S = 120.0  # bmc_read_budget_s: every request of one BMC together
+MAX_REQUESTS = 1000
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 64 * 1024
 MAX_PAGES = 20
 MAX_MEMBERS = 64
 MAX_LINKED = 256  # members a collection lists by link only that are read, one GET each
-logging.getLogger("sushy").setLevel(logging.WARNING)
+_DEFAULT_PORTS = {"https": 443, "http": 80}
 
 
 @dataclass
 class BmcDocuments:
-    """The Redfish documents read from one BMC, by resource path."""
+    """The Redfish documents read from one BMC, by resource path, and the logs that could
+    be read only in part (why)."""
 
     chassis: list[dict[str, Any]] = field(default_factory=list)
     power: dict[str, dict[str, Any]] = field(default_factory=dict)
     thermal: dict[str, dict[str, Any]] = field(default_factory=dict)
     log_entries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    logs_cut: list[str] = field(default_factory=list)
     duration_s: float = 0.0
 
 
-class RedfishReader:
-    """One BMC's Redfish service, read with sushy's connector."""
+def _origin(url: str) -> tuple[str, str, int] | None:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return None
+    if parts.username or parts.password or not parts.hostname or port is None:
+        return None
+    return parts.scheme, parts.hostname.lower(), port
 
-    def __init__(self, target: BmcTarget) -> None:
+
+class RedfishReader:
+    """One BMC's Redfish service, read within one budget."""
+
+    def __init__(self, target: BmcTarget, budget_s: float = DEFAULT_BUDGET_S) -> None:
         self.target = target
-        self._conn = connector.Connector(
-            target.url, verify=target.ca_file or True, connect_timeout=CONNECT_TIMEOUT_S,
-            default_request_timeout=READ_TIMEOUT_S)
-        self._conn.set_http_basic_auth(target.user, target.password)
+        self.budget_s = budget_s
+        self.deadline = time.monotonic() + budget_s
+        self.requests = 0
+        self._origin = _origin(target.url)
+        self._session = requests.Session()
+        self._session.auth = (target.user, target.password)
+        self._session.headers.update({"Accept": "application/json", "OData-Version": "4.0",
+                                      "Accept-Encoding": "identity"})
+
+    def _remaining(self, path: str) -> float:
+        """Seconds left of the budget; BmcError once it is spent."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise BmcError(f"{self.target.where}: not read within bmc_read_budget_s "
+                           f"({self.budget_s:g} s): stopped at {path} after "
+                           f"{self.requests} requests")
+        return left
+
+    def url(self, path: str) -> str:
+        """The absolute URL of a link; BmcError for a link off the BMC's own scheme, host
+        and port, which is never requested (it would carry the password)."""
+        url = urljoin(f"{self.target.url}/", path)
+        if self._origin is None or _origin(url) != self._origin:
+            parts = urlsplit(url)
+            where = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+            raise BmcError(f"{self.target.where}: a document links off the BMC, to "
+                           f"{redact(where[:120])!r}: not followed")
+        return url
 
     def get(self, path: str) -> dict[str, Any]:
         """The JSON document at ``path``; BmcError saying what went wrong."""
+        url = self.url(path)
+        self.requests += 1
+        if self.requests > MAX_REQUESTS:
+            raise BmcError(f"{self.target.where}: more than {MAX_REQUESTS} requests to read "
+                           f"it (stopped at {path})")
+        left = self._remaining(path)
         try:
-            doc = self._conn.get(path, timeout=READ_TIMEOUT_S).json()
-        except sushy.exceptions.AccessError:
-            raise BmcError(f"{self.target.where}: the BMC refused the credentials of "
-                           f"{self.target.user!r} (HTTP 401/403)") from None
-        except sushy.exceptions.ResourceNotFoundError:
-            raise BmcError(f"{self.target.where}: {path} not found") from None
-        except sushy.exceptions.ConnectionError as exc:
+            with self._session.get(url, stream=True, allow_redirects=False,
+                                   verify=self.target.ca_file or True, timeout=(
+                    min(CONNECT_TIMEOUT_S, left), min(READ_TIMEOUT_S, left))) as response:
+                self._status(response, path)
+                body = self._body(response, path)
+        except requests.exceptions.Timeout:
+            self._remaining(path)
+            raise BmcError(f"{self.target.where}: {path}: no answer within "
+                           f"{READ_TIMEOUT_S:g}s") from None
+        except requests.exceptions.RequestException as exc:
             raise BmcError(f"{self.target.where}: {_connection_problem(exc)}") from None
-        except (sushy.exceptions.SushyError, ValueError) as exc:
-            raise BmcError(f"{self.target.where}: {path}: {_reason(exc)}") from None
+        try:
+            doc = json.loads(body)
+        except RecursionError:
+            raise BmcError(f"{self.target.where}: {path} is nested too deeply to read"
+                           ) from None
+        except ValueError as exc:
+            raise BmcError(f"{self.target.where}: {path} is not JSON: {_reason(exc)}"
+                           ) from None
         if not isinstance(doc, dict):
             raise BmcError(f"{self.target.where}: {path} is not a Redfish resource")
         return doc
 
-    def members(self, path: str) -> Iterator[dict[str, Any]]:
+    def _status(self, response: requests.Response, path: str) -> None:
+        code = response.status_code
+        if code in (401, 403):
+            raise BmcError(f"{self.target.where}: the BMC refused the credentials of "
+                           f"{self.target.user!r} (HTTP 401/403)")
+        if code == 404:
+            raise BmcError(f"{self.target.where}: {path} not found")
+        if code >= 300:
+            raise BmcError(f"{self.target.where}: {path}: HTTP {code}"
+                           + (" (redirects are not followed)" if code < 400 else ""))
+
+    def _body(self, response: requests.Response, path: str) -> bytes:
+        """The response's body, read a chunk at a time within the budget and at most
+        MAX_DOCUMENT_BYTES."""
+        limit = f"{MAX_DOCUMENT_BYTES // 2**20} MiB"
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > MAX_DOCUMENT_BYTES:
+            raise BmcError(f"{self.target.where}: {path} is {int(declared)} bytes, over "
+                           f"{limit}: not read")
+        connection = getattr(response.raw, "connection", None)
+        sock = getattr(connection, "sock", None)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            left = self._remaining(path)
+            if isinstance(sock, socket.socket):
+                sock.settimeout(min(READ_TIMEOUT_S, left))
+            try:
+                chunk = response.raw.read1(CHUNK_BYTES)
+            except (urllib3.exceptions.HTTPError, OSError):
+                self._remaining(path)
+                raise BmcError(f"{self.target.where}: {path}: the answer stopped (no data "
+                               f"within {READ_TIMEOUT_S:g}s, or the connection broke)"
+                               ) from None
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_DOCUMENT_BYTES:
+                raise BmcError(f"{self.target.where}: {path} is larger than {limit}: "
+                               f"not read further")
+            chunks.append(chunk)
+
+    def members(self, path: str) -> tuple[list[dict[str, Any]], str | None]:
         """The members of the collection at ``path`` (each read unless it came expanded),
-        following ``@odata.nextLink`` up to MAX_PAGES pages; of members listed by link
-        only, the first MAX_LINKED are read."""
+        following ``@odata.nextLink``, and why the list is incomplete (None when it is
+        not): more than MAX_PAGES pages, more than MAX_LINKED members listed by link, or a
+        member that is not a resource. ``"Members": null`` is an empty collection."""
+        found: list[dict[str, Any]] = []
         page: str | None = path
         linked = 0
         for _ in range(MAX_PAGES):
             if page is None:
-                return
+                return found, None
             doc = self.get(page)
-            for member in doc.get("Members", []):
+            items = doc.get("Members")
+            if items is None:
+                items = []
+            if not isinstance(items, list):
+                raise BmcError(f"{self.target.where}: {page}: Members is not a list")
+            for member in items:
                 if not isinstance(member, dict):
-                    continue
+                    return found, f"{page}: a member is not a resource: {str(member)[:60]!r}"
                 if set(member) <= {"@odata.id"} and isinstance(member.get("@odata.id"), str):
                     linked += 1
-                    if linked <= MAX_LINKED:
-                        yield self.get(member["@odata.id"])
+                    if linked > MAX_LINKED:
+                        return found, f"{path}: more than {MAX_LINKED} members listed by link"
+                    found.append(self.get(member["@odata.id"]))
                 else:
-                    yield member
+                    found.append(member)
             link = doc.get("@odata.nextLink")
             page = link if isinstance(link, str) else None
+        if page is None:
+            return found, None
+        return found, f"{path}: more than {MAX_PAGES} pages"
+
+    def complete(self, path: str) -> list[dict[str, Any]]:
+        """The members of a collection that must be read whole (power supplies, fans,
+        chassis, managers, systems); BmcError when it cannot be."""
+        found, cut = self.members(path)
+        if cut is not None:
+            raise BmcError(f"{self.target.where}: {cut}")
+        return found
 
     def close(self) -> None:
-        self._conn.close()
+        self._session.close()
 
 
 def _link(doc: dict[str, Any], key: str) -> str | None:
@@ -135,7 +258,7 @@ def _power_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[str
     supplies = _link(subsystem, "PowerSupplies")
     environment = _link(chassis, "EnvironmentMetrics")
     return power_checks.power_from_subsystem(
-        list(reader.members(supplies)) if supplies else [],
+        reader.complete(supplies) if supplies else [],
         reader.get(environment) if environment else None)
 
 
@@ -144,7 +267,7 @@ def _thermal_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[s
     subsystem = reader.get(str(_link(chassis, "ThermalSubsystem")))
     metrics, fans = _link(subsystem, "ThermalMetrics"), _link(subsystem, "Fans")
     return power_checks.thermal_from_subsystem(reader.get(metrics) if metrics else None,
-                                               list(reader.members(fans)) if fans else [])
+                                               reader.complete(fans) if fans else [])
 
 
 def _reason(exc: BaseException) -> str:
@@ -152,17 +275,18 @@ def _reason(exc: BaseException) -> str:
     return redact(text[-300:])
 
 
-def read(target: BmcTarget) -> BmcDocuments:
-    """Every document the power, thermal and event-log checks read from one BMC."""
+def read(target: BmcTarget, budget_s: float = DEFAULT_BUDGET_S) -> BmcDocuments:
+    """Every document the power, thermal and event-log checks read from one BMC, within
+    ``budget_s`` seconds in all."""
     start = time.monotonic()
-    reader = RedfishReader(target)
+    reader = RedfishReader(target, budget_s)
     docs = BmcDocuments()
     try:
         root = reader.get(ROOT)
         chassis_path = _link(root, "Chassis")
         if chassis_path is None:
             raise BmcError(f"{target.where}: the service root lists no Chassis collection")
-        for index, chassis in enumerate(reader.members(chassis_path)):
+        for index, chassis in enumerate(reader.complete(chassis_path)):
             if index >= MAX_MEMBERS:
                 break
             _read_chassis(reader, chassis, str(chassis.get("@odata.id") or index), docs)
@@ -193,11 +317,17 @@ def _read_chassis(reader: RedfishReader, chassis: dict[str, Any], name: str,
 
 def _read_logs(reader: RedfishReader, collection: str, docs: BmcDocuments) -> None:
     """The entries of every log service of the collection's members (managers, systems)."""
-    for index, owner in enumerate(reader.members(collection)):
+    for index, owner in enumerate(reader.complete(collection)):
         services = _link(owner, "LogServices")
-        if index >= MAX_MEMBERS or services is None:
+        if services is None:
             continue
-        for service in reader.members(services):
+        if index >= MAX_MEMBERS:
+            docs.logs_cut.append(f"{collection}: the logs of members past the first "
+                                 f"{MAX_MEMBERS} are not read")
+            break
+        for service in reader.complete(services):
             entries = _link(service, "Entries")
             if entries is not None:
-                docs.log_entries[entries] = list(reader.members(entries))
+                docs.log_entries[entries], cut = reader.members(entries)
+                if cut is not None:
+                    docs.logs_cut.append(f"log {entries} read in part: {cut}")

@@ -189,7 +189,7 @@ def _check_counters(v: RoleVars) -> None:
 
 def _check_bmc(v: RoleVars) -> None:
     target_of(v.host)
-    for key in ("bmc_max_inlet_c", "bmc_sel_window_h"):
+    for key in ("bmc_max_inlet_c", "bmc_sel_window_h", "bmc_read_budget_s"):
         _positive(v, key)
     if v.number("psu_min_headroom") < 1:
         raise v.fail("psu_min_headroom", "a number of 1 or more", v.get("psu_min_headroom"))
@@ -205,6 +205,7 @@ def _check_bmc(v: RoleVars) -> None:
                      v.get("rack_power_margin"))
     if v.string("rack_cooling") not in ("air", "liquid"):
         raise v.fail("rack_cooling", "air or liquid", v.get("rack_cooling"))
+    v.boolean("rack_power_allow_unknown")
 
 
 def _check_reachability(v: RoleVars) -> None:
@@ -358,12 +359,16 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
               "bmc_max_inlet_c": Var(35, "number", "highest inlet temperature (C)"),
               "bmc_sel_window_h": Var(24, "number", "critical log entries of the last N "
                                                     "hours fail (the runs' interval)"),
+              "bmc_read_budget_s": Var(120, "number", "seconds for the whole reading of one "
+                                                      "BMC (every request together)"),
               "rack": Var(None, "string", "the node's rack (default: its first group "
                                           "named rack*)"),
               "rack_power_w": Var(None, "number", "the rack's supply (none: no budget)"),
               "rack_cooling": Var("air", "string", "air or liquid"),
               "rack_power_margin": Var(0.8, "number", "share of the supply the measured "
                                                       "peaks may use"),
+              "rack_power_allow_unknown": Var(False, "boolean", "bootstrap admits a node "
+                                              "while rack members' peaks are unknown"),
           },
           cross_node=frozenset({"rack_power_budget"}), records_baseline=True,
           check=_check_bmc),

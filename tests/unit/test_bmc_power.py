@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet import app
+from gpufleet import app, bootstrap
 from gpufleet.bmc.target import bmc_url, target_of
 from gpufleet.conformance.checks.power import (
     BmcReading,
@@ -25,10 +25,11 @@ from gpufleet.conformance.checks.power import (
     psu_problems,
     rack_problems,
     reading,
+    sel_events,
     thermal_from_subsystem,
 )
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host
+from gpufleet.inventory.model import Host, Inventory, load_inventory
 from tests.conftest import ROOT
 
 MOCKUP = ROOT / "tests" / "fixtures" / "redfish" / "public-rackmount1"
@@ -287,3 +288,142 @@ def test_the_newer_power_and_thermal_subsystems_read_as_the_older_resources() ->
     assert psu_problems(bmc.psus, 374, 1.3, None)[0] == (
         "power supply Power Supply Bay 1 (Enabled, health Warning)")
     assert cooling_problems(bmc, 35) == []
+
+
+def test_a_sel_of_44_records_with_hexadecimal_ids_is_read_whole() -> None:
+    """ipmitool numbers SEL records in hexadecimal: records 0xa-0xf, 0x1a-0x1f and 0x2a-0x2c
+    (PS3's failure in record a among them) are records like the others."""
+    events, unknown = sel_events((IPMI / "ipmi_sim_sel_elist_44_records.txt").read_text())
+    assert unknown is None
+    assert [e.id for e in events] == [f"{i:x}" for i in range(1, 0x2d)]
+    record_a = events[9]
+    assert (record_a.id, record_a.severity, record_a.message) == (
+        "a", "OK", "Power Supply PS3 Status: Failure detected")
+    critical = [e.id for e in new_critical_events(events, datetime(2026, 12, 3,
+                                                                  tzinfo=timezone.utc))]
+    assert critical == [f"{i:x}" for i in range(5, 0x2d, 2)]
+    assert "b" in critical and "1f" in critical
+
+
+@pytest.mark.parametrize(("capture", "records", "critical"), [
+    ("openpower_op_build_594_sel_list.txt", 12, 0),
+    ("ibm_openbmc_3638_sel_elist.txt", 17, 0),
+    ("facebook_openbmc_273_sel_list.txt", 7, 4),
+    ("sos_2015_sel_elist.txt", 3, 0),
+    ("ipmitool_346_sel_elist_start.txt", 4, 0),
+])
+def test_public_sel_captures_are_read_whole(capture: str, records: int, critical: int) -> None:
+    events, unknown = sel_events((IPMI / capture).read_text())
+    assert unknown is None
+    assert len(events) == records
+    assert len([e for e in events if e.severity == "Critical"]) == critical
+
+
+def test_a_twelve_hour_sel_time_is_read_as_such() -> None:
+    events, _ = sel_events((IPMI / "ipmitool_346_sel_elist_start.txt").read_text())
+    assert events[-1].id == "1b5b"
+    assert events[-1].created == datetime(2022, 5, 27, 18, 12, 15, tzinfo=timezone.utc)
+
+
+def test_a_sel_line_that_is_not_a_record_makes_the_log_unknown() -> None:
+    text = (IPMI / "ipmi_sim_sel_elist_44_records.txt").read_text()
+    lines = text.splitlines()
+    garbled = "\n".join([*lines[:9], "  0x0a | garbled", *lines[9:]])
+    bmc = ipmi_reading((IPMI / "ipmi_sim_sdr_elist.txt").read_text(), garbled, None, None)
+    assert bmc.events_unknown == "SEL line 10 is not a record: '0x0a | garbled'"
+    assert sel_events("SEL has no entries\n") == ([], None)
+
+
+@pytest.mark.parametrize(("capture", "now", "peak", "interval_min"), [
+    ("dcmi_lovoo_ipmi_exporter_18.txt", 215, 276, 18857.77),
+    ("dcmi_home_assistant_ipmi_13_supermicro.txt", 109, 242, 1092.17),
+    ("dcmi_rabe_zabbix_101.txt", 197, 242, 2064.88),
+])
+def test_dcmi_captures_of_both_layouts(capture: str, now: float, peak: float,
+                                       interval_min: float) -> None:
+    """ipmitool 1.8.18 prints the IPMI timestamp on its own line; later versions leave the
+    newline out, so the sampling period follows it on the same line."""
+    bmc = ipmi_reading("", "", (IPMI / capture).read_text(), None)
+    assert (bmc.power_now_w, bmc.power_peak_w, bmc.power_interval_min) == (
+        now, peak, interval_min)
+
+
+def test_a_deactivated_dcmi_reading_is_not_used() -> None:
+    bmc = ipmi_reading((IPMI / "ipmi_sim_sdr_elist.txt").read_text(), "",
+                       (IPMI / "dcmi_openbmc_3257_deactivated.txt").read_text(), None)
+    assert (bmc.power_now_w, bmc.power_peak_w) == (5200.0, None)
+
+
+def test_no_event_log_and_a_log_read_in_part_are_unknown() -> None:
+    power = {"/redfish/v1/Chassis/1U": _doc("Chassis/1U/Power")}
+    assert reading(power, {}, {}).events_unknown == (
+        "the BMC lists no event log (no LogServices with Entries)")
+    cut = reading(power, {}, {"log": []}, ["log read in part: more than 20 pages"])
+    assert cut.events_unknown == "log read in part: more than 20 pages"
+    assert _rackmount().events_unknown is None
+
+
+def _rack_inventory(tmp_path: Path, allow: bool | None) -> Inventory:
+    extra = "" if allow is None else f"    rack_power_allow_unknown: {str(allow).lower()}\n"
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  vars:\n    rack: rackA\n    rack_power_w: 20000\n    rack_cooling: liquid\n"
+        f"{extra}"
+        "  hosts:\n    new1: {ansible_host: 192.0.2.1}\n    old1: {ansible_host: 192.0.2.2}\n"
+        "    old2: {ansible_host: 192.0.2.3}\n")
+    return load_inventory(inv)
+
+
+@pytest.mark.parametrize("allow", [None, False, True])
+def test_bootstrap_refuses_a_node_while_rack_members_peaks_are_unknown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow: bool | None) -> None:
+    inventory = _rack_inventory(tmp_path, allow)
+    peaks = {"new1": (6000.0, ""), "old1": (5000.0, ""),
+             "old2": (None, "unreachable (no route to host)")}
+    monkeypatch.setattr(bootstrap, "_recorded_peak", lambda host, conn, fleet: peaks[host.name])
+    host = inventory.hosts["new1"]
+    if allow:
+        detail, _ = bootstrap.power_budget(inventory, host, "rackA", None,  # type: ignore[arg-type]
+                                              None)  # type: ignore[arg-type]
+        assert detail == "rack rackA: 11000 W of its 16000 W budget with new1; not counted: old2"
+        return
+    with pytest.raises(GpufleetError) as refused:
+        bootstrap.power_budget(inventory, host, "rackA", None, None)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "unknown: rack rackA: no peak power readable for old2 (unreachable (no route to host)) "
+        "(set rack_power_allow_unknown: true to admit the node without counting them)")
+
+
+@pytest.mark.parametrize(("capture", "power_w", "inlets"), [
+    ("dell_idrac_sdr_elist_all_tigerblue77_36.txt", None, [("Ambient Temp", 19.0)]),
+    ("dell_sdr_type_current_home_assistant_ipmi_13.txt", 98.0, []),
+    ("ibm_sdr_elist_power_in_home_assistant_ipmi_13.txt", 292.0, []),
+    ("sdr_type_current_home_assistant_ipmi_13.txt", None, []),
+    ("ibm_rainier_sdr_elist_3625.txt", None, []),
+])
+def test_public_sdr_captures(capture: str, power_w: float | None,
+                             inlets: list[tuple[str, float]]) -> None:
+    """Sensors of the PSU entity that are temperatures or currents are not PSUs; the PSUs'
+    input sensors add up to the node's power."""
+    bmc = ipmi_reading((IPMI / capture).read_text(), "", None, None)
+    assert bmc.power_now_w == power_w
+    assert [(t.name, t.celsius) for t in bmc.temperatures if t.inlet] == inlets
+    assert bmc.psus == []
+
+
+REDFISH = ROOT / "tests" / "fixtures" / "redfish"
+
+
+@pytest.mark.parametrize(("capture", "ids", "critical"), [
+    ("idrac_sel_entries_check_redfish_4.json", ["27", "26"],
+     ["2018-12-19T10:04:14Z Power supply redundancy is lost. (entry 26 of Sel)"]),
+    ("idrac8_sel_entry_idrac_exporter_26.json", ["13"],
+     ["2020-07-13T22:26:58Z The chassis is open while the power is off. (entry 13 of Sel)"]),
+])
+def test_idrac_log_entries_of_two_schema_layouts(capture: str, ids: list[str],
+                                                 critical: list[str]) -> None:
+    entries = json.loads((REDFISH / capture).read_text())
+    bmc = reading({}, {}, {"Sel": entries})
+    assert [e.id for e in bmc.events] == ids and bmc.events_unknown is None
+    found = new_critical_events(bmc.events, datetime(2018, 1, 1, tzinfo=timezone.utc))
+    assert [e.describe() for e in found] == critical

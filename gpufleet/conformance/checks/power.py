@@ -105,6 +105,8 @@ class BmcReading:
     temperatures: list[Temperature] = field(default_factory=list)
     fans: list[Fan] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    events_unknown: str | None = None  # why the event logs could not all be read
+
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,7 +118,7 @@ class BmcReading:
             "exhaust_c": [t.celsius for t in self.temperatures if t.exhaust],
             "fans": [{"name": f.name, "reading": f.reading, "units": f.units,
                       "health": f.health} for f in self.fans],
-            "log_entries": len(self.events),
+            "log_entries": len(self.events), "log_unknown": self.events_unknown,
         }
 
 
@@ -147,21 +149,28 @@ def _name(item: Mapping[str, Any], fallback: str) -> str:
 
 
 def parse_created(value: Any) -> datetime | None:
-    """A log entry's ``Created`` (ISO 8601) as an aware datetime; None when unreadable."""
+    """A log entry's ``Created`` (ISO 8601, any offset) in UTC; None when unreadable."""
     if not isinstance(value, str):
         return None
     try:
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+    return stamp.astimezone(timezone.utc) if stamp.tzinfo else stamp.replace(
+        tzinfo=timezone.utc)
 
 
 def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mapping[str, Any]],
-            log_entries: Mapping[str, Sequence[Mapping[str, Any]]]) -> BmcReading:
+            log_entries: Mapping[str, Sequence[Mapping[str, Any]]],
+            logs_cut: Sequence[str] = ()) -> BmcReading:
     """The reading of a BMC from its chassis' Power and Thermal documents (by chassis) and
-    its log services' entries (by log)."""
+    its log services' entries (by log). A log read only in part (``logs_cut``: why) or no
+    log at all leaves the events unknown: what was not read cannot pass."""
     out = BmcReading()
+    if logs_cut:
+        out.events_unknown = "; ".join(logs_cut)
+    elif not log_entries:
+        out.events_unknown = "the BMC lists no event log (no LogServices with Entries)"
     for chassis, doc in sorted(power.items()):
         for index, item in enumerate(_items(doc, "PowerSupplies")):
             health, state = _status(item)
@@ -205,15 +214,18 @@ def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mappin
 _SDR_LINE = re.compile(r"^(?P<name>[^|]*?)\s*\|\s*(?P<id>[0-9A-Fa-f]+h)\s*\|\s*(?P<status>\w+)\s*"
                        r"\|\s*(?P<entity>\d+\.\d+)\s*\|\s*(?P<reading>.*?)\s*$")
 _NUMBER_UNIT = re.compile(r"^(?P<value>-?\d+(?:\.\d+)?)\s+(?P<unit>.+)$")
-_DCMI = re.compile(r"^\s*(?P<key>Instantaneous power reading|Maximum during sampling period|"
-                   r"Sampling period|Power reading state is)\s*:\s*(?P<value>.+?)\s*$", re.M)
+_DCMI = re.compile(r"(?:^|\s)(?P<key>Instantaneous power reading|"
+                   r"Maximum during sampling period|Sampling period|Power reading state is)"
+                   r"\s*:\s*(?P<value>.+?)\s*$", re.M)
 IPMI_CRITICAL_STATUS = frozenset({"cr", "nr", "lcr", "ucr", "lnr", "unr"})
 POWER_SUPPLY_ENTITY = "10"
+NOT_A_PSU_STATE = re.compile(r"temp|current|volt|fan", re.IGNORECASE)  # PSUs' other sensors
 PSU_FAILED = ("Failure detected", "Power Supply AC lost", "AC lost", "input lost",
               "Config Error")
 SEL_CRITICAL = re.compile(
     r"Failure detected|AC lost|input lost|Critical going (?:low|high)|Non-recoverable|"
-    r"Uncorrectable ECC|IERR|Thermal Trip|Bus Uncorrectable|Bus Fatal|Redundancy Lost|"
+    r"Uncorrectable ECC|Uncorrectable machine check|IERR|Thermal Trip|Bus Uncorrectable|"
+    r"Bus Fatal|Redundancy Lost|"
     r"Transition to Critical|Transition to Non-Recoverable", re.IGNORECASE)
 
 
@@ -225,9 +237,12 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
                  ) -> BmcReading:
     """The reading of a BMC from ipmitool's ``sdr elist``, ``sel elist`` and ``dcmi power
     reading`` (None: the BMC has no DCMI). IPMI reports no PSU rating: ``psu_rating_w``
-    stands for each PSU's."""
+    stands for each PSU's. Without DCMI the power now is the chassis' power sensor, else
+    the sum of the PSUs' input sensors (``PS1 Power In``): one PSU's is not the node's. A
+    PSU's temperature, current or voltage sensor is not a PSU."""
     out = BmcReading()
-    sdr_power: float | None = None
+    chassis_power: float | None = None
+    psu_inputs: list[float] = []
     for row in _sdr_rows(sdr):
         name, status, reading = row["name"], row["status"].lower(), row["reading"]
         critical = status in IPMI_CRITICAL_STATUS
@@ -243,8 +258,12 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
                                 ("OK" if status != "ns" else None),
                                 "Enabled" if status != "ns" else "Absent"))
         elif unit == "Watts" and re.search(r"pwr|power", name, re.IGNORECASE):
-            sdr_power = value if sdr_power is None else sdr_power
-        elif row["entity"].split(".")[0] == POWER_SUPPLY_ENTITY and not number:
+            if row["entity"].split(".")[0] != POWER_SUPPLY_ENTITY:
+                chassis_power = value if chassis_power is None else chassis_power
+            elif value is not None:
+                psu_inputs.append(value)
+        elif row["entity"].split(".")[0] == POWER_SUPPLY_ENTITY and not number \
+                and not NOT_A_PSU_STATE.search(name):
             present = "Presence detected" in reading
             failed = any(marker in reading for marker in PSU_FAILED) or critical
             out.psus.append(Psu(name, psu_rating_w, "Critical" if failed else
@@ -258,8 +277,9 @@ def ipmi_reading(sdr: str, sel: str, dcmi: str | None, psu_rating_w: float | Non
         period = re.match(r"0*(\d+) Seconds", readings.get("Sampling period", ""))
         out.power_interval_min = round(int(period[1]) / 60, 2) if period else None
     if out.power_now_w is None:
-        out.power_now_w = sdr_power
-    out.events = sel_events(sel)
+        out.power_now_w = chassis_power if chassis_power is not None else (
+            sum(psu_inputs) if psu_inputs else None)
+    out.events, out.events_unknown = sel_events(sel)
     return out
 
 
@@ -268,15 +288,24 @@ def _watts(text: str) -> float | None:
     return float(match[1]) if match else None
 
 
-def sel_events(text: str) -> list[Event]:
-    """``ipmitool sel elist`` lines as events; an asserted event that means a failure
-    (a PSU failure or lost input, a critical or non-recoverable threshold, an uncorrectable
-    error, a thermal trip, lost redundancy) is Critical."""
-    events = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split("|")]
-        if len(cells) < 5 or not cells[0].isdigit():
+SEL_EMPTY = "SEL has no entries"
+_SEL_ID = re.compile(r"^[0-9A-Fa-f]{1,4}$")
+
+
+def sel_events(text: str) -> tuple[list[Event], str | None]:
+    """``ipmitool sel elist`` lines as events, and why the log is unknown (None when every
+    line was read). ipmitool prints record IDs in hexadecimal (``a``, ``1f``, ``1b5b``). An
+    asserted event that means a failure (a PSU failure or lost input, a critical or
+    non-recoverable threshold, an uncorrectable error, a thermal trip, lost redundancy) is
+    Critical. A line that is not a record makes the whole log unknown: a record it might
+    have been cannot be passed unseen."""
+    events: list[Event] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.strip() == SEL_EMPTY:
             continue
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 5 or not _SEL_ID.match(cells[0]):
+            return events, f"SEL line {number} is not a record: {line.strip()[:120]!r}"
         if cells[1] == "Pre-Init":
             created, rest = None, cells[3:]
         else:
@@ -285,16 +314,19 @@ def sel_events(text: str) -> list[Event]:
         asserted = len(rest) < 3 or rest[2] != "Deasserted"
         severity = "Critical" if asserted and SEL_CRITICAL.search(event) else "OK"
         events.append(Event("SEL", cells[0], created, severity, f"{sensor}: {event}"))
-    return events
+    return events, None
 
 
 def _sel_time(day: str, clock: str) -> datetime | None:
-    """ipmitool's date (MM/DD/YY or MM/DD/YYYY) and time (HH:MM:SS, with a zone it may
-    print) as UTC."""
-    clock = clock.split(maxsplit=1)[0] if clock else ""
-    for layout in ("%m/%d/%y %H:%M:%S", "%m/%d/%Y %H:%M:%S"):
+    """ipmitool's date (MM/DD/YY or MM/DD/YYYY) and time (HH:MM:SS, or HH:MM:SS AM/PM, with
+    a zone it may print) as UTC."""
+    words = clock.split()
+    twelve = len(words) > 1 and words[1] in ("AM", "PM")
+    clock = " ".join(words[:2]) if twelve else (words[0] if words else "")
+    for layout in ("%m/%d/%y", "%m/%d/%Y"):
         try:
-            return datetime.strptime(f"{day} {clock}", layout).replace(tzinfo=timezone.utc)
+            return datetime.strptime(f"{day} {clock}", layout + (
+                " %I:%M:%S %p" if twelve else " %H:%M:%S")).replace(tzinfo=timezone.utc)
         except ValueError:
             continue
     return None
