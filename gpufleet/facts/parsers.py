@@ -101,14 +101,17 @@ def _float(source: str, value: str, line: str) -> float:
         raise _error(source, "a number", line) from None
 
 
-def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "[")) -> Any:
+def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "["),
+                   first_only: bool = False) -> Any:
     """Decode the first JSON value that starts a line with one of ``openers``.
 
-    Lines printed before it (warnings, a ``$ command`` line) are skipped.
+    Lines printed before it (warnings, a ``$ command`` line) are skipped. With
+    ``first_only`` the first such line must start it: a broken document is refused rather
+    than read from an object inside it.
     """
     lines = text.splitlines()
     candidates = [i for i, line in enumerate(lines) if line.lstrip().startswith(openers)]
-    for index in candidates:
+    for index in candidates[:1] if first_only else candidates:
         try:
             value, _ = json.JSONDecoder().raw_decode("\n".join(lines[index:]).lstrip())
         except (json.JSONDecodeError, RecursionError):
@@ -914,6 +917,7 @@ _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):"
     r"\s*(\d+),\s*(.*?)\s*$"
 )
+_XID_MARK = "NVRM: Xid"
 _XID_CONTEXT = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")
 _LOG_TOOL_ERROR = re.compile(r"^(?:dmesg|journalctl): ")
 
@@ -925,12 +929,15 @@ def xid_events(text: str) -> list[dict[str, Any]]:
     the pid/name fields) and ``at`` (seconds since boot from dmesg's ``[ 123.456]``, also
     after a syslog prefix; None in other formats, such as ``dmesg -T``). A dmesg/journalctl
     error (e.g. no permission to read the log) raises, since an unreadable log is not an
-    empty one.
+    empty one, and so does an ``NVRM: Xid`` line that cannot be read: the event may be a
+    critical one.
     """
     events: list[dict[str, Any]] = []
     for line in _lines(text):
         if _LOG_TOOL_ERROR.match(line.strip()):
             raise _error("kernel log", "kernel log lines", line)
+        if _XID_MARK in line and not (match := _XID.search(line)):
+            raise _error("kernel log", "'NVRM: Xid (PCI:DDDD:BB:DD): N, ...' lines", line)
         if match := _XID.search(line):
             stamp = _DMESG_TIME.search(line[: match.start()])
             events.append(
@@ -1062,6 +1069,8 @@ def nvidia_smi_q(text: str) -> list[dict[str, Any]]:
     for line in _output_lines(text):
         stripped = line.strip()
         gpu = _SMI_Q_GPU.match(stripped)
+        if line.startswith("GPU ") and not gpu:
+            raise _error("nvidia-smi -q", "'GPU 00000000:XX:YY.Z' section lines", line)
         if gpu:
             gpus.append({"bus_id": gpu.group(1).lower(), "persistence": None,
                          "fabric_state": None, "fabric_status": None})
@@ -1097,7 +1106,7 @@ def dcgm_diag(text: str) -> dict[str, Any]:
     ``"0,1,2,3"``: it becomes one row each) and DCGM 4's (``DCGM Diagnostic``, results by
     ``entity_id``, the version under ``metadata``). ``info`` joins a result's warnings, then
     its info lines."""
-    document = _json_document("dcgmi diag", text, ("{",))
+    document = _json_document("dcgmi diag", text, ("{",), first_only=True)
     if not isinstance(document, dict):
         raise _error("dcgmi diag", "a JSON object", text)
     root = document.get("DCGM GPU Diagnostic", document.get("DCGM Diagnostic", document))

@@ -261,3 +261,25 @@ def test_proc_driver_version(name: str, version: str, flavor: str) -> None:
     text = read(NVIDIA / name)
     assert parsers.proc_driver_version(text) == version
     assert parsers.proc_driver_flavor(text) == flavor
+
+
+# --------------------------------------------------------------------------- garbled lines
+
+
+def test_an_xid_line_that_cannot_be_read_makes_the_log_unknown() -> None:
+    text = read(NVIDIA / "a800_dmesg_xid13_vllm5901.txt").replace("): 13, pid", "): 1x, pid", 1)
+    with pytest.raises(ParseError, match="NVRM: Xid"):
+        parsers.xid_events(text)
+
+
+def test_smi_q_gpu_line_without_a_bus_id_is_refused() -> None:
+    text = read(NVIDIA / "a10_q_gpud.txt").replace("GPU 00000000:06:00.0", "GPU 0")
+    with pytest.raises(ParseError, match="'GPU 0'"):
+        parsers.nvidia_smi_q(text)
+
+
+def test_a_broken_dcgm_document_is_not_read_from_an_object_inside_it() -> None:
+    text = read(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt")
+    broken = text.replace('"status" : "PASS"', '"status" : PASS', 1)
+    with pytest.raises(ParseError, match="valid JSON"):
+        parsers.dcgm_diag(broken)
