@@ -96,6 +96,15 @@ def test_topo_copied_from_a_terminal_reads_like_the_tool_printed_it(path: Path) 
     assert parsers.nvidia_topo(text.expandtabs()) == parsers.nvidia_topo(text)
 
 
+@pytest.mark.parametrize("prefix", ["    ", "\t", "  \t"], ids=["spaces", "tab", "mixed"])
+@pytest.mark.parametrize("name", ["h100x4_topo_m_spaces_nccl1617.txt",
+                                  "a100x4_topo_m_spaces_nccltests331.txt"])
+def test_topo_with_spaces_and_every_line_indented(name: str, prefix: str) -> None:
+    text = read(NVIDIA / name)
+    indented = "".join(prefix + line + "\n" for line in text.splitlines())
+    assert parsers.nvidia_topo(indented) == parsers.nvidia_topo(text)
+
+
 def test_topo_empty_cpu_affinity_inside_a_cpuset() -> None:
     # What a job's cpuset without the GPU's CPUs makes nvidia-smi print: nothing between
     # the tabs where the CPU list goes.
