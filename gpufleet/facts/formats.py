@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,7 @@ def file_state(path: str, text: str) -> FileState:
         raise ParseError(f"expected 'present MODE OWNER' or 'missing' for {path}, got {head!r}")
     try:
         content = base64.b64decode("".join(body.split()), validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or characters outside ASCII
         raise ParseError(f"bad base64 content for {path}: {exc}") from exc
     return FileState(path, True, content, fields[1], fields[2])
 
@@ -131,8 +130,8 @@ def rdma_devices(text: str) -> list[dict[str, Any]]:
         fields = line.split()
         if not fields:
             continue
-        if len(fields) != 5:
-            raise ParseError(f"expected 5 fields per RDMA port, got {line!r}")
+        if len(fields) != 5 or not fields[1].isdigit():
+            raise ParseError(f"expected 5 fields per RDMA port, the port a number, got {line!r}")
         dev, port, layer, state, netdevs = fields
         devices.append({
             "device": dev,

@@ -101,14 +101,17 @@ def _float(source: str, value: str, line: str) -> float:
         raise _error(source, "a number", line) from None
 
 
-def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "[")) -> Any:
+def _json_document(source: str, text: str, openers: tuple[str, ...] = ("{", "["),
+                   first_only: bool = False) -> Any:
     """Decode the first JSON value that starts a line with one of ``openers``.
 
-    Lines printed before it (warnings, a ``$ command`` line) are skipped.
+    Lines printed before it (warnings, a ``$ command`` line) are skipped. With
+    ``first_only`` the first such line must start it: a broken document is refused rather
+    than read from an object inside it.
     """
     lines = text.splitlines()
     candidates = [i for i, line in enumerate(lines) if line.lstrip().startswith(openers)]
-    for index in candidates:
+    for index in candidates[:1] if first_only else candidates:
         try:
             value, _ = json.JSONDecoder().raw_decode("\n".join(lines[index:]).lstrip())
         except (json.JSONDecodeError, RecursionError):
@@ -450,17 +453,19 @@ _SMI_BOOL = {
 }
 _SMI_TEXT = frozenset({"name", "uuid", "serial", "driver_version", "vbios_version", "pci.bus_id"})
 _SMI_FIELD = re.compile(r"^[a-z][a-z0-9_.]*$")
-_SMI_UNIT = re.compile(r"\s*\[[^\]]*\]\s*$")
+_SMI_UNIT = re.compile(r"\s*\[([^\]]*)\]\s*$")
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 _INT = re.compile(r"^-?\d+$")
 _FLOAT = re.compile(r"^-?\d+\.\d+$")
 
 
 def nvidia_smi_query(text: str) -> list[dict[str, Any]]:
-    """Parse ``nvidia-smi --query-gpu=... --format=csv,nounits`` output with its header.
+    """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]`` output with its header.
 
     Keys are the header names without unit suffixes (``memory.total``), with
-    ``clocks_throttle_reasons.`` renamed ``clocks_event_reasons.``. Values become int,
+    ``clocks_throttle_reasons.`` renamed ``clocks_event_reasons.``. Without ``nounits``
+    every value carries the unit its header names (``143771 MiB`` under ``memory.total
+    [MiB]``): that unit is removed, so both forms give the same numbers. Values become int,
     float, bool (Enabled/Active/Yes), int for 0x bitmasks and None for N/A; identity
     fields (name, uuid, serial, versions, bus id) stay strings. "No devices were found"
     gives an empty list.
@@ -470,23 +475,33 @@ def nvidia_smi_query(text: str) -> list[dict[str, Any]]:
         return []
     if not lines:
         raise _error("nvidia-smi query", "a CSV header line", text)
-    keys = [_smi_key(name) for name in lines[0].split(",")]
-    if not all(_SMI_FIELD.match(key) for key in keys):
+    columns = [_smi_column(name) for name in lines[0].split(",")]
+    if not all(_SMI_FIELD.match(key) for key, _ in columns):
         raise _error("nvidia-smi query", "a CSV header line of field names", lines[0])
     rows: list[dict[str, Any]] = []
     for line in lines[1:]:
         values = [value.strip() for value in line.split(",")]
-        if len(values) != len(keys):
-            raise _error("nvidia-smi query", f"{len(keys)} comma-separated values", line)
-        rows.append({key: _smi_value(key, value) for key, value in zip(keys, values, strict=True)})
+        if len(values) != len(columns):
+            raise _error("nvidia-smi query", f"{len(columns)} comma-separated values", line)
+        rows.append({key: _smi_value(key, _without_unit(value, unit))
+                     for (key, unit), value in zip(columns, values, strict=True)})
     return rows
 
 
-def _smi_key(name: str) -> str:
+def _smi_column(name: str) -> tuple[str, str | None]:
+    """A header name -> (key, the unit its values carry without ``nounits``)."""
+    unit = _SMI_UNIT.search(name.strip())
     key = _SMI_UNIT.sub("", name.strip())
     if key.startswith("clocks_throttle_reasons."):
         key = "clocks_event_reasons." + key.removeprefix("clocks_throttle_reasons.")
-    return key
+    return key, unit.group(1).strip() if unit else None
+
+
+def _without_unit(value: str, unit: str | None) -> str:
+    """``143771 MiB`` -> ``143771`` under a ``[MiB]`` header; any other value as it is."""
+    if unit and value.endswith(unit) and value[: -len(unit)].endswith(" "):
+        return value[: -len(unit)].rstrip()
+    return value
 
 
 def _smi_value(key: str, value: str) -> Any:
@@ -512,30 +527,26 @@ def _number(value: str) -> int | float | str:
 
 _TOPO_EXTRA = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _TOPO_GPU = re.compile(r"^GPU\d+$")
+_TOPO_DEVICE = re.compile(r"^(?:GPU\d+|NIC\d+|[a-z][a-z0-9_]*\d)$")
+_TOPO_HEADER_SPLIT = re.compile(r"\t| {2,}")
 _TOPO_NIC_LEGEND = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
 
 
 def nvidia_topo(text: str) -> dict[str, Any]:
-    """Parse ``nvidia-smi topo -m`` (ANSI escapes allowed).
+    """Parse ``nvidia-smi topo -m`` (ANSI escapes allowed), tab-separated as nvidia-smi
+    prints it or with the tabs turned into spaces (a copy from a terminal or a ticket).
 
     Returns ``gpus`` (row labels such as "GPU0"), ``matrix`` (``matrix[a][b]`` -> "NV18",
     "PIX", "X"..., NIC rows and columns included), ``cpu_affinity`` and
-    ``numa_affinity`` per GPU (None for N/A), and ``nics`` (NIC0 -> mlx5_0) from the
-    NIC Legend when printed. Empty fields between the affinity columns are ignored.
+    ``numa_affinity`` per GPU (None for N/A; the CPU affinity is "" where nvidia-smi
+    printed none: inside a cpuset, such as a Slurm job's, that holds none of the GPU's
+    CPUs), and ``nics`` (NIC0 -> mlx5_0) from the NIC Legend when printed.
     """
     lines = [line for line in _lines(_ANSI.sub("", text)) if not _is_capture_note(line)]
-    start = next(
-        (
-            index
-            for index, line in enumerate(lines)
-            if not line.split("\t")[0].strip()
-            and any(_TOPO_GPU.match(field.strip()) for field in line.split("\t"))
-        ),
-        None,
-    )
+    start = next((index for index, line in enumerate(lines) if _topo_header(line)), None)
     if start is None:
         raise _error("nvidia-smi topo -m", "a header row of GPU columns", text)
-    columns = [field.strip() for field in lines[start].split("\t") if field.strip()]
+    columns = _topo_header(lines[start])
     devices = [name for name in columns if name not in _TOPO_EXTRA]
     extras = [name for name in columns if name in _TOPO_EXTRA]
     if columns != devices + extras:
@@ -547,15 +558,15 @@ def nvidia_topo(text: str) -> dict[str, Any]:
     for line in lines[start + 1 :]:
         if not line.strip():
             break
-        fields = [field.strip() for field in line.split("\t")]
+        tabbed = "\t" in line
+        fields = [field.strip() for field in line.split("\t")] if tabbed else line.split()
         label, cells = fields[0], fields[1 : 1 + len(devices)]
-        if label not in devices or len(cells) != len(devices):
+        if label not in devices or len(cells) != len(devices) or not all(cells):
             raise _error("nvidia-smi topo -m", f"a row with {len(devices)} device cells", line)
         matrix[label] = dict(zip(devices, cells, strict=True))
-        tail = [field for field in fields[1 + len(devices) :] if field]
-        if len(tail) > len(extras):
-            raise _error("nvidia-smi topo -m", f"at most {len(extras)} affinity fields", line)
-        values = dict(zip(extras, tail, strict=False))
+        tail = fields[1 + len(devices) :]
+        values = _topo_affinity(extras, tail, line) if tabbed else \
+            _topo_affinity_spaced(extras, tail, line)
         if "CPU Affinity" in values:
             cpu_affinity[label] = _not_applicable(values["CPU Affinity"])
         if "NUMA Affinity" in values:
@@ -578,6 +589,37 @@ def nvidia_topo(text: str) -> dict[str, Any]:
     }
 
 
+def _topo_header(line: str) -> list[str]:
+    """The column names of a ``topo -m`` header row (devices, then affinity columns), or []
+    for any other line: a row's cells (X, NV18, SYS...) are not names."""
+    names = [name.strip() for name in _TOPO_HEADER_SPLIT.split(line.strip()) if name.strip()]
+    if all(_TOPO_DEVICE.match(name) or name in _TOPO_EXTRA for name in names) \
+            and any(_TOPO_GPU.match(name) for name in names):
+        return names
+    return []
+
+
+def _topo_affinity(extras: list[str], tail: list[str], line: str) -> dict[str, str]:
+    """The affinity fields of a tab-separated row, by position: an empty CPU Affinity is
+    an empty field, and nvidia-smi prints one more empty field before GPU NUMA ID."""
+    if len([field for field in tail if field]) > len(extras):
+        raise _error("nvidia-smi topo -m", f"at most {len(extras)} affinity fields", line)
+    return {name: tail[index] for index, name in enumerate(extras)
+            if index < len(tail) and name != "GPU NUMA ID"}
+
+
+def _topo_affinity_spaced(extras: list[str], tail: list[str], line: str) -> dict[str, str]:
+    """The affinity fields of a row whose tabs became spaces: one word each, or one fewer
+    when the CPU Affinity was empty (the only one nvidia-smi leaves empty; N/A otherwise)."""
+    if not tail:
+        return {}
+    if len(tail) == len(extras) - 1 and extras[0] == "CPU Affinity":
+        tail = ["", *tail]
+    if len(tail) != len(extras):
+        raise _error("nvidia-smi topo -m", f"{len(extras)} affinity fields", line)
+    return dict(zip(extras, tail, strict=True))
+
+
 def _not_applicable(value: str) -> str | None:
     return None if value == "N/A" else value
 
@@ -592,8 +634,12 @@ def nvlink_status(text: str) -> dict[int, list[float | None]]:
     """Parse ``nvidia-smi nvlink -s``: GPU index -> per-link GB/s, None for ``<inactive>``.
 
     A GPU reported with "Unable to retrieve NVLink information as all links are inActive"
-    gets an empty list. Empty output raises: it does not tell "no NVLink" from "not run".
+    gets an empty list. A machine without NVLink (one GPU, PCIe cards) makes nvidia-smi
+    print nothing and exit 0: empty output is no links, an empty dict (a failed run is
+    told apart by its exit status, never by its output).
     """
+    if not text.strip():
+        return {}
     result: dict[int, list[float | None]] = {}
     current: list[float | None] | None = None
     for line in _lines(text):
@@ -614,8 +660,6 @@ def nvlink_status(text: str) -> dict[int, list[float | None]]:
             continue
         elif line.strip():
             raise _error("nvidia-smi nvlink -s", "'GPU N:' or 'Link N:' lines", line)
-    if not result:
-        raise _error("nvidia-smi nvlink -s", "at least one 'GPU N:' line", text)
     return result
 
 
@@ -873,6 +917,7 @@ _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):"
     r"\s*(\d+),\s*(.*?)\s*$"
 )
+_XID_MARK = "NVRM: Xid"
 _XID_CONTEXT = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")
 _LOG_TOOL_ERROR = re.compile(r"^(?:dmesg|journalctl): ")
 
@@ -881,16 +926,20 @@ def xid_events(text: str) -> list[dict[str, Any]]:
     """Extract ``NVRM: Xid`` events from kernel log text (dmesg or journal format).
 
     Each event is ``pci`` ("0000:3b:00"), ``xid`` (int), ``message`` (the text after
-    the pid/name fields) and ``at`` (seconds since boot from dmesg's ``[ 123.456]``, None
-    in other formats). A dmesg/journalctl error (e.g. no permission to read the log)
-    raises, since an unreadable log is not an empty one.
+    the pid/name fields) and ``at`` (seconds since boot from dmesg's ``[ 123.456]``, also
+    after a syslog prefix; None in other formats, such as ``dmesg -T``). A dmesg/journalctl
+    error (e.g. no permission to read the log) raises, since an unreadable log is not an
+    empty one, and so does an ``NVRM: Xid`` line that cannot be read: the event may be a
+    critical one.
     """
     events: list[dict[str, Any]] = []
     for line in _lines(text):
         if _LOG_TOOL_ERROR.match(line.strip()):
             raise _error("kernel log", "kernel log lines", line)
+        if _XID_MARK in line and not (match := _XID.search(line)):
+            raise _error("kernel log", "'NVRM: Xid (PCI:DDDD:BB:DD): N, ...' lines", line)
         if match := _XID.search(line):
-            stamp = _DMESG_TIME.match(line.strip())
+            stamp = _DMESG_TIME.search(line[: match.start()])
             events.append(
                 {
                     "pci": match.group(1).lower(),
@@ -902,7 +951,7 @@ def xid_events(text: str) -> list[dict[str, Any]]:
     return events
 
 
-_DMESG_TIME = re.compile(r"^\[\s*(\d+\.\d+)\]")
+_DMESG_TIME = re.compile(r"\[\s*(\d+\.\d+)\]")
 
 
 _PAUSE_OR_DISCARD = re.compile(r"pause|discard", re.IGNORECASE)
@@ -1020,6 +1069,8 @@ def nvidia_smi_q(text: str) -> list[dict[str, Any]]:
     for line in _output_lines(text):
         stripped = line.strip()
         gpu = _SMI_Q_GPU.match(stripped)
+        if line.startswith("GPU ") and not gpu:
+            raise _error("nvidia-smi -q", "'GPU 00000000:XX:YY.Z' section lines", line)
         if gpu:
             gpus.append({"bus_id": gpu.group(1).lower(), "persistence": None,
                          "fabric_state": None, "fabric_status": None})
@@ -1049,16 +1100,21 @@ def nvidia_smi_q(text: str) -> list[dict[str, Any]]:
 
 def dcgm_diag(text: str) -> dict[str, Any]:
     """``dcgmi diag -r N -j``: ``{"tests": [{"name", "category", "gpu", "status", "info"}],
-    "version": ...}``, one row per GPU and test (statuses upper-cased: PASS, FAIL, WARN,
-    SKIP ...). Reads DCGM 3's layout (``DCGM GPU Diagnostic`` > ``test_categories`` >
-    ``tests`` > ``results`` with ``gpu_ids``) and DCGM 4's (``tests`` with ``results`` by
-    ``entity_id``)."""
-    document = _json_document("dcgmi diag", text, ("{",))
+    "version": ..., "error": ...}``, one row per GPU and test (statuses upper-cased: PASS,
+    FAIL, WARN, SKIP ...). Reads DCGM 3's layout (``DCGM GPU Diagnostic`` > ``test_categories``
+    > ``tests`` > ``results`` by ``gpu_ids``, where one result may stand for several GPUs,
+    ``"0,1,2,3"``: it becomes one row each) and DCGM 4's (``DCGM Diagnostic``, results by
+    ``entity_id``, the version under ``metadata``). ``info`` joins a result's warnings, then
+    its info lines."""
+    document = _json_document("dcgmi diag", text, ("{",), first_only=True)
     if not isinstance(document, dict):
         raise _error("dcgmi diag", "a JSON object", text)
     root = document.get("DCGM GPU Diagnostic", document.get("DCGM Diagnostic", document))
     if not isinstance(root, dict):
         raise _error("dcgmi diag", "a 'DCGM GPU Diagnostic' object", text)
+    metadata = document.get("metadata")
+    version = root.get("version") or (metadata.get("version")
+                                      if isinstance(metadata, dict) else None)
     rows: list[dict[str, Any]] = []
     categories = root.get("test_categories") or [{"category": None,
                                                   "tests": root.get("tests") or []}]
@@ -1071,19 +1127,44 @@ def dcgm_diag(text: str) -> dict[str, Any]:
             for result in test.get("results") or []:
                 if not isinstance(result, dict):
                     continue
-                gpu = result.get("gpu_ids", result.get("gpu_id", result.get("entity_id")))
-                info = result.get("info") or result.get("warnings") or []
-                if isinstance(info, list):
-                    info = "; ".join(str(i.get("message", i)) if isinstance(i, dict) else str(i)
-                                     for i in info)
-                rows.append({"name": str(test.get("name")), "category": category.get("category"),
-                             "gpu": None if gpu is None else str(gpu),
-                             "status": str(result.get("status", "")).upper(),
-                             "info": str(info)})
+                info = "; ".join([*_dcgm_messages(result.get("warnings")),
+                                  *_dcgm_messages(result.get("info"))])
+                rows.extend({"name": str(test.get("name")), "category": category.get("category"),
+                             "gpu": gpu, "status": str(result.get("status", "")).upper(),
+                             "info": info}
+                            for gpu in _dcgm_entities(result, text))
     if not rows and not root.get("runtime_error"):
         raise _error("dcgmi diag", "test results", text)
-    return {"tests": rows, "version": root.get("version"),
+    return {"tests": rows, "version": None if version is None else str(version),
             "error": root.get("runtime_error") or document.get("runtime_error")}
+
+
+_DCGM_GPU_IDS = re.compile(r"^\d+(?:\s*,\s*\d+)*$")
+
+
+def _dcgm_entities(result: dict[str, Any], text: str) -> list[str | None]:
+    """The GPUs one diag result stands for: DCGM 3's ``gpu_ids`` ("0,1,2", or one number),
+    DCGM 4's ``entity_id`` (prefixed with its group when that is not GPU)."""
+    ids = result.get("gpu_ids", result.get("gpu_id"))
+    if ids is not None:
+        if isinstance(ids, bool) or not _DCGM_GPU_IDS.match(str(ids).strip()):
+            raise _error("dcgmi diag", "gpu_ids such as '0' or '0,1,2'", text)
+        return [gpu.strip() for gpu in str(ids).split(",")]
+    entity = result.get("entity_id")
+    if entity is None:
+        return [None]
+    group = result.get("entity_group")
+    return [str(entity) if group in (None, "GPU") else f"{group} {entity}"]
+
+
+def _dcgm_messages(value: Any) -> list[str]:
+    """A result's ``warnings`` or ``info``: a string, or a list of strings or of objects
+    with their text under ``warning`` (DCGM 4) or ``message``."""
+    if value is None or value == "":
+        return []
+    items = value if isinstance(value, list) else [value]
+    return [str(item.get("warning", item.get("message", json.dumps(item))))
+            if isinstance(item, dict) else str(item) for item in items]
 
 
 _OFED = re.compile(r"^(?:MLNX_OFED_LINUX|OFED-internal|OFED)-([0-9][0-9A-Za-z.\-]*?):?$")

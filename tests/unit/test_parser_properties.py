@@ -1,0 +1,228 @@
+"""Properties of every parser in gpufleet/facts/parsers.py and formats.py, checked on
+generated text and on mutated real captures:
+
+- any text gives a result or one ParseError, never an exception of another kind;
+- a line the parser reads (taking it out changes the result) is never silently dropped
+  once garbled: the parser reads the garbled line or raises ParseError, and its result is
+  never the one it gives without that line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.errors import ParseError
+from gpufleet.facts import formats, parsers
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SAMPLES, H200, NVIDIA = FIXTURES / "samples", FIXTURES / "h200x2", FIXTURES / "nvidia"
+EXAMPLES = settings(max_examples=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _files(*paths: Path) -> list[str]:
+    return [path.read_text() for path in paths]
+
+
+# Each parser with captures it reads (real ones where the repository has them).
+PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
+    "apt_madison": (parsers.apt_madison, _files(SAMPLES / "synthetic_apt_madison.txt")),
+    "apt_showhold": (parsers.apt_showhold, _files(SAMPLES / "synthetic_apt_showhold.txt")),
+    "cuda_version_json": (parsers.cuda_version_json,
+                          _files(SAMPLES / "synthetic_cuda_version_json.txt")),
+    "dcb_pfc": (parsers.dcb_pfc, _files(SAMPLES / "dcb_pfc_show_manpage.txt",
+                                        SAMPLES / "synthetic_dcb_pfc_show_stats.txt")),
+    "dcb_pfc_json": (parsers.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
+    "dcgm_diag": (parsers.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
+                                            NVIDIA / "dcgm4_diag_8gpu_dcgm215.txt")),
+    "dpkg_query": (parsers.dpkg_query, _files(SAMPLES / "synthetic_dpkg_query_states.txt")),
+    "ethtool_stats": (parsers.ethtool_stats, _files(FIXTURES / "nic" / "mlx5-ethtool-S.txt")),
+    "gpu_operator": (parsers.gpu_operator, ["operator\n", "none\n"]),
+    "ip_addr_json": (parsers.ip_addr_json, _files(SAMPLES / "synthetic_ip_j_addr.txt")),
+    "meminfo": (parsers.meminfo, _files(H200 / "meminfo.txt")),
+    "mlnx_qos": (parsers.mlnx_qos, _files(SAMPLES / "mlnx_qos_dscp_trust_prio3.txt",
+                                          SAMPLES / "mlnx_qos_blank_lines.txt")),
+    "nccl_tests": (parsers.nccl_tests,
+                   _files(SAMPLES / "nccl_tests_all_reduce_current_format.txt")),
+    "nccl_tests_avg_busbw": (parsers.nccl_tests_avg_busbw,
+                             _files(SAMPLES / "nccl_tests_all_reduce_current_format.txt")),
+    "nvcc_version": (parsers.nvcc_version, _files(H200 / "nvcc_version.txt")),
+    "nvidia_smi_list": (parsers.nvidia_smi_list, _files(NVIDIA / "a100_L_mig_telegraf5812.txt",
+                                                        NVIDIA / "h200x1_L.txt")),
+    "nvidia_smi_q": (parsers.nvidia_smi_q, _files(H200 / "nvidia_smi_q.txt",
+                                                  NVIDIA / "a10_q_gpud.txt")),
+    "nvidia_smi_query": (parsers.nvidia_smi_query, _files(
+        H200 / "query_gpu_csv.txt", NVIDIA / "h200x1_query_gpu_csv_units.txt")),
+    "nvidia_topo": (parsers.nvidia_topo, _files(
+        H200 / "topo_m.txt", NVIDIA / "h100x4_topo_m_spaces_nccl1617.txt",
+        NVIDIA / "rtx4090x8_topo_m_tabs_gpuallocator17.txt")),
+    "nvidia_version_from_package": (parsers.nvidia_version_from_package,
+                                    ["1:550.54.15-1\n", "580.159.04-0ubuntu1\n"]),
+    "nvlink_status": (parsers.nvlink_status, _files(
+        H200 / "nvlink_status.txt", SAMPLES / "synthetic_nvlink_status_inactive.txt")),
+    "ofed_version": (parsers.ofed_version, ["MLNX_OFED_LINUX-24.10-1.1.4.0:\n"]),
+    "os_release": (parsers.os_release, _files(H200 / "os_release.txt")),
+    "port_range": (parsers.port_range, _files(H200 / "port_range.txt")),
+    "proc_driver_flavor": (parsers.proc_driver_flavor, _files(
+        NVIDIA / "proc_version_384_neofetch876.txt", NVIDIA / "h200x1_proc_version.txt")),
+    "proc_driver_version": (parsers.proc_driver_version, _files(
+        NVIDIA / "proc_version_565_open_nixgl186.txt", H200 / "proc_nvidia_version.txt")),
+    "proc_net_snmp": (parsers.proc_net_snmp, [
+        "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens\nTcp: 1 200 120000 -1 5\n"]),
+    "rdma_port_rate": (parsers.rdma_port_rate, ["400 Gb/sec (4X NDR)\n"]),
+    "secure_boot": (parsers.secure_boot, ["SecureBoot enabled\n"]),
+    "sys_class_net": (parsers.sys_class_net, _files(SAMPLES / "synthetic_sys_class_net.txt")),
+    "sys_pci_gpus": (parsers.sys_pci_gpus, _files(H200 / "sys_pci_nvidia.txt")),
+    "sysctl_value": (parsers.sysctl_value, ["4096\t87380\t6291456\n"]),
+    "sysfs_values": (parsers.sysfs_values, ["eth0/statistics/rx_dropped:0\n"
+                                            "eth0/statistics/tx_dropped:3\n"]),
+    "torch_info": (parsers.torch_info, _files(H200 / "torch_versions.txt")),
+    "xid_events": (parsers.xid_events, _files(NVIDIA / "a800_dmesg_xid13_vllm5901.txt",
+                                              NVIDIA / "dmesg_T_xid_akash244.txt")),
+    "disk_free": (formats.disk_free, _files(H200 / "df.txt")),
+    "file_digest": (lambda text: formats.file_digest("/etc/x", text),
+                    ["present 0644 root:root 12 " + "ab" * 32 + "\n", "missing\n"]),
+    "file_state": (lambda text: formats.file_state("/etc/x", text),
+                   ["present 0644 root:root\naGVsbG8K\n", "missing\n"]),
+    "firewall": (formats.firewall, ["nft inet:gpufleet\nnft_gpufleet " + "0" * 64
+                                    + "\niptables absent\n"]),
+    "link_target": (formats.link_target, ["-> /usr/lib/x\n", "missing\n", "notlink\n"]),
+    "rdma_devices": (formats.rdma_devices, ["mlx5_0 1 InfiniBand ACTIVE ibp1s0\n"
+                                            "mlx5_1 1 Ethernet DOWN -\n"]),
+    "time_sync": (formats.time_sync, ["NTPSynchronized=yes\n"]),
+    "torch_files": (formats.torch_files, [
+        "@venv /opt/torch/.venv\n/opt/torch/.venv/lib/python3.12/site-packages/"
+        "nvidia_nccl_cu13-2.28.9.dist-info\n__version__ = '2.11.0+cu130'\ncuda = '13.0'\n"]),
+}
+
+
+def _outcome(parse: Callable[[str], Any], text: str) -> Any:
+    """The parser's result, or the ParseError class: any other exception propagates."""
+    try:
+        return parse(text)
+    except ParseError:
+        return ParseError
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, captures: list[str]) -> str:
+    """A capture with a few lines deleted, repeated, cut or replaced by generated text."""
+    lines = draw(st.sampled_from(captures)).splitlines(keepends=True) or [""]
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(lines) - 1))
+        action = draw(st.sampled_from(["delete", "repeat", "cut", "replace", "insert"]))
+        if action == "delete" and len(lines) > 1:
+            del lines[at]
+        elif action == "repeat":
+            lines.insert(at, lines[at])
+        elif action == "cut":
+            lines[at] = lines[at][: draw(st.integers(0, len(lines[at])))]
+        else:
+            line = draw(st.text(max_size=40)) + "\n"
+            lines[at : at + (action == "replace")] = [line]
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("name", PARSERS)
+@EXAMPLES
+@given(data=st.data())
+def test_any_text_gives_a_result_or_a_parse_error(name: str, data: st.DataObject) -> None:
+    parse, captures = PARSERS[name]
+    text = data.draw(st.one_of(st.text(), _mutated(captures)), label="text")
+    _outcome(parse, text)
+
+
+def _read_lines(parse: Callable[[str], Any], text: str) -> list[int]:
+    """Indexes of the lines the parser reads: without one of them, its outcome changes."""
+    lines = text.splitlines(keepends=True)
+    whole = _outcome(parse, text)
+    return [i for i, line in enumerate(lines) if line.strip()
+            and _outcome(parse, "".join(lines[:i] + lines[i + 1 :])) != whole]
+
+
+def _values(words: list[str]) -> list[int]:
+    """The words of a line that hold its data: those with a digit, else the last one after a
+    label. A lone word without a digit (a section header, ``none``) is not garbled, so the
+    line keeps the look of data."""
+    digits = [i for i, word in enumerate(words) if any(c.isdigit() for c in word)]
+    return digits or ([len(words) - 1] if len(words) > 1 else [])
+
+
+READ_LINES = {name: [(capture, [i for i in _read_lines(parse, capture)
+                                 if _values(capture.splitlines()[i].split())])
+                      for capture in captures]
+              for name, (parse, captures) in PARSERS.items()}
+
+
+@st.composite
+def _garbled(draw: st.DrawFn, name: str) -> tuple[str, str]:
+    """(the capture with one line it reads garbled, the capture without that line)."""
+    capture, read = draw(st.sampled_from([(c, r) for c, r in READ_LINES[name] if r]))
+    lines = capture.splitlines(keepends=True)
+    at = draw(st.sampled_from(read))
+    words = lines[at].split()
+    word = draw(st.sampled_from(_values(words)))
+    junk = draw(st.text(st.characters(codec="ascii", exclude_categories=["Cc", "Zs"],
+                                      exclude_characters="#$"),
+                        min_size=1, max_size=6).filter(lambda w: w != words[word]))
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    garbled = indent + " ".join([*words[:word], junk, *words[word + 1 :]]) + "\n"
+    return ("".join([*lines[:at], garbled, *lines[at + 1 :]]),
+            "".join(lines[:at] + lines[at + 1 :]))
+
+
+GARBLE = [name for name, found in READ_LINES.items() if any(read for _, read in found)]
+# Found by this property in readers outside the NVIDIA tools, reported for their owner; strict,
+# so the mark has to go when the reader is fixed.
+DROPS = {
+    "mlnx_qos": "a dscp line whose 'prio:N' is garbled ('0 dscp:07,06,...') is ignored",
+    "nccl_tests": "a result row whose size is garbled (': 524288 float sum ...') is skipped",
+}
+GARBLE_CASES = [pytest.param(name, marks=pytest.mark.xfail(reason=DROPS[name], strict=True))
+                if name in DROPS else name for name in GARBLE]
+
+
+
+@pytest.mark.parametrize("name", GARBLE_CASES)
+@EXAMPLES
+@given(data=st.data())
+def test_a_garbled_line_is_read_or_refused_never_dropped(name: str,
+                                                         data: st.DataObject) -> None:
+    parse = PARSERS[name][0]
+    text, without = data.draw(_garbled(name), label="garbled")
+    outcome = _outcome(parse, text)
+    assert outcome is ParseError or outcome != _outcome(parse, without)
+
+
+def test_the_properties_cover_every_parser() -> None:
+    public = {name for module in (parsers, formats) for name in dir(module)
+              if callable(getattr(module, name)) and not name.startswith("_")
+              and getattr(getattr(module, name), "__module__", "") == module.__name__}
+    not_text = {"pause_and_discard_counters", "FileState", "FileDigest", "ParseError"}
+    assert public - not_text == set(PARSERS)
+    assert set(GARBLE) >= {"nvidia_smi_query", "nvidia_topo", "nvlink_status", "nvidia_smi_q",
+                           "nvidia_smi_list", "dcgm_diag", "xid_events", "proc_driver_version"}
+
+
+@EXAMPLES
+@given(stats=st.dictionaries(st.text(max_size=30), st.integers()))
+def test_pause_and_discard_counters_keeps_only_those_names(stats: dict[str, int]) -> None:
+    picked = parsers.pause_and_discard_counters(stats)
+    assert picked == {k: v for k, v in stats.items()
+                      if "pause" in k.lower() or "discard" in k.lower()}
+
+
+def test_file_state_with_characters_outside_base64_is_a_parse_error() -> None:
+    with pytest.raises(ParseError, match="bad base64 content for /etc/x"):
+        formats.file_state("/etc/x", "present 0644 root:root\n\x80\n")
+
+
+def test_rdma_port_that_is_not_a_number_is_a_parse_error() -> None:
+    with pytest.raises(ParseError, match="the port a number"):
+        formats.rdma_devices("mlx5_0 : InfiniBand ACTIVE ibp1s0\n")
