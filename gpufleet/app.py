@@ -502,14 +502,16 @@ def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | No
             print("no winner: no candidate beats the current setting by more than the noise",
                   file=out)
         else:
-            env = {**(nodes[0].var("nccl_env") or {}), **best.candidate.change}
-            relative = str(path.relative_to(target.inventory.base))
-            patch = tuning.diff(path, relative, env)
+            (key, value), = best.candidate.change.items()
+            proposal = tuning.propose(target.inventory, chosen, [n.host for n in nodes],
+                                      key, value)
             print(f"winner: {best.candidate.name} ({tuning.gain(measured[0], best):+.1%} DDP "
                   f"samples/s); apply to {path}:", file=out)
-            print(patch, file=out, end="")
-            if diff_path and diff_path != "-":
-                Path(diff_path).write_text(patch)
+            for note in proposal.notes:
+                print(f"note: {terminal.plain(note)}", file=out)
+            print(proposal.patch, file=out, end="")
+            if diff_path and diff_path != "-" and proposal.patch:
+                Path(diff_path).write_text(proposal.patch)
         return exitcodes.UNREACHABLE if unreachable else exitcodes.OK
     finally:
         session.close()

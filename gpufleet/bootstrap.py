@@ -68,6 +68,7 @@ class StepResult:
     duration: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
     unreachable: bool = False
+    internal: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.name, "status": self.status, "detail": self.detail,
@@ -115,6 +116,8 @@ class Bootstrap:
     def exit_code(self) -> int:
         if self.ready:
             return exitcodes.OK
+        if any(s.internal for s in self.steps):  # gpufleet could not judge the node
+            return exitcodes.INTERNAL
         if any(s.unreachable for s in self.steps):
             return exitcodes.UNREACHABLE
         return exitcodes.FAILED
@@ -147,7 +150,8 @@ def _timed(run: Bootstrap, name: str, func: Callable[[], tuple[str, dict[str, An
         return
     except GpufleetError as exc:
         run.steps.append(StepResult(name, "failed", str(exc), time.monotonic() - start,
-                                    unreachable=isinstance(exc, Unreachable)))
+                                    unreachable=isinstance(exc, Unreachable),
+                                    internal=exc.exit_code == exitcodes.INTERNAL))
         raise StepFailure(f"{name}: {exc}") from exc
     run.steps.append(StepResult(name, "ok", detail, time.monotonic() - start, data))
 
@@ -368,7 +372,7 @@ class Certifier:
                 suites=tuple(s.name for s in suites), only=only, source=self.source,
                 record_baseline=record_baseline, fleet=self.fleet))
         except RunIncomplete as exc:
-            raise GpufleetError(f"the {names} suites did not complete: {exc}") from None
+            raise RunIncomplete(f"the {names} suites did not complete: {exc}") from None
         self.reports.append(report)
         if report.failed:
             raise GpufleetError("; ".join(f"{r.suite}/{r.check} on {r.host}: {r.message}"

@@ -13,6 +13,7 @@ Checks that take a ``node`` argument run once per selected host, on every host a
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -62,14 +63,35 @@ RUN_KEY = pytest.StashKey[NodeRun]()
 
 
 class Supplied:
-    """The runner's side of the plugin: a state it started, handed in before collection."""
+    """The runner's side of the plugin: a state it started, handed in before collection,
+    and the suite files pytest could not collect (pytest ends such a run as "interrupted",
+    which the runner must not take for Ctrl-C)."""
 
     def __init__(self, state: RunState) -> None:
         self.state = state
+        self.uncollected: list[str] = []
+        self.root = Path()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         config.stash[STATE_KEY] = self.state
+        self.root = config.rootpath
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            name = str(self.root / report.nodeid) if report.nodeid else "the suites"
+            self.uncollected.append(f"{name}: {collection_error(report.longreprtext)}")
+
+
+def collection_error(text: str) -> str:
+    """The one line that says why pytest could not collect a file: the exception it ended
+    with, and the line a syntax error is on."""
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    last = errors[-1] if errors else next(
+        (line.strip() for line in reversed(text.splitlines()) if line.strip()), "no reason given")
+    where = next((m.group(1) for line in errors
+                  if (m := re.match(r'File ".*", line (\d+)', line))), None)
+    return f"{last} (line {where})" if where else last
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -26,7 +26,7 @@ from gpufleet.provision.engine import validate
 from gpufleet.slurm import inventory as slurm_inventory
 
 if TYPE_CHECKING:
-    from gpufleet.conformance.plugin import RunState
+    from gpufleet.conformance.plugin import Supplied
 
 LAUNCHERS = ("ssh", "slurm", "slurm-per-node")
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
@@ -116,6 +116,7 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
     from gpufleet.conformance.launch import cleanup_active  # noqa: PLC0415
     from gpufleet.conformance.plugin import (  # noqa: PLC0415
         RunState,
+        Supplied,
         baseline_store,
         describe_allocation,
         open_allocation,
@@ -143,7 +144,11 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
         if allocation is not None:
             describe_allocation(session, allocation)
         state = RunState(session, only=_keep(suites, options.only), allocation=allocation)
-        code = _pytest(suites, options, state)
+        supplied = Supplied(state)
+        code = _pytest(suites, options, supplied)
+        if supplied.uncollected:  # pytest calls this "interrupted" too
+            raise RunIncomplete(f"the conformance suites could not be collected: "
+                                f"{'; '.join(supplied.uncollected)}")
         if code == pytest.ExitCode.INTERRUPTED:  # Ctrl-C or SIGTERM inside the checks
             raise KeyboardInterrupt
         if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
@@ -158,7 +163,7 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
             allocation.release()
 
 
-def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunState) -> int:
+def _pytest(suites: Sequence[Suite], options: ConformanceOptions, supplied: Supplied) -> int:
     # Only gpufleet's plugin runs (no plugin pytest would load from whatever else is
     # installed, testinfra's included: nodes bring a testinfra host over gpufleet's own
     # connection); it goes in as the module object it is.
@@ -167,7 +172,6 @@ def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunStat
     import pytest  # noqa: PLC0415
 
     from gpufleet.conformance import plugin  # noqa: PLC0415
-    from gpufleet.conformance.plugin import Supplied  # noqa: PLC0415
 
     args = [*(str(s.path()) for s in suites), "-c", os.devnull, "-p", "no:cacheprovider",
             "--rootdir", str(registry.suites_dir()), "-q", "--tb=no", "--no-header", "-rN"]
@@ -177,7 +181,7 @@ def _pytest(suites: Sequence[Suite], options: ConformanceOptions, state: RunStat
     try:
         with contextlib.redirect_stdout(console):
             return int(pytest.main([*args, *options.pytest_args],
-                                   plugins=[plugin, Supplied(state)]))
+                                   plugins=[plugin, supplied]))
     finally:
         if autoload is None:
             os.environ.pop(AUTOLOAD, None)

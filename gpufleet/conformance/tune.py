@@ -1,7 +1,7 @@
 """``gpufleet tune``: the DDP probe and the AllReduce probe across the selected nodes under
 the current environment and under each candidate, in rounds, and a winner only where it
-beats the current setting by more than the noise, written as a diff of the group's
-``nccl_env`` (never applied).
+beats the current setting by more than the noise, written as a diff of the group's own
+``nccl_env`` as its file writes it (never applied).
 
 A candidate changes one variable of the current setting (the nodes' nccl.conf and
 environment, as the inventory's ``nccl_env`` renders them): ``tune_candidates`` maps each
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import shutil
 import statistics
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,8 @@ from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import Node
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host
+from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.templating import HostVars
 from gpufleet.provision.role import RoleVars, Var
 
 DEFAULT_NCCL: dict[str, list[str]] = {"NCCL_ALGO": ["Ring", "Tree"],
@@ -229,30 +232,214 @@ def group_file(inventory: Path, group: str) -> Path:
     return base / "group_vars" / f"{group}.yml"
 
 
-def with_nccl_env(text: str, env: Mapping[str, Any]) -> str:
-    """``text`` (a group's YAML) with its ``nccl_env`` replaced by ``env`` (added at the end
-    when it has none); every other line is kept."""
-    block = yaml.safe_dump({"nccl_env": dict(env)}, default_flow_style=False, sort_keys=False)
+def _scalar(value: str) -> str:
+    """``value`` as one YAML scalar, quoted where YAML would read it as something else."""
+    return str(yaml.safe_dump([value], default_flow_style=True, width=10**6)).strip()[1:-1]
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip(" \t"))]
+
+
+def _one_line_scalar(text: str) -> bool:
+    """Whether ``text`` is a whole YAML scalar (no block scalar, alias, tag or collection)."""
+    if not text.strip() or text.strip()[0] in "|>&*!":
+        return False
+    try:
+        return not isinstance(yaml.safe_load(text), dict | list)
+    except yaml.YAMLError:
+        return False
+
+
+def _set_in_block(lines: list[str], start: int, key: str, value: str) -> list[str] | None:
+    """The block mapping under ``lines[start]`` with ``key`` set: the value of its line
+    replaced (indentation and comment kept), or a line added after the last entry; None
+    when the key's value is not a one-line scalar."""
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
+        end += 1
+    entries = [i for i in range(start + 1, end)
+               if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+    indent = _indent(lines[entries[0]]) if entries else "  "
+    entry = re.compile(rf"^(?P<head>{re.escape(indent)}(?P<q>[\"']?){re.escape(key)}(?P=q)"
+                       r"\s*:)(?P<value>\s*(?:\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\n]|'')*'|[^#\n]*?))"
+                       r"(?P<tail>\s+#[^\n]*)?\s*\n?$")
+    for number, i in enumerate(entries):
+        found = entry.match(lines[i])
+        if found is None:
+            continue
+        following = entries[number + 1] if number + 1 < len(entries) else None
+        if not _one_line_scalar(found["value"]) or (
+                following is not None and _indent(lines[following]) != indent):
+            return None
+        return [*lines[:i], f"{found['head']} {_scalar(value)}{found['tail'] or ''}\n",
+                *lines[i + 1:]]
+    last = entries[-1] if entries else start
+    tail = lines[last] if lines[last].endswith("\n") else lines[last] + "\n"
+    return [*lines[:last], tail, f"{indent}{key}: {_scalar(value)}\n", *lines[last + 1:]]
+
+
+def _set_in_flow(line: str, key: str, value: str) -> str | None:
+    """A one-line ``nccl_env: {...}`` with ``key`` set; None when it is not a mapping of
+    scalars."""
+    comment = re.search(r"\}(\s+#.*)$", line.rstrip("\n"))
+    try:
+        parsed = yaml.safe_load(line)
+    except yaml.YAMLError:
+        return None
+    env = parsed.get("nccl_env") if isinstance(parsed, dict) else None
+    if not isinstance(env, dict) or any(isinstance(v, dict | list) for v in env.values()):
+        return None
+    env[key] = value
+    flow = str(yaml.safe_dump(env, default_flow_style=True, sort_keys=False,
+                              width=10**6)).strip()
+    return f"nccl_env: {flow}{comment.group(1) if comment else ''}\n"
+
+
+def with_change(text: str, key: str, value: str) -> str | None:
+    """``text`` (a group's YAML file) with ``key`` set in its own ``nccl_env``, every other
+    line as written (templates unrendered); None when the file has no top-level
+    ``nccl_env`` whose entries are one-line scalars."""
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
         if _FLOW.match(line):
-            return "".join([*lines[:i], block, *lines[i + 1:]])
+            flow = _set_in_flow(line, key, value)
+            return None if flow is None else "".join([*lines[:i], flow, *lines[i + 1:]])
         if _BLOCK.match(line):
-            end = i + 1
-            while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
-                end += 1
-            while end > i + 1 and not lines[end - 1].strip():
-                end -= 1
-            return "".join([*lines[:i], block, *lines[end:]])
-    spacer = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n")
-                                                            else "\n\n")
-    return text + spacer + block
+            block = _set_in_block(lines, i, key, value)
+            return None if block is None else "".join(block)
+    return None
 
 
-def diff(path: Path, relative: str, env: Mapping[str, Any]) -> str:
-    """The unified diff that sets the group's ``nccl_env`` to ``env``."""
+def own_value(text: str) -> Any:
+    """The file's own top-level ``nccl_env`` as written (None without one)."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return None
+    return data.get("nccl_env") if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The winner as a diff of the group's file (empty when none can be written), and what
+    the reader must know before applying it."""
+
+    patch: str
+    notes: list[str]
+
+
+def propose(inventory: Inventory, group: str, hosts: list[Host], key: str, value: str
+            ) -> Proposal:
+    """The diff that sets ``key`` to ``value`` in the group's own ``nccl_env``, as its file
+    writes it: one line changes (or one is added), templates and every other entry stay as
+    written. Where the file has no ``nccl_env`` the diff adds one, copied as written from
+    where the nodes get theirs now, and says so; a selected host that would not see the
+    change (its own ``nccl_env``, or a group that outranks this one) is named."""
+    path = group_file(inventory.base, group)
+    relative = str(path.relative_to(inventory.base))
     old = path.read_text() if path.is_file() else ""
-    new = with_nccl_env(old, env)
-    return "".join(difflib.unified_diff(
+    notes: list[str] = []
+    new = with_change(old, key, value)
+    if new is None and own_value(old) is not None:
+        return Proposal("", [f"{relative} sets nccl_env in a form the diff does not edit "
+                             f"(a template or a multi-line value): set {key}: "
+                             f"{_scalar(value)} there by hand"])
+    if new is None:
+        inline = inventory.group_vars(group).get("nccl_env")
+        inherited = _inherited(inventory, group, hosts[0])
+        if inline is not None:
+            base, where = inline, f"group {group}'s nccl_env is set in the inventory file"
+        elif inherited is not None:
+            base = inventory.group_vars(inherited)["nccl_env"]
+            where = f"group {group} has no nccl_env of its own: it inherits group {inherited}'s"
+        else:
+            base, where = {}, "no group or host defines nccl_env"
+        if not isinstance(base, Mapping):
+            return Proposal("", [f"{where}, not as a mapping: set {key}: {_scalar(value)} "
+                                 "there by hand"])
+        block = yaml.safe_dump({"nccl_env": {**base, key: value}}, default_flow_style=False,
+                               sort_keys=False)
+        spacer = "" if not old or old.endswith("\n\n") else ("\n" if old.endswith("\n")
+                                                               else "\n\n")
+        new = old + spacer + block
+        notes.append(f"{where}; the diff gives group {group} its own in {relative}"
+                     + (", a copy of that one as written with the change" if base else
+                        " with the change only"))
+    for host in _unreached(inventory, (path, new), hosts, key, value):
+        notes.append(f"{host.name} takes its nccl_env from "
+                     f"{_place(host.origin('nccl_env'), inventory.base)}, which this diff "
+                     f"does not change: it keeps {key} as it is")
+    patch = "".join(difflib.unified_diff(
         old.splitlines(keepends=True), new.splitlines(keepends=True),
         fromfile=f"a/{relative}" if old else "/dev/null", tofile=f"b/{relative}"))
+    return Proposal(patch, notes)
+
+
+def _place(origin: str | None, base: Path) -> str:
+    """An origin (``file:line``) relative to the inventory's directory."""
+    if origin is None:
+        return "nowhere"
+    file, colon, line = origin.rpartition(":")
+    if not colon or not line.isdigit():
+        file, line = origin, ""
+    try:
+        name = str(Path(file).relative_to(base))
+    except ValueError:
+        name = file
+    return f"{name}:{line}" if line else name
+
+
+def _inherited(inventory: Inventory, group: str, host: Host) -> str | None:
+    """The group whose ``nccl_env`` ``host`` has from its groups (its own set aside): of its
+    groups that write one, the one whose value it has, else the deepest, as Ansible orders
+    them."""
+    writing = [g for g in host.groups
+               if g != group and inventory.group_vars(g).get("nccl_env") is not None]
+    if not writing:
+        return None
+    depth: dict[str, int] = {"all": 0}
+    level = ["all"]
+    while level:  # longest chain from all, level by level (a cycle is refused on load)
+        following = []
+        for name in level:
+            for child in inventory.children(name):
+                if depth.get(child, -1) < depth[name] + 1:
+                    depth[child] = depth[name] + 1
+                    following.append(child)
+        level = following
+    same = [g for g in writing if inventory.group_vars(g)["nccl_env"] == _written(host)]
+    return max(same or writing, key=lambda g: (depth.get(g, 0), g))
+
+
+def _written(host: Host) -> Any:
+    """The host's ``nccl_env`` as the inventory writes it, templates unrendered."""
+    return host.vars.raw().get("nccl_env") if isinstance(host.vars, HostVars) else \
+        host.vars.get("nccl_env")
+
+
+def _unreached(inventory: Inventory, written: tuple[Path, str], hosts: list[Host], key: str,
+               value: str) -> list[Host]:
+    """The hosts that would not get ``key: value`` with the file ``written[0]`` as
+    ``written[1]``: the
+    inventory's files are copied and loaded again, so Ansible's precedence decides, as it
+    will when the diff is applied."""
+    base = inventory.base
+    with tempfile.TemporaryDirectory(prefix="gpufleet-tune-") as scratch:
+        root = Path(scratch)
+        for source in inventory.sources:
+            if source.is_relative_to(base):
+                copy = root / source.relative_to(base)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, copy)
+        changed = root / written[0].relative_to(base)
+        changed.parent.mkdir(parents=True, exist_ok=True)
+        changed.write_text(written[1])
+        loaded = load_inventory(root / inventory.path.relative_to(base)
+                                if inventory.path != base else root)
+    missed = []
+    for host in hosts:
+        env = _written(loaded.hosts[host.name])
+        if not isinstance(env, Mapping) or str(env.get(key)) != value:
+            missed.append(host)
+    return missed

@@ -4,12 +4,18 @@ Commands issued in a node-local context (``gpufleet.connect.connection.node_loca
 facts round trip, a node-local check run on every node at once) are not a step each.
 Commands of different nodes that arrive together (all of them, or whatever arrived within
 ``WINDOW_S`` of the first) become one step over those nodes: ``srun --nodes=K
---ntasks-per-node=1``, which slurmd fans out itself. Each node's command reaches every task
-on the step's stdin (base64, one line per node with its command and the command's own
-stdin, never on a command line); each task runs its own node's command in an environment
-as plain as an SSH session's and prints its exit status, stdout and stderr framed and
-base64-encoded, lines labelled by srun with the task. The controller gathers them and
-gives each waiting command its own result.
+--distribution=arbitrary``, task I on the I-th node the controller lists), which slurmd
+fans out itself. Each node's command reaches every task on the step's stdin (base64, one
+line per task with its node, its command and the command's own stdin, never on a command
+line); each task runs the line of its own rank and node (``SLURM_PROCID``,
+``SLURMD_NODENAME``, as slurmstepd sets them) in an environment as plain as an SSH
+session's and prints its exit status, stdout and stderr framed and base64-encoded.
+
+Which node a result is for comes from the step, never from the frame: srun labels every
+line with its task (``--label``, which a task cannot forge: whatever it prints is behind
+srun's label), and the controller laid task I out on node I. A task whose frames name
+another node or another rank, or that frames a second result, has its own node's result
+refused (that node is unreachable, with the reason); no task can answer for another.
 
 Checks on one node run their commands in turn and the nodes of one check end a combined
 step at the same moment, so the next round's commands arrive together again. A node whose
@@ -49,19 +55,20 @@ _TASK_EXIT = re.compile(r"^srun: error: \S+: tasks? [0-9,-]+: "
 
 
 def dispatch_script(path: str) -> str:
-    """What each task runs: its node's command from stdin, then the framed result."""
+    """What each task runs: the command of its rank and node from stdin, then the framed
+    result."""
     return "\n".join([
-        'n="$SLURMD_NODENAME"',
+        'n="$SLURMD_NODENAME" r="$SLURM_PROCID"',
         't=$(mktemp -d) || exit 111',
         "trap 'rm -rf \"$t\"' EXIT",
         "trap 'exit 143' HUP INT TERM",
-        "awk -v n=\"$n\" -v d=\"$t\" "
-        "'$1 == n { print $2 > (d \"/c64\"); if ($3 != \"-\") print $3 > (d \"/i64\") }'"
+        "awk -v r=\"$r\" -v n=\"$n\" -v d=\"$t\" '$1 == r && $2 == n "
+        "{ print $3 > (d \"/c64\"); if ($4 != \"-\") print $4 > (d \"/i64\") }'"
         " || exit 112",
         'base64 -d "$t/c64" > "$t/c" || exit 112',
         'if [ -s "$t/i64" ]; then base64 -d "$t/i64" > "$t/i" || exit 112; '
         'else : > "$t/i"; fi',
-        f"printf '%s %s\\n' {START} \"$n\"",
+        f"printf '%s %s %s\\n' {START} \"$r\" \"$n\"",
         f"/usr/bin/env -i PATH={shlex.quote(path)} /bin/sh \"$t/c\" < \"$t/i\" "
         '> "$t/o" 2> "$t/e"',
         "rc=$?",
@@ -86,6 +93,7 @@ class Ticket:
     out: bytes = b""
     err: bytes = b""
     said: str = ""
+    refused: str = ""
     abandoned: bool = False
     step: _Step | None = None
 
@@ -98,31 +106,41 @@ class _Step:
 
 @dataclass
 class _Task:
-    node: str | None = None
+    node: str
     started: bool = False
     part: str = "head"
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
     rc: int | None = None
+    refused: str = ""
 
 
 class TaskOutputs:
-    """A combined step's labelled output, split per task as its lines arrive."""
+    """A combined step's labelled output, split per task as its lines arrive. Task I is
+    node ``nodes[I]``: srun's label says which task printed a line, the step's layout which
+    node that task is on; a frame only confirms it."""
 
-    def __init__(self) -> None:
-        self._tasks: dict[str, _Task] = {}
+    def __init__(self, nodes: Sequence[str]) -> None:
+        self._tasks = [_Task(node) for node in nodes]
 
     def feed(self, line: str) -> str | None:
         """Take one line of srun's stdout; the node whose task this line ended, or None."""
         labelled = _LABELLED.match(line)
-        if labelled is None:
+        if labelled is None or int(labelled.group(1)) >= len(self._tasks):
             return None
-        task = self._tasks.setdefault(labelled.group(1), _Task())
-        text = labelled.group(2)
-        if text.startswith(START + " ") and task.node is None:
-            task.node, task.started = text[len(START) + 1:].strip(), True
-        elif text.startswith(BEGIN + " ") and task.part == "head":
-            task.node, task.part = text[len(BEGIN) + 1:].strip(), "out"
+        rank, text = int(labelled.group(1)), labelled.group(2)
+        task = self._tasks[rank]
+        if task.refused or task.part == "tail":
+            return None
+        if text.startswith(START + " "):
+            claim = text[len(START) + 1:].split()
+            if task.started or claim != [str(rank), task.node]:
+                return self._refuse(task, f"{START} {' '.join(claim)}")
+            task.started = True
+        elif text.startswith(BEGIN + " "):
+            if task.part != "head" or text[len(BEGIN) + 1:].strip() != task.node:
+                return self._refuse(task, text)
+            task.part = "out"
         elif text == ERR and task.part == "out":
             task.part = "err"
         elif text.startswith(END + " ") and task.part == "err":
@@ -136,17 +154,32 @@ class TaskOutputs:
             task.err.append(text)
         return None
 
+    def _refuse(self, task: _Task, frame: str) -> str:
+        """A frame the task's own node and rank do not make: the node's result is refused."""
+        task.refused = (f"its task in the combined step framed another result "
+                        f"({frame[:120]!r}): refused")
+        return task.node
+
+    def _task(self, node: str) -> _Task | None:
+        return next((t for t in self._tasks if t.node == node), None)
+
     def result(self, node: str) -> tuple[int | None, bytes, bytes] | None:
         """(exit status, or None when the task stopped early; stdout; stderr) of the
-        node's task, or None when it printed nothing of its own."""
-        for task in self._tasks.values():
-            if task.node == node:
-                return task.rc, _decoded(task.out), _decoded(task.err)
-        return None
+        node's task, or None when it printed nothing of its own or was refused."""
+        task = self._task(node)
+        if task is None or task.refused or not (task.started or task.part != "head"):
+            return None
+        return task.rc, _decoded(task.out), _decoded(task.err)
 
     def started(self, node: str) -> bool:
         """Whether the node's task got as far as starting its command."""
-        return any(t.node == node and t.started for t in self._tasks.values())
+        task = self._task(node)
+        return task is not None and task.started
+
+    def refused(self, node: str) -> str:
+        """Why the node's result is refused ("" when it is not)."""
+        task = self._task(node)
+        return task.refused if task is not None else ""
 
 
 def _decoded(lines: list[str]) -> bytes:
@@ -241,19 +274,20 @@ class StepFanout:
         names = [t.node for t in tickets]
         argv = ["srun", f"--jobid={self.allocation.job_id}", f"--nodelist={','.join(names)}",
                 f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
-                "--overlap", "--quiet", "--kill-on-bad-exit=0", "--wait=0", "--export=NONE",
-                "--label", "--input=all"]
+                "--distribution=arbitrary", "--overlap", "--quiet", "--kill-on-bad-exit=0",
+                "--wait=0", "--export=NONE", "--label", "--input=all"]
         if tickets[0].gpus:
             argv.append(f"--gres=gpu:{tickets[0].gpus}")
         return [*argv, "/bin/sh", "-c", dispatch_script(self.path)]
 
     def _run(self, step: _Step) -> None:
         """Run one combined step; each ticket gets its result as soon as its task ends."""
-        bundle = b"".join(b"%s %s %s\n" % (t.node.encode(), base64.b64encode(t.line.encode()),
-                                           base64.b64encode(t.stdin) or b"-")
-                          for t in step.tickets)
+        bundle = b"".join(b"%d %s %s %s\n" % (rank, t.node.encode(),
+                                              base64.b64encode(t.line.encode()),
+                                              base64.b64encode(t.stdin) or b"-")
+                          for rank, t in enumerate(step.tickets))
         waiting = {t.node: t for t in step.tickets}
-        outputs = TaskOutputs()
+        outputs = TaskOutputs([t.node for t in step.tickets])
         stderr: list[str] = []
         try:
             proc = step.proc = subprocess.Popen(
@@ -272,7 +306,8 @@ class StepFanout:
             for raw in proc.stdout:
                 ended = outputs.feed(raw.decode(errors="replace").rstrip("\n"))
                 if ended in waiting:
-                    _deliver(waiting.pop(ended), outputs.result(ended), "")
+                    _deliver(waiting.pop(ended), outputs.result(ended), "",
+                             outputs.refused(ended))
             proc.wait()
             for thread in threads:
                 thread.join()
@@ -318,11 +353,11 @@ class StepFanout:
             thread.start()
 
 
-def _deliver(ticket: Ticket, found: tuple[int | None, bytes, bytes] | None, said: str
-             ) -> None:
+def _deliver(ticket: Ticket, found: tuple[int | None, bytes, bytes] | None, said: str,
+             refused: str = "") -> None:
     if found is not None:
         ticket.rc, ticket.out, ticket.err = found
-    ticket.said = said
+    ticket.said, ticket.refused = said, refused
     ticket.done.set()
 
 
@@ -395,6 +430,8 @@ class FanoutStream:
             return self._delivered
 
     def status(self) -> int:
+        if self.ticket.refused:
+            raise Unreachable(f"{self.ticket.node}: {self.ticket.refused}")
         if self.ticket.rc is None:
             said = self.ticket.said or "its task printed no exit status"
             raise Unreachable(f"{self.ticket.node}: no job step started: {said}")

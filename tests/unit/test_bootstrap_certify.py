@@ -4,10 +4,12 @@ one that answers with typed reports; what bootstrap asked it for is checked too.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from gpufleet import exitcodes
 from gpufleet.bootstrap import Certifier, certify, required_suites
 from gpufleet.conformance import registry
 from gpufleet.conformance.results import ConformanceReport, Result
@@ -17,6 +19,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Host, load_inventory
 from gpufleet.inventory.target import Target
+from tests.unit.test_cli import LOCAL, gpufleet, one_line
 
 
 def result(suite: str, outcome: str, host: str = "gpu17", check: str = "test_x") -> Result:
@@ -110,3 +113,61 @@ def test_required_suites_follow_the_hardware_and_the_inventory() -> None:
                                             "suites bootstrap can require are stack, firewall, "
                                             "allreduce, rdma, gpu"):
         required_suites(wrong, None)
+
+
+# The suites pytest collects, moved to a directory given by the environment (one of them
+# broken there), then the command; the node-changing steps of bootstrap stand in.
+BROKEN_SUITES = """
+import os, sys
+from pathlib import Path
+from gpufleet import bootstrap, cli
+from gpufleet.conformance import registry
+registry.suites_dir = lambda: Path(os.environ["BROKEN_SUITES"])
+for step in ("preflight", "provision_node", "admit", "mark"):
+    setattr(bootstrap, step, lambda *args: ("stood in", {}))
+sys.argv = ["gpufleet", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def broken_suites(tmp_path: Path, suite: str, source: str) -> dict[str, str]:
+    """A copy of the installed suites in which ``suite`` is ``source``."""
+    copy = tmp_path / "suites"
+    shutil.copytree(registry.suites_dir(), copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / suite).write_text(source)
+    return {"BROKEN_SUITES": str(copy)}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "hosts.yml").write_text(LOCAL)
+    return tmp_path / "work"
+
+
+def test_a_suite_pytest_cannot_collect_is_an_internal_error_not_an_interruption(
+        work: Path, tmp_path: Path) -> None:
+    env = broken_suites(tmp_path, "test_stack.py", "def test_versions(:\n    pass\n")
+    done = gpufleet("conformance", "-i", "../hosts.yml", "--suite", "stack", cwd=work,
+                    env=env, code=BROKEN_SUITES)
+    assert done.returncode == exitcodes.INTERNAL == 70, done.stderr
+    line = one_line(done.stderr)
+    assert line == (f"error: the conformance suites could not be collected: "
+                    f"{tmp_path / 'suites' / 'test_stack.py'}: SyntaxError: invalid syntax "
+                    "(line 1)")
+
+
+def test_bootstrap_certifies_nothing_and_exits_70_when_a_suite_cannot_be_collected(
+        work: Path, tmp_path: Path) -> None:
+    env = broken_suites(tmp_path, "test_gpu.py", "import gpufleet.no_such_module\n")
+    done = gpufleet("bootstrap", "-i", "../hosts.yml", "--host", "here", cwd=work, env=env,
+                    code=BROKEN_SUITES)
+    assert done.returncode == exitcodes.INTERNAL == 70, done.stdout + done.stderr
+    assert "interrupted" not in done.stdout + done.stderr
+    certify_line = next(line for line in done.stdout.splitlines()
+                        if line.strip().startswith("certify"))
+    assert "failed" in certify_line
+    assert (f"{tmp_path / 'suites' / 'test_gpu.py'}: ModuleNotFoundError: No module named "
+            "'gpufleet.no_such_module'") in done.stdout
+    assert "here: NOT READY" in done.stdout

@@ -1,7 +1,8 @@
 """Combined job steps against a stand-in srun that runs one task per node here, as slurmd
-would run them there (SLURMD_NODENAME set, stdin given to every task, lines labelled with
-the task): the real dispatch script decides what each node runs and frames its result.
-The real Slurm runs it in tests/lab/test_slurm.py."""
+would run them there (SLURMD_NODENAME and SLURM_PROCID set, stdin given to every task,
+lines labelled with the task): the real dispatch script decides what each node runs and
+frames its result. The real Slurm runs it in tests/lab/test_slurm.py and
+tests/lab/test_slurm_fanout.py."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from tests.conftest import FIXTURES, stand_in
 
 SLURM = FIXTURES / "slurm"
 
-# One task per node of --nodelist, all at once, each with SLURMD_NODENAME and the whole
-# stdin; their lines, labelled "I: " as srun --label does, printed task after task as each
-# ends (a step of one node without --label: the command as it is); a node named in
-# $FAKE_LOST never starts, one in $FAKE_CUT stops after its command started.
+# One task per node of --nodelist in its order (as --distribution=arbitrary lays them
+# out), all at once, each with SLURMD_NODENAME, SLURM_PROCID and the whole stdin; their
+# lines, labelled "I: " as srun --label does, printed task after task as each ends (a step
+# of one node without --label: the command as it is); a node named in $FAKE_LOST never
+# starts, one in $FAKE_CUT stops after its command started.
 FAKE_SRUN = r"""
 import json, os, subprocess, sys
 args = sys.argv[1:]
@@ -39,7 +41,7 @@ for task, node in enumerate(nodes):
     if node in lost:
         print(f"srun: error: Task launch for StepId=77.3 failed on node {node}", file=sys.stderr)
         continue
-    env = dict(os.environ, SLURMD_NODENAME=node)
+    env = dict(os.environ, SLURMD_NODENAME=node, SLURM_PROCID=str(task))
     if "--label" not in args:
         sys.exit(subprocess.run(command, input=stdin, env=env).returncode)
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -108,9 +110,10 @@ def test_node_local_commands_of_two_nodes_are_one_step_each_with_its_own_result(
     assert (first.rc, first.stdout, first.stderr) == (3, "one\n\x00bin", "warn\n")  # type: ignore[attr-defined]
     assert (second.rc, second.stdout) == (0, " \ntwo\n")  # type: ignore[attr-defined]
     [step] = _steps(tmp_path)
-    assert step[:13] == ["--jobid=77", "--nodelist=node01,node02", "--nodes=2", "--ntasks=2",
-                         "--ntasks-per-node=1", "--overlap", "--quiet", "--kill-on-bad-exit=0",
-                         "--wait=0", "--export=NONE", "--label", "--input=all", "--gres=gpu:2"]
+    assert step[:14] == ["--jobid=77", "--nodelist=node01,node02", "--nodes=2", "--ntasks=2",
+                         "--ntasks-per-node=1", "--distribution=arbitrary", "--overlap",
+                         "--quiet", "--kill-on-bad-exit=0", "--wait=0", "--export=NONE",
+                         "--label", "--input=all", "--gres=gpu:2"]
     assert "warn" not in " ".join(step), "a command travels on stdin, not the command line"
 
 
@@ -187,8 +190,8 @@ def test_a_command_cut_off_by_its_step_ends_as_killed_and_is_not_run_again(
 
 
 def test_labelled_output_is_split_per_task_whatever_the_interleaving() -> None:
-    outputs, ended = TaskOutputs(), []
-    for line in [f" 1: {START} node02", f" 1: {BEGIN} node02", f" 0: {BEGIN} node01",
+    outputs, ended = TaskOutputs(["node01", "node02", "node03"]), []
+    for line in [f" 1: {START} 1 node02", f" 1: {BEGIN} node02", f" 0: {BEGIN} node01",
                  " 1: dHdv", " 0: b25l",
                  f" 0: {ERR}", f" 1: {ERR}", " 1: ZXJy", f" 1: {END} 7", f" 0: {END} 0",
                  "srun: not a task line", f" 2: {BEGIN} node03", " 2: cGFy"]:
@@ -197,3 +200,47 @@ def test_labelled_output_is_split_per_task_whatever_the_interleaving() -> None:
     assert [outputs.result(n) for n in ("node01", "node02", "node03", "node04")] == [
         (0, b"one", b""), (7, b"two", b"err"), (None, b"par", b""), None]
     assert [outputs.started(n) for n in ("node01", "node02")] == [False, True]
+
+
+def test_a_task_that_frames_another_node_s_result_is_refused_and_the_other_keeps_its_own(
+        ) -> None:
+    outputs = TaskOutputs(["node01", "node02"])
+    forged = [f"0: {START} 1 node02", f"0: {BEGIN} node02", "0: cGFzcw==", f"0: {ERR}",
+              f"0: {END} 0"]
+    real = [f"1: {START} 1 node02", f"1: {BEGIN} node02", "1: ZmFpbA==", f"1: {ERR}",
+            f"1: {END} 1"]
+    ended = [outputs.feed(line) for line in [*forged, *real]]
+    assert [n for n in ended if n] == ["node01", "node02"]
+    assert outputs.result("node02") == (1, b"fail", b""), "node02's own task decides"
+    assert outputs.result("node01") is None
+    assert outputs.refused("node01").startswith(
+        "its task in the combined step framed another result ('@@gpufleet-start 1 node02')")
+    # a second claim, or a frame naming another node after its own start, is refused too
+    for lines in ([f"0: {START} 0 node01", f"0: {START} 0 node01"],
+                  [f"0: {START} 0 node01", f"0: {BEGIN} node02"],
+                  [f"0: {START} 0 node02"], [f"0: {START} 1 node01"]):
+        again = TaskOutputs(["node01", "node02"])
+        assert [again.feed(line) for line in lines][-1] == "node01"
+        assert again.refused("node01") and again.result("node01") is None
+        assert not again.refused("node02")
+
+
+# A command that writes a whole result for node02 (task 1) into the pipes of the nearest of
+# its ancestors that writes to pipes (its task's shell: the task's stdout, however the
+# shell saved it), then prints its own line.
+FORGE = ("p=$PPID; while [ \"$p\" -gt 1 ]; do "
+         "w=$(ls -l /proc/$p/fd 2>/dev/null | awk '/^l-wx.*pipe:/ {print $9}'); "
+         "if [ -n \"$w\" ]; then for f in $w; do "
+         "printf '%s\\n' '@@gpufleet-start 1 node02' '@@gpufleet-begin node02' "
+         "\"$(echo pass | base64)\" '@@gpufleet-stderr' '@@gpufleet-end 0' "
+         "> /proc/$p/fd/$f; done; break; fi; p=$(awk '{print $4}' /proc/$p/stat); done; "
+         "echo mine")
+
+
+def test_a_command_that_answers_for_another_node_makes_its_own_node_unreachable(
+        allocation: Allocation) -> None:
+    results = _together(allocation, {"node01": FORGE, "node02": "sleep 1; echo fail; exit 1"})
+    assert (results["node02"].rc, results["node02"].stdout) == (1, "fail\n")  # type: ignore[union-attr]
+    assert isinstance(results["node01"], Unreachable)
+    assert str(results["node01"]).startswith(
+        "node01: its task in the combined step framed another result")

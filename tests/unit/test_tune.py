@@ -1,24 +1,28 @@
 """gpufleet tune's pure parts: the variables checked before any host, the candidates, the
-winner only beyond the noise, the table, and the nccl_env diff, which git apply takes."""
+winner only beyond the noise, the table, and the nccl_env diff, which git apply takes: it
+changes the candidate's key in the group file's own nccl_env as written, and says where the
+nodes' nccl_env comes from when it is not there."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpufleet import app
+from gpufleet.conformance import session
+from gpufleet.conformance import tune as tuning
 from gpufleet.conformance.session import Node
 from gpufleet.conformance.tune import (
     Candidate,
     Measured,
     candidates,
-    diff,
     settings,
     table,
     winner,
-    with_nccl_env,
+    with_change,
 )
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts
@@ -88,40 +92,143 @@ def test_a_winner_only_beyond_the_noise() -> None:
 GROUP = """# training nodes
 gpufleet_scheduler: slurm
 nccl_env:
+  NCCL_SOCKET_IFNAME: "{{ fabric_if }}"   # each node's own fabric
   NCCL_ALGO: Ring   # set by hand
   NCCL_DEBUG: WARN
 
 cuda_version: "12.4.1"
 """
+HOSTS = ("all:\n  vars:\n    fabric_if: eth0\n  children:\n    gpu:\n      hosts:\n"
+         "        n1:\n        n2:\n          fabric_if: eth9\n        n3:\n")
 
 
-def test_the_diff_replaces_the_group_s_nccl_env_and_keeps_the_rest(tmp_path: Path) -> None:
-    new = with_nccl_env(GROUP, {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN",
-                                "NCCL_PROTO": "LL128"})
-    assert new == GROUP.replace("  NCCL_DEBUG: WARN\n",
-                                "  NCCL_DEBUG: WARN\n  NCCL_PROTO: LL128\n").replace(
-        "   # set by hand", "")
-    assert with_nccl_env("nccl_env: {NCCL_ALGO: Ring}\nx: 1\n", {"NCCL_ALGO": "Tree"}) == \
-        "nccl_env:\n  NCCL_ALGO: Tree\nx: 1\n"
-    assert with_nccl_env("x: 1\n", {"NCCL_ALGO": "Tree"}) == \
-        "x: 1\n\nnccl_env:\n  NCCL_ALGO: Tree\n"
+class FakeSession:
+    """The nodes, reached; nothing is run on them."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = {n.name: n for n in nodes}
+
+    def ready(self) -> list[Node]:
+        return list(self.nodes.values())
+
+    def close(self) -> None:
+        pass
 
 
-def test_git_applies_the_diff(tmp_path: Path) -> None:
-    repo = tmp_path / "inv"
-    (repo / "group_vars").mkdir(parents=True)
-    path = repo / "group_vars" / "training.yml"
-    path.write_text(GROUP)
-    patch = diff(path, "group_vars/training.yml",
-                 {"NCCL_ALGO": "Tree", "NCCL_DEBUG": "WARN"})
-    new_file = diff(repo / "group_vars" / "h200.yml", "group_vars/h200.yml",
-                    {"NCCL_PROTO": "LL128"})
+def tune_winner(monkeypatch: pytest.MonkeyPatch, inventory: Path, change: tuple[str, str],
+                tmp_path: Path) -> tuple[int, str, str]:
+    """``gpufleet tune`` on the inventory's hosts where ``change`` wins by 15%: its exit
+    code, its report, and the diff it wrote."""
+    nodes = [Node(h, ConnectOptions(), Facts(h.name, {"gpus": [{"name": "NVIDIA H200"}]}))
+             for h in load_inventory(inventory).select("all")]
+    monkeypatch.setattr(session.ConformanceSession, "start",
+                        lambda *args, **kwargs: FakeSession(nodes))
+    monkeypatch.setattr(tuning, "tune", lambda *args, **kwargs: [
+        _measured("current", [100.0, 100.5, 99.5]),
+        _measured("=".join(change), [115.0, 115.2, 114.8])])
+    out, patch = io.StringIO(), tmp_path / "tune.diff"
+    code = app.tune_cmd(str(inventory), diff_path=str(patch), out=out)
+    return code, out.getvalue(), patch.read_text() if patch.exists() else ""
+
+
+def git_apply(repo: Path, patch: str) -> None:
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    for text in (patch, new_file):
-        subprocess.run(["git", "-C", str(repo), "apply", "-"], input=text.encode(),
-                       check=True, capture_output=True)
-    assert "  NCCL_ALGO: Tree\n" in path.read_text()
-    assert (repo / "group_vars" / "h200.yml").read_text() == "nccl_env:\n  NCCL_PROTO: LL128\n"
+    subprocess.run(["git", "-C", str(repo), "apply", "-"], input=patch.encode(), check=True,
+                   capture_output=True)
+
+
+def test_the_winning_diff_changes_only_the_candidate_s_key_as_the_group_file_writes_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    inventory = tmp_path / "inv"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text(HOSTS)
+    (inventory / "group_vars" / "gpu.yml").write_text(GROUP)
+    code, report, patch = tune_winner(monkeypatch, inventory, ("NCCL_PROTO", "LL128"),
+                                      tmp_path)
+    assert code == 0, report
+    assert "note:" not in report
+    git_apply(inventory, patch)
+    # the template stays as written (n1 would have made it eth0 for n2 too)
+    assert (inventory / "group_vars" / "gpu.yml").read_text() == GROUP.replace(
+        "  NCCL_DEBUG: WARN\n", "  NCCL_DEBUG: WARN\n  NCCL_PROTO: LL128\n")
+    code, report, patch = tune_winner(monkeypatch, inventory, ("NCCL_ALGO", "Tree"), tmp_path)
+    assert [line for line in patch.splitlines() if line[:1] in "+-"
+            and line[:3] not in ("+++", "---")] == ["-  NCCL_ALGO: Ring   # set by hand",
+                                                    "+  NCCL_ALGO: Tree   # set by hand"]
+
+
+def test_a_host_s_own_nccl_env_is_not_the_group_s_and_is_named(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    inventory = tmp_path / "inv"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "host_vars").mkdir()
+    (inventory / "hosts.yml").write_text(HOSTS)
+    (inventory / "group_vars" / "gpu.yml").write_text(GROUP)
+    (inventory / "host_vars" / "n1.yml").write_text("nccl_env:\n  NCCL_SOCKET_IFNAME: ib0\n")
+    code, report, patch = tune_winner(monkeypatch, inventory, ("NCCL_PROTO", "LL128"),
+                                      tmp_path)
+    assert code == 0, report
+    assert ("note: n1 takes its nccl_env from host_vars/n1.yml:1, which this diff does not "
+            "change: it keeps NCCL_PROTO as it is") in report
+    git_apply(inventory, patch)
+    assert (inventory / "group_vars" / "gpu.yml").read_text() == GROUP.replace(
+        "  NCCL_DEBUG: WARN\n", "  NCCL_DEBUG: WARN\n  NCCL_PROTO: LL128\n")
+    assert (inventory / "host_vars" / "n1.yml").read_text() == \
+        "nccl_env:\n  NCCL_SOCKET_IFNAME: ib0\n"
+
+
+def test_an_inherited_nccl_env_is_said_and_copied_as_written(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    inventory = tmp_path / "inv"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text(HOSTS)
+    (inventory / "group_vars" / "all.yml").write_text(
+        'nccl_env:\n  NCCL_SOCKET_IFNAME: "{{ fabric_if }}"\n')
+    (inventory / "group_vars" / "gpu.yml").write_text("cuda_version: 12.4.1\n")
+    (inventory / "host_vars").mkdir()
+    (inventory / "host_vars" / "n1.yml").write_text("nccl_env:\n  NCCL_SOCKET_IFNAME: ib0\n")
+    code, report, patch = tune_winner(monkeypatch, inventory, ("NCCL_PROTO", "LL128"),
+                                      tmp_path)
+    assert code == 0, report
+    assert ("note: group gpu has no nccl_env of its own: it inherits group all's; the diff "
+            "gives group gpu its own in group_vars/gpu.yml, a copy of that one as written with "
+            "the change") in report
+    # the first node's own value is not the group's: it is not copied, and the node is named
+    assert "ib0" not in patch
+    assert "note: n1 takes its nccl_env from host_vars/n1.yml:1" in report
+    git_apply(inventory, patch)
+    assert (inventory / "group_vars" / "gpu.yml").read_text() == (
+        "cuda_version: 12.4.1\n\nnccl_env:\n  NCCL_SOCKET_IFNAME: '{{ fabric_if }}'\n"
+        "  NCCL_PROTO: LL128\n")
+    assert load_inventory(inventory).hosts["n2"].vars["nccl_env"] == {
+        "NCCL_SOCKET_IFNAME": "eth9", "NCCL_PROTO": "LL128"}
+
+
+def test_no_nccl_env_anywhere_is_said(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    inventory = tmp_path / "inv"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text(HOSTS)
+    _, report, patch = tune_winner(monkeypatch, inventory, ("NCCL_PROTO", "LL128"), tmp_path)
+    assert ("note: no group or host defines nccl_env; the diff gives group gpu its own in "
+            "group_vars/gpu.yml with the change only") in report
+    git_apply(inventory, patch)
+    assert (inventory / "group_vars" / "gpu.yml").read_text() == "nccl_env:\n  NCCL_PROTO: LL128\n"
+
+
+def test_a_group_file_s_nccl_env_is_edited_where_it_is_written() -> None:
+    assert with_change("nccl_env: {NCCL_ALGO: Ring, X: '{{ y }}'}  # flow\nx: 1\n",
+                       "NCCL_ALGO", "Tree") == \
+        "nccl_env: {NCCL_ALGO: Tree, X: '{{ y }}'}  # flow\nx: 1\n"
+    assert with_change("nccl_env:\n  'NCCL_BUFFSIZE': 4194304\n", "NCCL_BUFFSIZE",
+                       "8388608") == "nccl_env:\n  'NCCL_BUFFSIZE': '8388608'\n"
+    assert with_change("nccl_env:\n    A: 1\nb: 2", "C", "3") == \
+        "nccl_env:\n    A: 1\n    C: '3'\nb: 2"
+    assert with_change('nccl_env:\n  A: "x # y"  # note\n', "A", "{{ z }}") == \
+        "nccl_env:\n  A: '{{ z }}'  # note\n"
+    # a value over several lines, a template for the whole mapping, or none: not edited
+    assert with_change("nccl_env:\n  A: >\n    x\n", "A", "y") is None
+    assert with_change('nccl_env: "{{ env }}"\n', "A", "y") is None
+    assert with_change("x: 1\n", "A", "y") is None
 
 
 def test_bad_input_stops_before_any_host_is_contacted(tmp_path: Path,
