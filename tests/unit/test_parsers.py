@@ -273,6 +273,67 @@ def test_nccl_tests_current_format() -> None:
     assert parsers.nccl_tests_avg_busbw(sample(NCCL_REAL)) is None
 
 
+def nccl(name: str) -> str:
+    return (FIXTURES / "nccl" / name).read_text()
+
+
+def test_nccl_tests_mpirun_tag_output() -> None:
+    """A 16-rank run under ``mpirun --tag-output`` (NCCL 2.9.9, EFA): every line carries
+    ``[1,R]<stdout>:`` and the NCCL INFO lines of other ranks fall between the header and
+    the rows."""
+    text = nccl("nccl-tests-all-reduce-tag-output-p4d-efa.txt")
+    rows = parsers.nccl_tests(text)
+    assert [row["size"] for row in rows] == [2**k for k in range(3, 33)]
+    assert {(row["type"], row["redop"], row["root"]) for row in rows} == {("float", "sum", None)}
+    assert rows[0]["out_of_place"] == {
+        "time_us": 179.1, "algbw": 0.0, "busbw": 0.0, "wrong": None, "error": 2e-07}
+    assert rows[-1]["in_place"]["busbw"] == 43.72
+    assert parsers.nccl_tests_avg_busbw(text) == 11.2432
+
+
+def test_nccl_tests_tag_output_behind_a_launcher_prefix() -> None:
+    """SkyPilot prints its own ``(head, rank=0, pid=N)`` before mpirun's tag (current layout,
+    all_gather on 16 H200)."""
+    text = nccl("nccl-tests-all-gather-skypilot-h200-gke.txt")
+    rows = parsers.nccl_tests(text)
+    assert [row["size"] for row in rows] == [1024, 2048, 1048576, 16777216, 2**32, 2**33]
+    assert {(row["redop"], row["root"]) for row in rows} == {("none", -1)}
+    assert rows[-1]["in_place"] == {"time_us": 24214.0, "algbw": 354.75, "busbw": 332.58,
+                                    "wrong": 0}
+    assert parsers.nccl_tests_avg_busbw(text) == 122.073
+
+
+@pytest.mark.parametrize(
+    ("test", "redop", "root", "avg"),
+    [
+        ("all_gather_perf", None, None, 30.2993),
+        ("all_reduce_perf", "sum", None, 42.5578),
+        ("broadcast_perf", None, 0, 41.2456),
+        ("reduce_perf", "sum", 0, 41.3386),
+        ("reduce_scatter_perf", "sum", None, 20.3609),
+    ],
+)
+def test_nccl_tests_older_layouts_without_redop_or_root(
+    test: str, redop: str | None, root: int | None, avg: float
+) -> None:
+    """nccl-tests 2.0 on a DGX-2: all_gather printed neither ``redop`` nor ``root``,
+    broadcast ``root`` alone, all_reduce ``redop`` alone."""
+    runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")[1:]
+    text = next(run for run in runs if f"./build/{test} " in run)
+    rows = parsers.nccl_tests(text)
+    assert len(rows) == 31
+    assert {(row["redop"], row["root"]) for row in rows} == {(redop, root)}
+    assert rows[-1]["size"] in (8589934592, 8589934560)
+    assert parsers.nccl_tests_avg_busbw(text) == avg
+
+
+def test_nccl_tests_older_all_gather_reports_its_errors() -> None:
+    runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")
+    rows = parsers.nccl_tests(runs[1])
+    assert rows[-1]["out_of_place"] == {
+        "time_us": 106773.0, "algbw": 73.75, "busbw": 73.75, "wrong": None, "error": 1.0}
+
+
 def test_nccl_tests_legacy_error_column() -> None:
     text = sample("synthetic_nccl_tests_legacy_error_column.txt")
     rows = parsers.nccl_tests(text)
