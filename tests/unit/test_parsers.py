@@ -712,6 +712,38 @@ def test_os_release_h200() -> None:
     assert len(release) == 13
 
 
+def published(name: str) -> str:
+    return (FIXTURES / "published" / name).read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("os-release-debian13.txt", ("debian", "13", "trixie")),
+        ("os-release-ubuntu16.txt", ("ubuntu", "16.04", None)),
+        ("os-release-rhel9.txt", ("rhel", "9.6", None)),
+        ("os-release-amazon2023.txt", ("amzn", "2023", None)),
+    ],
+)
+def test_os_release_published_distributions(name: str, expected: tuple[str, str, str | None]
+                                            ) -> None:
+    """Real os-release files of Debian, Ubuntu, RHEL (a blank line inside) and Amazon Linux."""
+    release = parsers.os_release(published(name))
+    assert (release["ID"], release["VERSION_ID"], release.get("VERSION_CODENAME")) == expected
+    assert '"' not in release["PRETTY_NAME"]
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("ofed-info-s-mlnx-ofed-23.07-connectx5.txt", "23.07-0.5.1.2"),
+        ("ofed-info-s-doca-24.07-connectx7.txt", "24.07-0.3.5.0.110"),
+    ],
+)
+def test_ofed_version_published_hosts(name: str, version: str) -> None:
+    assert parsers.ofed_version(published(name)) == version
+
+
 def test_os_release_quoting_and_comments() -> None:
     text = '# generated\nNAME=\'Rocky Linux\'\nVARIANT="Cloud \\"edition\\" \\$1"\n\nID=rocky\n'
     assert parsers.os_release(text) == {
