@@ -1005,6 +1005,24 @@ def test_ethtool_stats_per_queue_prefix() -> None:
     assert parsers.ethtool_stats(text) == {"[0]: rx_ucast_packets": 5, "[1]: rx_ucast_packets": 7}
 
 
+def test_ethtool_stats_ena_without_a_header() -> None:
+    """Amazon ENA 1.2.0k, as ethq keeps it: no ``NIC statistics:`` line, no indentation,
+    per-queue counters only (published/README.md)."""
+    stats = parsers.ethtool_stats(published("ethtool-S-ena-1.2.0k.txt"))
+    assert len(stats) == 104
+    assert stats["queue_0_rx_bytes"] == 64430725908
+    assert stats["queue_3_rx_rx_copybreak_pkt"] == 169576
+    assert stats["ena_admin_q_completed_cmd"] == 28
+
+
+def test_ethtool_stats_solarflare_queue_names_with_dots() -> None:
+    stats = parsers.ethtool_stats((FIXTURES / "nic" / "sfc-ethtool-S.txt").read_text())
+    assert len(stats) == 152
+    assert stats["port_rx_dp_di_dropped_packets"] == 27
+    assert stats["tx-xdp-cpu-23.tx_packets"] == 0
+    assert parsers.pause_and_discard_counters(stats)["port_tx_pause"] == 0
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
