@@ -769,6 +769,24 @@ def test_meminfo_h200() -> None:
     assert len(info) == len(h200("meminfo.txt").splitlines())
 
 
+@pytest.mark.parametrize(
+    ("name", "fields", "total_kb", "available_kb"),
+    [
+        ("meminfo-node-procfs-stats-issue9.txt", 43, 1019732, 710280),
+        ("meminfo-node-exporter.txt", 42, 3742148, None),
+        ("meminfo-openvz-wp-server-stats-issue3.txt", 21, 5683284, None),
+    ],
+)
+def test_meminfo_published_kernels(name: str, fields: int, total_kb: int,
+                                   available_kb: int | None) -> None:
+    """Kernels with and without MemAvailable (3.14+ and older), and an OpenVZ container that
+    shows only 21 fields (published/README.md)."""
+    info = parsers.meminfo(published(name))
+    assert len(info) == fields
+    assert info["MemTotal"] == total_kb * 1024
+    assert info.get("MemAvailable") == (available_kb * 1024 if available_kb else None)
+
+
 def test_meminfo_errors() -> None:
     with pytest.raises(ParseError, match="'MemTotal 12 GB'"):
         parsers.meminfo("MemTotal 12 GB\n")
@@ -916,6 +934,19 @@ def test_dpkg_query_states() -> None:
     assert packages["nvidia-fabricmanager-550"]["hold"] is True
 
 
+def test_dpkg_query_on_a_h200_machine_with_holds_and_absent_names() -> None:
+    """The gatherer's dpkg-query over globs on a real H200 machine: notices for globs that
+    match nothing, ``unknown ok not-installed`` rows without a version, and three holds."""
+    packages = parsers.dpkg_query(published("dpkg-query-h200-vm-holds.txt"))
+    assert len(packages) == 21
+    assert {name for name, info in packages.items() if info["hold"]} == {
+        "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
+    assert packages["cuda-nvcc-13"] == {"version": None, "status": "unknown ok not-installed",
+                                        "installed": False, "hold": False}
+    assert packages["cuda-nvcc-13-0"]["version"] == "13.0.88-1"
+    assert packages["python3"]["installed"] is True
+
+
 def test_dpkg_query_errors() -> None:
     with pytest.raises(ParseError, match="'dpkg-query: error: --show needs"):
         parsers.dpkg_query("dpkg-query: error: --show needs a valid format\n")
@@ -935,6 +966,11 @@ def test_apt_showhold() -> None:
         parsers.apt_showhold("E: Could not open lock file /var/lib/dpkg/lock-frontend\n")
 
 
+def test_apt_showhold_on_a_h200_machine() -> None:
+    assert parsers.apt_showhold(published("apt-mark-showhold-h200-vm.txt")) == {
+        "libcublas-13-0", "libcublas-dev-13-0", "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
+
+
 def test_apt_madison() -> None:
     assert parsers.apt_madison(sample("synthetic_apt_madison.txt")) == {
         "cuda-drivers": ["580.95.05-0ubuntu1", "580.82.07-0ubuntu1", "575.57.08-0ubuntu1"],
@@ -945,6 +981,27 @@ def test_apt_madison() -> None:
 
 
 # --------------------------------------------------------------------------- health
+
+
+@pytest.mark.parametrize(
+    ("name", "tcp", "udp_fields"),
+    [
+        ("proc-net-snmp-hiboma-td-agent.txt",
+         {"RetransSegs": 5333, "OutSegs": 1558305981, "InErrs": 0, "MaxConn": -1}, 6),
+        ("proc-net-snmp-node-exporter.txt",
+         {"RetransSegs": 227, "OutSegs": 54915039, "InCsumErrors": 0, "MaxConn": -1}, 7),
+        ("proc-net-snmp-kernel6.18-h200-vm.txt",
+         {"RetransSegs": 0, "OutSegs": 31, "InCsumErrors": 0, "MaxConn": -1}, 9),
+    ],
+)
+def test_proc_net_snmp_published_kernels(name: str, tcp: dict[str, int], udp_fields: int
+                                         ) -> None:
+    """Tcp and Udp rows of three kernels: without InCsumErrors (a CentOS 6 era server), with
+    it, and 6.18's IgnoredMulti/MemErrors; MaxConn is -1 in all (published/README.md)."""
+    text = published(name)
+    counters = parsers.proc_net_snmp(text)
+    assert {key: counters[key] for key in tcp} == tcp
+    assert len(parsers.proc_net_snmp(text, "Udp")) == udp_fields
 
 
 def test_xid_events_none_in_real_log() -> None:
