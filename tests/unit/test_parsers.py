@@ -656,6 +656,7 @@ def test_nvcc_version() -> None:
 @pytest.mark.parametrize(
     ("name", "version"),
     [
+        ("nvcc-version-12.5-hello-ai.txt", "12.5.82"),
         ("nvcc-version-11.1-pytorch-builder-580.txt", "11.1.105"),
         ("nvcc-version-11.0-pytorch-builder-580.txt", "11.0.221"),
         ("nvcc-version-10.1-k2-584.txt", "10.1.243"),
@@ -663,7 +664,7 @@ def test_nvcc_version() -> None:
     ],
 )
 def test_nvcc_version_published_toolkits(name: str, version: str) -> None:
-    """CUDA 7.5 to 11.1: with and without the ``Build cuda_...`` line, and behind a
+    """CUDA 7.5 to 12.5: with and without the ``Build cuda_...`` line, and behind a
     ``$ nvcc --version`` prompt (published/README.md)."""
     assert parsers.nvcc_version(published(name)) == version
 
