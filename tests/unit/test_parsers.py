@@ -857,6 +857,17 @@ def test_ip_addr_json_errors(text: str, expected: str) -> None:
         parsers.ip_addr_json(text)
 
 
+def test_ip_addr_json_ipoib_links_with_20_byte_addresses() -> None:
+    """Eight IPoIB ports of a GPU node as iproute2 prints them (link_type infiniband, MTU 2044,
+    a 20-byte hardware address, no addr_info): each is kept, with no address."""
+    links = parsers.ip_addr_json(published("ip-j-link-ipoib-8x-gcm.txt"))
+    assert [link["name"] for link in links] == [
+        "ibp12s0", "ibp18s0", "ibp75s0", "ibp84s0", "ibp141s0", "ibp148s0", "ibp186s0",
+        "ibp204s0"]
+    assert {(link["mtu"], link["state"], len(link["mac"].split(":")), len(link["addresses"]))
+            for link in links} == {(2044, "UP", 20, 0)}
+
+
 def test_sys_class_net_fallback() -> None:
     interfaces = parsers.sys_class_net(sample("synthetic_sys_class_net.txt"))
     assert [item["name"] for item in interfaces] == ["docker0", "eno1", "ens1np0", "lo", "tun0"]
