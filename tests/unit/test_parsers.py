@@ -993,9 +993,18 @@ def test_apt_showhold() -> None:
         parsers.apt_showhold("E: Could not open lock file /var/lib/dpkg/lock-frontend\n")
 
 
-def test_apt_showhold_on_a_h200_machine() -> None:
+def test_apt_showhold_on_a_h200_machine_and_an_armbian_board() -> None:
     assert parsers.apt_showhold(published("apt-mark-showhold-h200-vm.txt")) == {
         "libcublas-13-0", "libcublas-dev-13-0", "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
+    assert parsers.apt_showhold(published("apt-mark-showhold-armbian-connectbox-218.txt")) == {
+        "linux-dtb-dev-sun8i", "linux-image-dev-sun8i", "linux-u-boot-nanopineo-dev"}
+
+
+def test_apt_madison_of_debian_8_with_a_sources_line() -> None:
+    """Debian 8 with deb-src enabled: madison adds the source package's line (``... Sources``),
+    here of the same version, which is listed once."""
+    assert parsers.apt_madison(published("apt-cache-madison-debian8-vpenso-scripts-2.txt")) == {
+        "bash": ["4.3-11+deb8u1"]}
 
 
 def test_apt_madison() -> None:
