@@ -347,23 +347,34 @@ def _json_prio_map(value: Any, key: str, text: str) -> dict[int, Any]:
 
 # --------------------------------------------------------------------------- nccl-tests
 
-_NCCL_LEAD = ["size", "count", "type", "redop"]
+_NCCL_LEAD = ["size", "count", "type"]
 _NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+# mpirun --tag-output puts "[JOB,RANK]<stdout>:" before every line; launchers that collect
+# mpirun's output (Ray, SkyPilot, kubectl logs with prefixes) add their own in front of it
+_MPI_TAG = re.compile(r"^.*?\[\d+,\d+\]<std(?:out|err)>:")
+
+
+def _untagged(line: str) -> str:
+    """A line without the ``[1,0]<stdout>:`` tag of ``mpirun --tag-output`` (and whatever
+    prefix a launcher put before that tag)."""
+    return _MPI_TAG.sub("", line, count=1)
 
 
 def nccl_tests(text: str) -> list[dict[str, Any]]:
     """Parse the result table of an nccl-tests binary (``all_reduce_perf`` etc.).
 
-    One dict per size row: ``size``, ``count``, ``type``, ``redop``, ``root`` (None when
-    the build prints no root column) and ``out_of_place``/``in_place`` with ``time_us``,
-    ``algbw``, ``busbw`` and ``wrong`` (None when not checked or when the build prints an
-    ``error`` column, whose value is then kept as ``error``). Columns are located from
-    the ``# size count ...`` header, so NCCL log lines and comments are skipped.
+    One dict per size row: ``size``, ``count``, ``type``, ``redop`` and ``root`` (None when
+    the build prints no such column: nccl-tests before 2.11 printed ``redop`` only for
+    reductions and ``root`` only for rooted collectives) and ``out_of_place``/``in_place``
+    with ``time_us``, ``algbw``, ``busbw`` and ``wrong`` (None when not checked or when the
+    build prints an ``error`` column, whose value is then kept as ``error``). Columns are
+    located from the ``# size count ...`` header, so NCCL log lines and comments are
+    skipped; the tags of ``mpirun --tag-output`` are removed first.
     """
-    layout: tuple[bool, list[str]] | None = None
+    layout: tuple[list[str], list[str]] | None = None
     rows: list[dict[str, Any]] = []
     for line in _lines(text):
-        stripped = line.strip()
+        stripped = _untagged(line).strip()
         if stripped.startswith("#"):
             names = stripped.lstrip("#").split()
             if names[:2] == _NCCL_LEAD[:2]:
@@ -380,12 +391,15 @@ def nccl_tests(text: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _nccl_layout(names: list[str], line: str) -> tuple[bool, list[str]]:
-    """Return (has root column, per-half column names) from a header row."""
-    if names[:4] != _NCCL_LEAD:
-        raise _error("nccl-tests", "columns size, count, type, redop", line)
-    has_root = len(names) > 4 and names[4] == "root"
-    rest = names[5 if has_root else 4 :]
+def _nccl_layout(names: list[str], line: str) -> tuple[list[str], list[str]]:
+    """Return (leading column names, per-half column names) from a header row."""
+    if names[:3] != _NCCL_LEAD:
+        raise _error("nccl-tests", "columns size, count, type", line)
+    lead = list(_NCCL_LEAD)
+    for optional in ("redop", "root"):
+        if names[len(lead) : len(lead) + 1] == [optional]:
+            lead.append(optional)
+    rest = names[len(lead) :]
     if rest and rest[-1] == "timestamp":
         rest = rest[:-1]
     half = rest[: len(rest) // 2]
@@ -399,20 +413,23 @@ def _nccl_layout(names: list[str], line: str) -> tuple[bool, list[str]]:
     )
     if not valid:
         raise _error("nccl-tests", "time, algbw, busbw, #wrong|error for both halves", line)
-    return has_root, half
+    return lead, half
 
 
-def _nccl_row(tokens: list[str], layout: tuple[bool, list[str]], line: str) -> dict[str, Any]:
-    has_root, half = layout
-    lead = 5 if has_root else 4
+def _nccl_row(
+    tokens: list[str], layout: tuple[list[str], list[str]], line: str
+) -> dict[str, Any]:
+    lead_names, half = layout
+    lead = len(lead_names)
     if len(tokens) < lead + 2 * len(half):
         raise _error("nccl-tests", f"{lead + 2 * len(half)} columns", line)
+    cell = dict(zip(lead_names, tokens, strict=False))
     row: dict[str, Any] = {
         "size": int(tokens[0]),
         "count": int(tokens[1]),
         "type": tokens[2],
-        "redop": tokens[3],
-        "root": _int("nccl-tests", tokens[4], line) if has_root else None,
+        "redop": cell.get("redop"),
+        "root": _int("nccl-tests", cell["root"], line) if "root" in cell else None,
     }
     for index, key in enumerate(("out_of_place", "in_place")):
         cells = tokens[lead + index * len(half) : lead + (index + 1) * len(half)]
@@ -435,7 +452,7 @@ def nccl_tests_avg_busbw(text: str) -> float | None:
     """Return the value of the ``# Avg bus bandwidth : X`` line, or None when absent."""
     value: float | None = None
     for line in _lines(text):
-        if match := _NCCL_AVG.match(line.strip()):
+        if match := _NCCL_AVG.match(_untagged(line).strip()):
             value = _float("nccl-tests", match.group(1), line)
     return value
 

@@ -167,6 +167,40 @@ def test_engine_configurations_without_the_runtime() -> None:
         containers.containerd_runtime("[plugins\n")
 
 
+ENGINE_CONFIGS = ROOT / "tests" / "fixtures" / "containers"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("daemon-json-nvidia-docker-1651.json",
+     containers.EngineRuntime(True, "/usr/bin/nvidia-container-runtime", True)),
+    ("daemon-json-docker-for-linux-1531.json",
+     containers.EngineRuntime(True, "nvidia-container-runtime", True)),
+])
+def test_published_docker_daemon_json(name: str, expected: containers.EngineRuntime) -> None:
+    """Two users' daemon.json with the runtime (``runtimeArgs``, a ``data-root`` beside it)."""
+    assert containers.docker_runtime((ENGINE_CONFIGS / name).read_text()) == expected
+
+
+def test_a_published_daemon_json_with_a_trailing_comma_is_refused_by_line() -> None:
+    """Hand-written with a comma before the last brace: dockerd refuses to start on it, so
+    the reader names the line instead of reading no runtime."""
+    text = (ENGINE_CONFIGS / "daemon-json-trailing-comma-getting-started-150.json").read_text()
+    with pytest.raises(containers.ConfigError, match=r"not JSON: .*line 9 column 1"):
+        containers.docker_runtime(text)
+
+
+def test_published_containerd_configs() -> None:
+    """Version 2 as ``nvidia-ctk runtime configure --set-as-default`` wrote it (plus the
+    user's SystemdCgroup); and a microk8s version-1 file whose runtime is named
+    ``nvidia-container-runtime``: no runtime named nvidia, so nvidia-ctk is to add one."""
+    v2 = (ENGINE_CONFIGS / "containerd-config-v2-nvidia-ctk-nvidia-docker-1788.toml").read_text()
+    assert containers.containerd_runtime(v2) == containers.EngineRuntime(
+        True, "/usr/bin/nvidia-container-runtime", True)
+    v1 = (ENGINE_CONFIGS / "containerd-config-v1-microk8s-k8s-device-plugin-182.toml"
+          ).read_text()
+    assert containers.containerd_runtime(v1) == containers.EngineRuntime(False, None, False)
+
+
 # --------------------------------------------------------------------------- the role
 
 DOCKER = 'container_engine: docker\nnvidia_container_toolkit_version: "1.17.8-1"\n'

@@ -23,6 +23,7 @@ from gpufleet.conformance.allreduce import (
     transport_summary,
 )
 from gpufleet.conformance.checks.allreduce import expected_transports
+from gpufleet.conformance.checks.nccl_log import links, mismatches, observed, rank_hosts
 from gpufleet.conformance.launch import ProbeRun, _command, _parse
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
@@ -263,3 +264,42 @@ def test_a_real_gloo_run_takes_the_settings_and_reports_its_transport_unchecked(
     [node] = nodes(tmp_path)
     assert problem(run, node, 1) is None
     assert transport_summary(run) == "not checked: the gloo backend uses no NCCL transport"
+
+
+# ------------------------------------------- published logs of other NCCL versions (nccl/README)
+
+
+def published_log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def test_nccl_2_7_names_gpus_by_bus_id_and_its_forced_net_ib_is_caught() -> None:
+    """NCCL 2.7.6 puts the PCI bus id in the brackets (``2[c7000]``): every channel is still
+    read, the GPU named by its rank, and NET/IB between GPUs of one host is a mismatch."""
+    found = links(published_log("nccl-log-2.7.6-a100-busid-nvidia-nccl-707.txt"))
+    assert len(found) == 11
+    assert {(lk.transport, lk.same_host, lk.src_gpu) for lk in found} == {("NET/IB", True, -1)}
+    assert observed(found)["intra"] == ["NET/IB/0/GDRDMA", "NET/IB/2/GDRDMA",
+                                        "NET/IB/4/GDRDMA", "NET/IB/5/GDRDMA"]
+    [message] = mismatches(found, "p2p", "ib")
+    assert message.startswith("NCCL used NET/IB between rank 0 and rank 1 (channel 02 : "
+                              "0[87000] -> 1[8d000] [send] via NET/IB/4/GDRDMA)")
+
+
+def test_the_ib_plugin_ibext_counts_as_net_ib_across_nodes() -> None:
+    """HPC-X's IB plugin prints ``via NET/IBext_v8/2``: InfiniBand, so ``ib`` passes (64 ranks
+    on 8 nodes of 8 GPUs: the log's Init COMPLETE lines put ranks 32..36 on GPUs 0..4)."""
+    text = published_log("nccl-log-ibext-v8-nvls-nvidia-nccl-1814.txt")
+    assert rank_hosts(text) == {36: "hostname-test", 34: "hostname-test",
+                                32: "hostname-test", 35: "hostname-test"}
+    found = links(text, {rank: f"node{rank // 8}" for rank in range(64)})
+    assert {(lk.transport, lk.same_host) for lk in found} == {("NET/IB", False)}
+    assert observed(found)["inter"] == ["NET/IBext_v8/1", "NET/IBext_v8/2"]
+    assert mismatches(found, "p2p", "ib") == []
+
+
+def test_nccl_2_22_p2p_cumem_inside_a_node() -> None:
+    found = links(published_log("nccl-log-2.22.3-p2p-cumem-nvidia-nccl-1538.txt"))
+    assert [(lk.src, lk.dst, lk.transport, lk.detail, lk.src_gpu, lk.dst_gpu)
+            for lk in found] == [(0, 7, "P2P", "P2P/CUMEM", 0, 7)]
+    assert mismatches(found, "p2p", "ib") == []

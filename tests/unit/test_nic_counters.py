@@ -1,4 +1,4 @@
-"""The NIC counters and the line rate: real captured ``ethtool -S`` of four NIC families and
+"""The NIC counters and the line rate: real captured ``ethtool -S`` of five NIC families and
 real RDMA port counters (tests/fixtures/nic, sources in its README) parsed and classified,
 deltas judged against their bounds, the line rate of socket and RDMA nodes, the AllReduce's
 line-rate gate, and the sample script run on this machine."""

@@ -273,6 +273,67 @@ def test_nccl_tests_current_format() -> None:
     assert parsers.nccl_tests_avg_busbw(sample(NCCL_REAL)) is None
 
 
+def nccl(name: str) -> str:
+    return (FIXTURES / "nccl" / name).read_text()
+
+
+def test_nccl_tests_mpirun_tag_output() -> None:
+    """A 16-rank run under ``mpirun --tag-output`` (NCCL 2.9.9, EFA): every line carries
+    ``[1,R]<stdout>:`` and the NCCL INFO lines of other ranks fall between the header and
+    the rows."""
+    text = nccl("nccl-tests-all-reduce-tag-output-p4d-efa.txt")
+    rows = parsers.nccl_tests(text)
+    assert [row["size"] for row in rows] == [2**k for k in range(3, 33)]
+    assert {(row["type"], row["redop"], row["root"]) for row in rows} == {("float", "sum", None)}
+    assert rows[0]["out_of_place"] == {
+        "time_us": 179.1, "algbw": 0.0, "busbw": 0.0, "wrong": None, "error": 2e-07}
+    assert rows[-1]["in_place"]["busbw"] == 43.72
+    assert parsers.nccl_tests_avg_busbw(text) == 11.2432
+
+
+def test_nccl_tests_tag_output_behind_a_launcher_prefix() -> None:
+    """SkyPilot prints its own ``(head, rank=0, pid=N)`` before mpirun's tag (current layout,
+    all_gather on 16 H200)."""
+    text = nccl("nccl-tests-all-gather-skypilot-h200-gke.txt")
+    rows = parsers.nccl_tests(text)
+    assert [row["size"] for row in rows] == [1024, 2048, 1048576, 16777216, 2**32, 2**33]
+    assert {(row["redop"], row["root"]) for row in rows} == {("none", -1)}
+    assert rows[-1]["in_place"] == {"time_us": 24214.0, "algbw": 354.75, "busbw": 332.58,
+                                    "wrong": 0}
+    assert parsers.nccl_tests_avg_busbw(text) == 122.073
+
+
+@pytest.mark.parametrize(
+    ("test", "redop", "root", "avg"),
+    [
+        ("all_gather_perf", None, None, 30.2993),
+        ("all_reduce_perf", "sum", None, 42.5578),
+        ("broadcast_perf", None, 0, 41.2456),
+        ("reduce_perf", "sum", 0, 41.3386),
+        ("reduce_scatter_perf", "sum", None, 20.3609),
+    ],
+)
+def test_nccl_tests_older_layouts_without_redop_or_root(
+    test: str, redop: str | None, root: int | None, avg: float
+) -> None:
+    """nccl-tests 2.0 on a DGX-2: all_gather printed neither ``redop`` nor ``root``,
+    broadcast ``root`` alone, all_reduce ``redop`` alone."""
+    runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")[1:]
+    text = next(run for run in runs if f"./build/{test} " in run)
+    rows = parsers.nccl_tests(text)
+    assert len(rows) == 31
+    assert {(row["redop"], row["root"]) for row in rows} == {(redop, root)}
+    assert rows[-1]["size"] in (8589934592, 8589934560)
+    assert parsers.nccl_tests_avg_busbw(text) == avg
+
+
+def test_nccl_tests_older_all_gather_reports_its_errors() -> None:
+    runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")
+    rows = parsers.nccl_tests(runs[1])
+    assert rows[-1]["out_of_place"] == {
+        "time_us": 106773.0, "algbw": 73.75, "busbw": 73.75, "wrong": None, "error": 1.0}
+
+
 def test_nccl_tests_legacy_error_column() -> None:
     text = sample("synthetic_nccl_tests_legacy_error_column.txt")
     rows = parsers.nccl_tests(text)
@@ -592,6 +653,22 @@ def test_nvcc_version() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("nvcc-version-12.5-hello-ai.txt", "12.5.82"),
+        ("nvcc-version-11.1-pytorch-builder-580.txt", "11.1.105"),
+        ("nvcc-version-11.0-pytorch-builder-580.txt", "11.0.221"),
+        ("nvcc-version-10.1-k2-584.txt", "10.1.243"),
+        ("nvcc-version-7.5-nvbio-18.txt", "7.5.17"),
+    ],
+)
+def test_nvcc_version_published_toolkits(name: str, version: str) -> None:
+    """CUDA 7.5 to 12.5: with and without the ``Build cuda_...`` line, and behind a
+    ``$ nvcc --version`` prompt (published/README.md)."""
+    assert parsers.nvcc_version(published(name)) == version
+
+
+@pytest.mark.parametrize(
     ("version", "expected"),
     [
         ("550.127.05-0ubuntu1", "550.127.05"),
@@ -650,6 +727,38 @@ def test_os_release_h200() -> None:
     assert len(release) == 13
 
 
+def published(name: str) -> str:
+    return (FIXTURES / "published" / name).read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("os-release-debian13.txt", ("debian", "13", "trixie")),
+        ("os-release-ubuntu16.txt", ("ubuntu", "16.04", None)),
+        ("os-release-rhel9.txt", ("rhel", "9.6", None)),
+        ("os-release-amazon2023.txt", ("amzn", "2023", None)),
+    ],
+)
+def test_os_release_published_distributions(name: str, expected: tuple[str, str, str | None]
+                                            ) -> None:
+    """Real os-release files of Debian, Ubuntu, RHEL (a blank line inside) and Amazon Linux."""
+    release = parsers.os_release(published(name))
+    assert (release["ID"], release["VERSION_ID"], release.get("VERSION_CODENAME")) == expected
+    assert '"' not in release["PRETTY_NAME"]
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("ofed-info-s-mlnx-ofed-23.07-connectx5.txt", "23.07-0.5.1.2"),
+        ("ofed-info-s-doca-24.07-connectx7.txt", "24.07-0.3.5.0.110"),
+    ],
+)
+def test_ofed_version_published_hosts(name: str, version: str) -> None:
+    assert parsers.ofed_version(published(name)) == version
+
+
 def test_os_release_quoting_and_comments() -> None:
     text = '# generated\nNAME=\'Rocky Linux\'\nVARIANT="Cloud \\"edition\\" \\$1"\n\nID=rocky\n'
     assert parsers.os_release(text) == {
@@ -673,6 +782,24 @@ def test_meminfo_h200() -> None:
     assert info["Hugepagesize"] == 2048 * 1024
     assert info["HugePages_Total"] == 0
     assert len(info) == len(h200("meminfo.txt").splitlines())
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "total_kb", "available_kb"),
+    [
+        ("meminfo-node-procfs-stats-issue9.txt", 43, 1019732, 710280),
+        ("meminfo-node-exporter.txt", 42, 3742148, None),
+        ("meminfo-openvz-wp-server-stats-issue3.txt", 21, 5683284, None),
+    ],
+)
+def test_meminfo_published_kernels(name: str, fields: int, total_kb: int,
+                                   available_kb: int | None) -> None:
+    """Kernels with and without MemAvailable (3.14+ and older), and an OpenVZ container that
+    shows only 21 fields (published/README.md)."""
+    info = parsers.meminfo(published(name))
+    assert len(info) == fields
+    assert info["MemTotal"] == total_kb * 1024
+    assert info.get("MemAvailable") == (available_kb * 1024 if available_kb else None)
 
 
 def test_meminfo_errors() -> None:
@@ -727,6 +854,17 @@ def test_ip_addr_json() -> None:
 def test_ip_addr_json_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=expected):
         parsers.ip_addr_json(text)
+
+
+def test_ip_addr_json_ipoib_links_with_20_byte_addresses() -> None:
+    """Eight IPoIB ports of a GPU node as iproute2 prints them (link_type infiniband, MTU 2044,
+    a 20-byte hardware address, no addr_info): each is kept, with no address."""
+    links = parsers.ip_addr_json(published("ip-j-link-ipoib-8x-gcm.txt"))
+    assert [link["name"] for link in links] == [
+        "ibp12s0", "ibp18s0", "ibp75s0", "ibp84s0", "ibp141s0", "ibp148s0", "ibp186s0",
+        "ibp204s0"]
+    assert {(link["mtu"], link["state"], len(link["mac"].split(":")), len(link["addresses"]))
+            for link in links} == {(2044, "UP", 20, 0)}
 
 
 def test_sys_class_net_fallback() -> None:
@@ -822,6 +960,19 @@ def test_dpkg_query_states() -> None:
     assert packages["nvidia-fabricmanager-550"]["hold"] is True
 
 
+def test_dpkg_query_on_a_h200_machine_with_holds_and_absent_names() -> None:
+    """The gatherer's dpkg-query over globs on a real H200 machine: notices for globs that
+    match nothing, ``unknown ok not-installed`` rows without a version, and three holds."""
+    packages = parsers.dpkg_query(published("dpkg-query-h200-vm-holds.txt"))
+    assert len(packages) == 21
+    assert {name for name, info in packages.items() if info["hold"]} == {
+        "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
+    assert packages["cuda-nvcc-13"] == {"version": None, "status": "unknown ok not-installed",
+                                        "installed": False, "hold": False}
+    assert packages["cuda-nvcc-13-0"]["version"] == "13.0.88-1"
+    assert packages["python3"]["installed"] is True
+
+
 def test_dpkg_query_errors() -> None:
     with pytest.raises(ParseError, match="'dpkg-query: error: --show needs"):
         parsers.dpkg_query("dpkg-query: error: --show needs a valid format\n")
@@ -841,6 +992,20 @@ def test_apt_showhold() -> None:
         parsers.apt_showhold("E: Could not open lock file /var/lib/dpkg/lock-frontend\n")
 
 
+def test_apt_showhold_on_a_h200_machine_and_an_armbian_board() -> None:
+    assert parsers.apt_showhold(published("apt-mark-showhold-h200-vm.txt")) == {
+        "libcublas-13-0", "libcublas-dev-13-0", "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
+    assert parsers.apt_showhold(published("apt-mark-showhold-armbian-connectbox-218.txt")) == {
+        "linux-dtb-dev-sun8i", "linux-image-dev-sun8i", "linux-u-boot-nanopineo-dev"}
+
+
+def test_apt_madison_of_debian_8_with_a_sources_line() -> None:
+    """Debian 8 with deb-src enabled: madison adds the source package's line (``... Sources``),
+    here of the same version, which is listed once."""
+    assert parsers.apt_madison(published("apt-cache-madison-debian8-vpenso-scripts-2.txt")) == {
+        "bash": ["4.3-11+deb8u1"]}
+
+
 def test_apt_madison() -> None:
     assert parsers.apt_madison(sample("synthetic_apt_madison.txt")) == {
         "cuda-drivers": ["580.95.05-0ubuntu1", "580.82.07-0ubuntu1", "575.57.08-0ubuntu1"],
@@ -851,6 +1016,27 @@ def test_apt_madison() -> None:
 
 
 # --------------------------------------------------------------------------- health
+
+
+@pytest.mark.parametrize(
+    ("name", "tcp", "udp_fields"),
+    [
+        ("proc-net-snmp-hiboma-td-agent.txt",
+         {"RetransSegs": 5333, "OutSegs": 1558305981, "InErrs": 0, "MaxConn": -1}, 6),
+        ("proc-net-snmp-node-exporter.txt",
+         {"RetransSegs": 227, "OutSegs": 54915039, "InCsumErrors": 0, "MaxConn": -1}, 7),
+        ("proc-net-snmp-kernel6.18-h200-vm.txt",
+         {"RetransSegs": 0, "OutSegs": 31, "InCsumErrors": 0, "MaxConn": -1}, 9),
+    ],
+)
+def test_proc_net_snmp_published_kernels(name: str, tcp: dict[str, int], udp_fields: int
+                                         ) -> None:
+    """Tcp and Udp rows of three kernels: without InCsumErrors (a CentOS 6 era server), with
+    it, and 6.18's IgnoredMulti/MemErrors; MaxConn is -1 in all (published/README.md)."""
+    text = published(name)
+    counters = parsers.proc_net_snmp(text)
+    assert {key: counters[key] for key in tcp} == tcp
+    assert len(parsers.proc_net_snmp(text, "Udp")) == udp_fields
 
 
 def test_xid_events_none_in_real_log() -> None:
@@ -909,6 +1095,24 @@ def test_ethtool_stats_and_pause_discard_counters() -> None:
 def test_ethtool_stats_per_queue_prefix() -> None:
     text = "NIC statistics:\n     [0]: rx_ucast_packets: 5\n     [1]: rx_ucast_packets: 7\n"
     assert parsers.ethtool_stats(text) == {"[0]: rx_ucast_packets": 5, "[1]: rx_ucast_packets": 7}
+
+
+def test_ethtool_stats_ena_without_a_header() -> None:
+    """Amazon ENA 1.2.0k, as ethq keeps it: no ``NIC statistics:`` line, no indentation,
+    per-queue counters only (published/README.md)."""
+    stats = parsers.ethtool_stats(published("ethtool-S-ena-1.2.0k.txt"))
+    assert len(stats) == 104
+    assert stats["queue_0_rx_bytes"] == 64430725908
+    assert stats["queue_3_rx_rx_copybreak_pkt"] == 169576
+    assert stats["ena_admin_q_completed_cmd"] == 28
+
+
+def test_ethtool_stats_solarflare_queue_names_with_dots() -> None:
+    stats = parsers.ethtool_stats((FIXTURES / "nic" / "sfc-ethtool-S.txt").read_text())
+    assert len(stats) == 152
+    assert stats["port_rx_dp_di_dropped_packets"] == 27
+    assert stats["tx-xdp-cpu-23.tx_packets"] == 0
+    assert parsers.pause_and_discard_counters(stats)["port_tx_pause"] == 0
 
 
 @pytest.mark.parametrize(

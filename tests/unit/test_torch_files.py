@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpufleet.facts import script
 from gpufleet.facts.catalog import torch_fact
 from gpufleet.facts.formats import torch_files
@@ -50,3 +52,20 @@ def test_the_fact_reads_a_real_venv_like_the_probe_would(tmp_path: Path) -> None
     assert value["torch"] == torch.__version__
     assert value["cuda"] == torch.version.cuda
     assert value["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
+
+
+@pytest.mark.parametrize(("name", "torch", "cuda"), [
+    ("torch-version-py-1.3.1.txt", "1.3.1", "10.1"),
+    ("torch-version-py-1.5.0-cpu.txt", "1.5.0+cpu", None),
+    ("torch-version-py-2.7.1-cuda12.9.txt", "2.7.1-700", "12.9"),
+    ("torch-version-py-2.10.0a0-cuda13.0.txt", "2.10.0a0+gite67e3d9", "13.0"),
+])
+def test_published_torch_version_files(name: str, torch: str, cuda: str | None) -> None:
+    """torch/version.py as wheels and source builds ship it: 1.x's bare ``cuda = '10.1'``
+    and ``cuda = None``, 2.x's ``cuda: Optional[str] = '12.9'`` (published/README.md)."""
+    text = "@venv 3.10.12\n@nccl \n" + (PUBLISHED / name).read_text()
+    assert torch_files(text) == {"python": "3.10.12", "torch": torch, "cuda": cuda,
+                                 "nccl": None}

@@ -13,8 +13,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_CHANNEL = re.compile(r"Channel (?:\d+(?:/\d+)?) : (\d+)\[(\d+)\] -> (\d+)\[(\d+)\]"
+# In brackets: the rank's CUDA device (NCCL 2.19 and later) or its PCI bus id in hex
+# (``2[c7000]``, NCCL 2.18 and earlier).
+_CHANNEL = re.compile(r"Channel (?:\d+(?:/\d+)?) : (\d+)\[([0-9a-f]+)\] -> (\d+)\[([0-9a-f]+)\]"
                       r"(?: \[\w+\])? via (\S+)")
+_DEVICE = re.compile(r"^\d{1,3}$")
+# The IB plugins of HPC-X and DOCA (nccl-rdma-sharp-plugins) name themselves IBext, IBext_v8..
+_IB_PLUGIN = re.compile(r"^IBext(?:_v\d+)?$")
 _RANK_HOST = re.compile(r"^(\S+?):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-f]+ rank (\d+) ")
 TRANSPORTS = ("P2P", "SHM", "NET/IB", "NET/Socket")
 
@@ -28,7 +33,7 @@ class Link:
     transport: str  # P2P, SHM, NET/IB, NET/Socket (or the log's own word)
     detail: str     # P2P/CUMEM, NET/IB/0 ...
     same_host: bool
-    src_gpu: int = -1  # the CUDA device of each rank, as the log prints it
+    src_gpu: int = -1  # the CUDA device of each rank (-1 where the log printed a bus id)
     dst_gpu: int = -1
     line: str = ""  # the channel line from "Channel" on
 
@@ -47,13 +52,25 @@ def links(text: str, hosts: Mapping[int, str] | None = None) -> list[Link]:
     seen: dict[tuple[int, int, str], Link] = {}
     for match in _CHANNEL.finditer(text):
         src, dst, detail = int(match.group(1)), int(match.group(3)), match.group(5)
-        parts = detail.split("/")
-        transport = "/".join(parts[:2]) if parts[0] == "NET" else parts[0]
         same = where.get(src, "?") == where.get(dst, "?")
         seen.setdefault((src, dst, detail), Link(
-            src, dst, transport, detail, same, int(match.group(2)), int(match.group(4)),
-            match.group(0)))
+            src, dst, _transport(detail), detail, same, _device(match.group(2)),
+            _device(match.group(4)), match.group(0)))
     return list(seen.values())
+
+
+def _transport(detail: str) -> str:
+    """``P2P`` of ``P2P/CUMEM/read``, ``NET/IB`` of ``NET/IB/0/GDRDMA`` and of the IB
+    plugins' ``NET/IBext_v8/2``."""
+    parts = detail.split("/")
+    if parts[0] != "NET" or len(parts) < 2:
+        return parts[0]
+    return "NET/IB" if _IB_PLUGIN.match(parts[1]) else f"NET/{parts[1]}"
+
+
+def _device(bracket: str) -> int:
+    """The CUDA device in a channel line's brackets; -1 where older NCCL put the bus id."""
+    return int(bracket) if _DEVICE.match(bracket) else -1
 
 
 # What each expectation accepts: the expected transport or a better one. NVLS shares its
@@ -81,15 +98,21 @@ def mismatches(found: list[Link], intra: str, inter: str,
                 wrong.setdefault(link.transport, []).append(link)
         for transport, bad in wrong.items():
             first = min(bad, key=lambda lk: (lk.src, lk.dst))
-            ends = (f"GPU {first.src_gpu} and GPU {first.dst_gpu}" if same else
-                    f"{nodes.get(first.src, f'rank {first.src}')} GPU {first.src_gpu} and "
-                    f"{nodes.get(first.dst, f'rank {first.dst}')} GPU {first.dst_gpu}")
+            src, dst = _gpu(first.src, first.src_gpu), _gpu(first.dst, first.dst_gpu)
+            ends = (f"{src} and {dst}" if same else
+                    f"{nodes.get(first.src, f'rank {first.src}')} {src} and "
+                    f"{nodes.get(first.dst, f'rank {first.dst}')} {dst}")
             prefix = f"{nodes[first.src]}: " if same and first.src in nodes else ""
             more = f" (and {len(bad) - 1} more link(s) via {transport})" if len(bad) > 1 else ""
             problems.append(f"{prefix}NCCL used {transport} between {ends} "
                             f"(channel {first.line.removeprefix('Channel ')}), expected "
                             f"{EXPECTED[wanted]}{more}")
     return problems
+
+
+def _gpu(rank: int, device: int) -> str:
+    """``GPU 3``, or ``rank 2`` where the log named the GPU by its bus id."""
+    return f"GPU {device}" if device >= 0 else f"rank {rank}"
 
 
 def observed(found: list[Link]) -> dict[str, list[str]]:
