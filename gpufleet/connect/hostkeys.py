@@ -4,7 +4,8 @@ known_hosts files are read the way OpenSSH reads them (sshd(8), match.c): plain 
 hashed (``|1|``) names, comma-separated patterns whose only wildcards are ``*`` and ``?``
 (``[`` is an ordinary character: ``[10.0.0.5]:2222`` is the name of port 2222, not a
 character class) with ``!`` negation that vetoes the line, ``[host]:port`` names for ports
-other than 22 (a plain ``host`` line is about port 22 only), and the ``@revoked`` and
+other than 22 (a bare ``host`` line vouches for another port only with the very key it
+records, as ssh's "checking without port identifier" does), and the ``@revoked`` and
 ``@cert-authority`` markers. Lines that cannot be read are skipped, as ssh skips them. For a
 host:
 
