@@ -1,9 +1,13 @@
 """Host key verification: known_hosts lookup, fingerprints, and explicit trust on first use.
 
-known_hosts files are read the way OpenSSH reads them: plain and hashed (``|1|``) names,
-comma-separated patterns with ``*``/``?`` wildcards and ``!`` negation, ``[host]:port``
-names, and the ``@revoked`` and ``@cert-authority`` markers. Lines that cannot be read are
-skipped, as ssh skips them. For a host:
+known_hosts files are read the way OpenSSH reads them (sshd(8), match.c): plain and
+hashed (``|1|``) names, comma-separated patterns whose only wildcards are ``*`` and ``?``
+(``[`` is an ordinary character: ``[10.0.0.5]:2222`` is the name of port 2222, not a
+character class) with ``!`` negation that vetoes the line, ``[host]:port`` names for ports
+other than 22 (a bare ``host`` line vouches for another port only with the very key it
+records, as ssh's "checking without port identifier" does), and the ``@revoked`` and
+``@cert-authority`` markers. Lines that cannot be read are skipped, as ssh skips them. For a
+host:
 
 - the first file in the search order that records plain keys for it decides (the
   inventory's pinned ``gpufleet_known_hosts`` wins over ``~/.ssh/known_hosts``);
@@ -20,10 +24,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import fnmatch
+import functools
 import hashlib
 import hmac
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -76,14 +81,7 @@ class KnownEntry:
         """Whether this line is about host ``name`` (as known_hosts_name writes it)."""
         if self.names.startswith("|1|"):
             return _hashed_match(self.names, name)
-        found = False
-        for pattern in self.names.split(","):
-            negated = pattern.startswith("!")
-            if fnmatch.fnmatchcase(name.lower(), pattern.removeprefix("!").lower()):
-                if negated:
-                    return False
-                found = True
-        return found
+        return _pattern_list_match(name.lower(), self.names)
 
     def key(self) -> paramiko.PKey | None:
         """The key as paramiko knows it, or None for a type paramiko cannot use."""
@@ -91,6 +89,27 @@ class KnownEntry:
             return paramiko.PKey.from_type_string(self.key_type, self.blob)
         except (paramiko.SSHException, ValueError, TypeError, IndexError):
             return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """An OpenSSH host pattern as a regular expression: ``*`` any run, ``?`` any one
+    character, everything else literal (fnmatch would read ``[...]`` as a class)."""
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _pattern_list_match(name: str, patterns: str) -> bool:
+    """match_hostname: a comma list matches when a positive pattern matches and no
+    negated one does (a matching ``!pattern`` vetoes the whole line)."""
+    found = False
+    for pattern in patterns.split(","):
+        negated = pattern.startswith("!")
+        if _pattern(pattern.removeprefix("!")).fullmatch(name):
+            if negated:
+                return False
+            found = True
+    return found
 
 
 def _hashed_match(names: str, name: str) -> bool:
@@ -243,7 +262,9 @@ class VerifyPolicy(paramiko.MissingHostKeyPolicy):
     revoked keys and hosts known only through a @cert-authority line.
 
     Keys that are recorded but differ never reach a policy: paramiko raises
-    BadHostKeyException for them, and gpufleet refuses the host.
+    BadHostKeyException for them, and gpufleet refuses the host. On a port other than 22,
+    as ssh does, a host not recorded as ``[address]:port`` is accepted when it presents a
+    key recorded for the bare address (a revocation under either name refuses it).
     """
 
     def __init__(self, files: list[Path], accept_new: bool = False,
@@ -258,10 +279,17 @@ class VerifyPolicy(paramiko.MissingHostKeyPolicy):
                          key: paramiko.PKey) -> None:
         fp = fingerprint(key)
         known = lookup(hostname, self.files)
-        revoked = known.revocation(key)
+        address, port = _split_name(hostname)
+        bare = lookup(address, self.files) if port != 22 else HostKeys(address)
+        revoked = known.revocation(key) or bare.revocation(key)
         if revoked is not None:
             raise HostKeyError(f"host key of {hostname} ({key.get_name()} {fp}) is revoked "
                                f"(@revoked at {revoked.where}); refusing to connect")
+        if any(entry.blob == key.asbytes() for entry in bare.keys):
+            # ssh's "found matching key w/out port": the same key recorded for the bare
+            # address vouches for another port; a different one there is no verdict.
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            return
         if known.authorities:
             raise HostKeyError(
                 f"host key of {hostname} ({key.get_name()} {fp}) is vouched for only by a "
@@ -278,7 +306,6 @@ class VerifyPolicy(paramiko.MissingHostKeyPolicy):
                 f"({where}); verify the fingerprint, then trust it with --accept-new-host-keys "
                 "or `invoke bootstrap`")
         if self.record_to is not None:
-            address, port = _split_name(hostname)
             record_key(self.record_to, address, port, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.accepted = fp
@@ -291,14 +318,29 @@ def _split_name(hostname: str) -> tuple[str, int]:
     return hostname, 22
 
 
-def changed_key_message(exc: paramiko.BadHostKeyException, files: list[Path]) -> str:
-    """A clear message for a host whose key changed (or was revoked)."""
-    revoked = lookup(exc.hostname, files).revocation(exc.key)
+def changed_key_message(exc: paramiko.BadHostKeyException, files: list[Path],
+                        names: list[str] | None = None) -> str:
+    """A clear message for a host whose key changed (or was revoked).
+
+    paramiko names the host by its bare address even on another port; ``names`` are the
+    known_hosts names the connection looked up (``[address]:port``), and the one whose
+    recorded keys hold the key paramiko expected is the host's."""
+    name = _looked_up(exc, files, names or [])
+    revoked = lookup(name, files).revocation(exc.key)
     if revoked is not None:
-        return (f"host key of {exc.hostname} ({exc.key.get_name()} {fingerprint(exc.key)}) is "
+        return (f"host key of {name} ({exc.key.get_name()} {fingerprint(exc.key)}) is "
                 f"revoked (@revoked at {revoked.where}); refusing to connect")
-    known = lookup(exc.hostname, files).keys
+    known = lookup(name, files).keys
     where = known[0].file if known else ", ".join(str(f) for f in files)
-    return (f"HOST KEY CHANGED for {exc.hostname}: known_hosts ({where}) has "
+    return (f"HOST KEY CHANGED for {name}: known_hosts ({where}) has "
             f"{fingerprint(exc.expected_key)}, the host presented {fingerprint(exc.key)}; "
             "refusing to connect (if the node was reinstalled, remove its old line)")
+
+
+def _looked_up(exc: paramiko.BadHostKeyException, files: list[Path], names: list[str]) -> str:
+    expected = exc.expected_key.asbytes()
+    for name in names:
+        if _split_name(name)[0] == exc.hostname and any(
+                entry.blob == expected for entry in lookup(name, files).keys):
+            return name
+    return str(exc.hostname)

@@ -61,6 +61,7 @@ class SSHConnection(CommandRunner):
         self._fabric: fabric.Connection | None = None
         self._lock = threading.Lock()
         self.accepted_fingerprint: str | None = None
+        self._names: list[str] = []  # the known_hosts names looked up, jump hosts' too
         self.budget.attach(self)
 
     def _connection(self) -> fabric.Connection:
@@ -108,6 +109,7 @@ class SSHConnection(CommandRunner):
         return kwargs
 
     def _harden(self, client: paramiko.SSHClient, name: str, accept_new: bool) -> VerifyPolicy:
+        self._names.append(name)
         trust_known(client, name, self.known_hosts)
         policy = VerifyPolicy(self.known_hosts, accept_new=accept_new,
                               record_to=self.known_hosts[0],
@@ -134,7 +136,8 @@ class SSHConnection(CommandRunner):
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(changed_key_message(exc, self.known_hosts)) from exc
+            raise HostKeyError(changed_key_message(exc, self.known_hosts, self._names)
+                               ) from exc
         except HostKeyError:
             raise
         except paramiko.AuthenticationException as exc:

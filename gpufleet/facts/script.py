@@ -1,8 +1,16 @@
 """Compose many fact commands into ONE shell script with section markers, and split its output.
 
-Each section's output is kept byte-exact between its markers, with its exit status,
-so that parsers on the controller see what the command printed. The markers carry a
-random nonce chosen per run, so no command output can end or forge a section.
+Each section's output is kept byte-exact, with its exit status, so that parsers on the
+controller see what the command printed. Nothing a command prints can end, reopen or
+forge a section, even a command that learns the run's nonce (the script is on its shell's
+command line, which any process on the node can read):
+
+- a command's output never reaches the script's output directly: it goes to a file of
+  its own, and once the command is done the section is printed whole, its body in base64,
+  whose alphabet holds no marker character (``@``);
+- the markers carry a random nonce chosen per run on the controller;
+- a section that appears twice (something on the node wrote a frame to the script's
+  output itself) is not trusted: it is reported as forged, never as either copy.
 
 A snippet that calls a tool which can hang (nvidia-smi on a GPU that fell off the bus,
 timedatectl with a stuck D-Bus, df on a dead NFS mount) runs under its own deadline: it
@@ -13,6 +21,8 @@ be killed (a process stuck in the kernel): a watchdog interrupts the wait.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import secrets
 import shlex
@@ -20,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 TIMED_OUT = 124
+FORGED = -1
+"""The status of a section whose frame was printed more than once, or is not base64."""
 _TOOL = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -34,31 +46,34 @@ def _markers(nonce: str) -> tuple[str, str]:
 
 
 def prelude(nonce: str = "") -> str:
-    """Shell functions that print the start and end markers of a section."""
+    """The script's environment, its scratch directory (removed on exit), and the
+    functions that open a section's output file (``__s``) and print the whole section
+    once its command is done (``__e NAME RC``)."""
     start, end = _markers(nonce)
     return (
         "export LC_ALL=C PATH=\"$PATH:/usr/local/sbin:/usr/sbin:/sbin\"\n"
-        f"__s() {{ printf '\\n{start}%s@@\\n' \"$1\"; }}\n"
-        f"__e() {{ printf '\\n{end}%s@@\\n' \"$1\"; }}\n"
+        "command -v base64 >/dev/null || { echo 'base64 (coreutils) not found' >&2; exit 127; }\n"
+        "__d=$(mktemp -d \"${TMPDIR:-/tmp}/gpufleet-facts.XXXXXX\") || exit 1\n"
+        "trap 'rm -rf \"$__d\"' EXIT\n"
+        "__n=0\n"
+        "__s() { __n=$((__n + 1)); __o=\"$__d/o.$__n\"; : >\"$__o\"; }\n"
+        f"__e() {{ printf '\\n{start}%s@@\\n' \"$1\"; base64 <\"$__o\"; "
+        f"printf '{end}%s@@\\n' \"$2\"; }}\n"
     )
 
 
 PRELUDE = prelude()
 
-# __g TOOL LIMIT SHELL: run SHELL under LIMIT seconds; its output goes to a file (a process
-# that cannot be killed must not hold the script's stdout open), which is printed after.
-# The watchdog interrupts `wait` (USR1 is trapped) when `timeout` itself cannot finish.
+# __g TOOL LIMIT SHELL: run SHELL under LIMIT seconds, its output to the section's file
+# (a process that cannot be killed must not hold the script's stdout open). The watchdog
+# interrupts `wait` (USR1 is trapped) when `timeout` itself cannot finish.
 GUARD = r"""trap : USR1
-__d=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-facts.XXXXXX") || exit 1
-trap 'rm -rf "$__d"' EXIT
-__n=0
 __g() {
   if [ -e "$__d/h.$1" ]; then
     echo "$1 did not answer earlier in this run (timed out after $2 s); not started again"
     return 124
   fi
-  __n=$((__n + 1))
-  timeout -k 1 "$2" sh -c "$3" </dev/null >"$__d/o.$__n" 2>&1 &
+  timeout -k 1 "$2" sh -c "$3" </dev/null >>"$__o" 2>&1 &
   __p=$!
   (
     trap 'kill "$__w" 2>/dev/null; exit 0' TERM
@@ -72,7 +87,6 @@ __g() {
     kill -0 "$__p" 2>/dev/null || break
   done
   kill "$__k" 2>/dev/null
-  cat "$__d/o.$__n"
   if [ "$__r" = 124 ]; then
     : >"$__d/h.$1"
     echo "$1 timed out after $2 s"
@@ -116,17 +130,34 @@ def compose(commands: Iterable[tuple[str, str] | Snippet], nonce: str = "",
             raise ValueError(f"bad tool name {snippet.guard!r}")
         name = shlex.quote(snippet.name)
         if snippet.guard:
-            body = f"__g {snippet.guard} {limit} {shlex.quote(snippet.shell)}\n"
+            body = f"__g {snippet.guard} {limit} {shlex.quote(snippet.shell)} >>\"$__o\"\n"
         else:
-            body = f"( {snippet.shell}\n) </dev/null 2>&1\n"
-        parts.append(f"__s {name}\n{body}__e $?\n")
+            body = f"( {snippet.shell}\n) </dev/null >\"$__o\" 2>&1\n"
+        parts.append(f"__s\n{body}__e {name} $?\n")
     return "".join(parts)
 
 
 def split(output: str, nonce: str = "") -> dict[str, Section]:
-    """Sections by name from the composite script's output."""
+    """Sections by name from the composite script's output; a section printed twice, or
+    whose body is not base64, has status FORGED and says so."""
     start, end = (re.escape(m) for m in _markers(nonce))
     pattern = re.compile(
-        rf"\n{start}(?P<name>[^\n]*?)@@\n(?P<body>.*?)\n{end}(?P<rc>\d+)@@\n", re.DOTALL)
-    return {m["name"]: Section(m["name"], int(m["rc"]), m["body"])
-            for m in pattern.finditer(output)}
+        rf"\n{start}(?P<name>[^\n]*?)@@\n(?P<body>[A-Za-z0-9+/=\n]*?){end}(?P<rc>\d+)@@\n")
+    sections: dict[str, Section] = {}
+    seen: dict[str, int] = {}
+    for match in pattern.finditer(output):
+        name = match["name"]
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            sections[name] = Section(name, FORGED, f"the section appeared {seen[name]} times "
+                                     "in the output (a frame printed on the node); not trusted")
+            continue
+        try:
+            body = base64.b64decode(match["body"].replace("\n", ""), validate=True)
+        except (binascii.Error, ValueError):
+            sections[name] = Section(name, FORGED, "the section's body is not base64; "
+                                     "not trusted")
+            continue
+        sections[name] = Section(name, int(match["rc"]),
+                                 body.decode("utf-8", errors="replace"))
+    return sections

@@ -72,6 +72,8 @@ MOST = 40
 LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap"}
 LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/"}
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
+_PUNCTUATION = str.maketrans({'"': "'", "{": "(", "}": ")", "[": "(", "]": ")"})
+_SLURM_FIELD = re.compile(r"\b(Reason|Comment|Extra)=")
 _TOKEN = re.compile(r"^(?P<source>[a-z]):(?P<id>[^\s@{}]+)@(?P<since>\d+)$")
 _LEGACY = re.compile(r"^gpufleet: (?P<source>conformance|drift|healthcheck|bootstrap)/"
                      r"(?P<id>[^:]*?):")
@@ -212,10 +214,12 @@ def parse_slurm_node(text: str) -> tuple[str, str | None]:
 
 
 def _one_line(text: str) -> str:
-    """Control characters to spaces, double quotes to single, braces to parentheses, runs
-    of blanks to one."""
+    """Control characters to spaces, double quotes to single, braces and brackets to
+    parentheses, ``Reason=``, ``Comment=`` and ``Extra=`` to ``Reason:`` ..., runs of blanks
+    to one: the text goes into a ``reason=`` argument and is read back from scontrol by
+    regex, where `` [user@time]`` or `` Comment=`` would end the reason early."""
     cleaned = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
-    cleaned = cleaned.replace('"', "'").replace("{", "(").replace("}", ")")
+    cleaned = _SLURM_FIELD.sub(r"\1:", cleaned.translate(_PUNCTUATION))
     return " ".join(cleaned.split())
 
 

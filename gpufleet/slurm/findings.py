@@ -35,6 +35,8 @@ LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap
 MESSAGE_LIMIT = 160
 MOST = 40  # findings kept in one reason (each role and check is at most one)
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
+_PUNCTUATION = str.maketrans({'"': "'", "{": "(", "}": ")", "[": "(", "]": ")"})
+_SLURM_FIELD = re.compile(r"\b(Reason|Comment|Extra)=")
 _TOKEN = re.compile(r"^(?P<source>[a-z]):(?P<id>[^\s@{}]+)@(?P<since>\d+)$")
 _ID = re.compile(r"[\s@{}]")
 _LEGACY = re.compile(r"^gpufleet: (?P<source>conformance|drift|healthcheck|bootstrap)/"
@@ -66,10 +68,12 @@ def clean_id(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """Control characters to spaces, double quotes to single, braces to parentheses, runs of
-    blanks to one (the text goes into a ``reason=`` argument and is read back by regex)."""
+    """Control characters to spaces, double quotes to single, braces and brackets to
+    parentheses, ``Reason=``, ``Comment=`` and ``Extra=`` to ``Reason:`` ..., runs of blanks
+    to one: the text goes into a ``reason=`` argument and is read back from scontrol by
+    regex, where `` [user@time]`` or `` Comment=`` would end the reason early."""
     cleaned = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
-    cleaned = cleaned.replace('"', "'").replace("{", "(").replace("}", ")")
+    cleaned = _SLURM_FIELD.sub(r"\1:", cleaned.translate(_PUNCTUATION))
     return " ".join(cleaned.split())
 
 

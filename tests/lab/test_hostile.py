@@ -34,6 +34,7 @@ from gpufleet.lab.cluster import Lab
 from gpufleet.provision.plan import ApplyContext, ApplyOptions
 from gpufleet.roles import pytorch
 from tests.lab.conftest import lab_config_for, node_sh
+from tests.unit.test_facts_script import FORGER
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +114,33 @@ def test_a_hostile_node_cannot_break_facts(small_lab: Lab, tmp_path: Path) -> No
     assert "[/x] [bold]b[/bold] \\x1b[31mred\\x1b[0m " in text
     assert "\\x1b[2J[/x]OS" in text
     assert document["hosts"]["node01"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("where", ["its own output", "the session's output"])
+def test_an_nvidia_smi_printing_the_framing_cannot_forge_the_kernel_fact(
+        small_lab: Lab, tmp_path: Path, where: str) -> None:
+    """Over SSH the script is on the node's process list, nonce and all; the stand-in reads
+    it and prints a kernel section of its own, to its output or into the session's."""
+    kernel = node_sh(small_lab, "node02", "uname -r").strip()
+    write = 'printf "%s\\n" "$frames"' + ("" if where == "its own output" else
+                                          ' >"/proc/$script/fd/1"')
+    put_file(small_lab, "node02", "/usr/local/bin/nvidia-smi",
+             f"#!/bin/sh\n{FORGER}[ -n \"$tag\" ] || exit 9\n{write}\n", "0755")
+    try:
+        report = tmp_path / "facts.json"
+        code = app.facts(str(small_lab.config.inventory_dir), limit="node02",
+                         json_path=str(report), out=io.StringIO())
+    finally:
+        node_sh(small_lab, "node02", "rm -f /usr/local/bin/nvidia-smi")
+    assert code == 0
+    node02 = json.loads(report.read_text())["hosts"]["node02"]
+    assert node02["absent"]["gpus"].startswith("unparseable output")  # the stand-in ran
+    if where == "its own output":
+        assert node02["facts"]["kernel"] == kernel
+    else:
+        assert "kernel" not in node02["facts"]
+        assert node02["absent"]["kernel"].endswith("(a frame printed on the node); not trusted")
+    assert node02["facts"]["hostname"] == "node02"
 
 
 def test_a_hostile_inventory_key_is_refused_escaped_before_any_host_is_contacted(

@@ -34,11 +34,16 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
+def run_composed(commands: list[tuple[str, str]]) -> str:
+    """The composite script's output, run with sh as a host would."""
+    proc = subprocess.run(["sh", "-c", fscript.compose(commands)], capture_output=True,
+                          timeout=60, check=False)
+    return proc.stdout.decode("utf-8", errors="replace")
+
+
 def gather(facts: list[Fact]) -> Facts:
     """compose -> sh -> split -> parse, without SSH."""
-    text = fscript.compose((f.name, f.shell) for f in facts)
-    proc = subprocess.run(["sh", "-c", text], capture_output=True, timeout=60, check=False)
-    return parse_sections("local", proc.stdout.decode("utf-8", errors="replace"), facts)
+    return parse_sections("local", run_composed([(f.name, f.shell) for f in facts]), facts)
 
 
 def owner_of(path: Path) -> str:
@@ -89,7 +94,7 @@ def test_reason_is_cut_at_200_characters() -> None:
 
 def test_a_section_missing_from_the_output_is_absent_with_a_reason() -> None:
     facts = [Fact("a", "echo 1", catalog._int), Fact("b", "echo 2", catalog._int)]
-    output = "\n@@gpufleet:a@@\n1\n\n@@gpufleet-rc:0@@\n"
+    output = run_composed([("a", "echo 1")])
     result = parse_sections("h1", output, facts)
     assert result.host == "h1"
     assert result.values == {"a": 1}
@@ -97,8 +102,7 @@ def test_a_section_missing_from_the_output_is_absent_with_a_reason() -> None:
 
 
 def test_sections_not_asked_for_are_ignored() -> None:
-    output = "\n@@gpufleet:extra@@\nx\n@@gpufleet-rc:0@@\n"
-    result = parse_sections("h1", output, [])
+    result = parse_sections("h1", run_composed([("extra", "echo x")]), [])
     assert (result.values, result.absent) == ({}, {})
 
 

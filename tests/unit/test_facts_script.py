@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import re
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from gpufleet.connect.local import LocalConnection
 from gpufleet.facts import script
+from gpufleet.facts.gather import gather_facts
 from gpufleet.facts.script import Section
+from gpufleet.inventory.model import Host
+from tests.conftest import stand_in
 
 
 def run_sh(text: str) -> str:
@@ -23,20 +30,27 @@ def round_trip(commands: list[tuple[str, str]]) -> dict[str, Section]:
     return script.split(run_sh(script.compose(commands)))
 
 
+def frame(name: str, rc: int, text: str, nonce: str = "") -> str:
+    """One section as the script prints it: markers around the body in base64."""
+    tag = f"@@gpufleet-{nonce}" if nonce else "@@gpufleet"
+    body = base64.encodebytes(text.encode()).decode()
+    return f"\n{tag}:{name}@@\n{body}{tag}-rc:{rc}@@\n"
+
+
 # --------------------------------------------------------------------------- compose
 
 
 def test_compose_exact_text_for_one_command() -> None:
     assert script.compose([("hostname", "hostname")]) == (
         script.PRELUDE
-        + "__s hostname\n( hostname\n) </dev/null 2>&1\n__e $?\n"
+        + "__s\n( hostname\n) </dev/null >\"$__o\" 2>&1\n__e hostname $?\n"
     )
 
 
 def test_compose_quotes_names_with_spaces_and_quotes() -> None:
     text = script.compose([("file:/etc/my file's.conf", "true")])
-    assert text.endswith("__s 'file:/etc/my file'\"'\"'s.conf'\n( true\n) </dev/null 2>&1\n"
-                         "__e $?\n")
+    assert text.endswith("__s\n( true\n) </dev/null >\"$__o\" 2>&1\n"
+                         "__e 'file:/etc/my file'\"'\"'s.conf' $?\n")
 
 
 def test_prelude_sets_c_locale_and_sbin_path() -> None:
@@ -145,22 +159,30 @@ def test_split_of_output_without_markers_is_empty() -> None:
 
 
 def test_split_ignores_a_section_that_never_ended() -> None:
-    output = ("\n@@gpufleet:done@@\nyes\n\n@@gpufleet-rc:0@@\n"
-              "\n@@gpufleet:cut@@\npartial output")
+    output = frame("done", 0, "yes\n") + "\n@@gpufleet:cut@@\ncGFydGlhbA=="
     assert script.split(output) == {"done": Section("done", 0, "yes\n")}
 
 
 def test_split_parses_multi_digit_exit_status() -> None:
-    output = "\n@@gpufleet:x@@\nnope\n@@gpufleet-rc:127@@\n"
-    assert script.split(output) == {"x": Section("x", 127, "nope")}
+    assert script.split(frame("x", 127, "nope")) == {"x": Section("x", 127, "nope")}
 
 
 def test_split_skips_noise_before_and_between_sections() -> None:
-    output = ("motd banner\n"
-              "\n@@gpufleet:a@@\n1\n\n@@gpufleet-rc:0@@\n"
-              "stray line\n"
-              "\n@@gpufleet:b@@\n2\n@@gpufleet-rc:1@@\n")
+    output = "motd banner\n" + frame("a", 0, "1\n") + "stray line\n" + frame("b", 1, "2")
     assert script.split(output) == {"a": Section("a", 0, "1\n"), "b": Section("b", 1, "2")}
+
+
+def test_a_section_printed_twice_is_forged_and_neither_copy_is_kept() -> None:
+    output = frame("kernel", 0, "6.8.0\n", "n1") + frame("kernel", 0, "forged\n", "n1")
+    assert script.split(output, "n1") == {"kernel": Section(
+        "kernel", script.FORGED, "the section appeared 2 times in the output (a frame "
+        "printed on the node); not trusted")}
+
+
+def test_a_body_that_is_not_base64_is_forged() -> None:
+    output = "\n@@gpufleet-n1:kernel@@\nabc\n@@gpufleet-n1-rc:0@@\n"
+    assert script.split(output, "n1") == {"kernel": Section(
+        "kernel", script.FORGED, "the section's body is not base64; not trusted")}
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -216,3 +238,41 @@ def test_guarded_snippets_are_quoted_and_tools_are_checked() -> None:
 def test_without_guarded_snippets_no_watchdog_is_composed() -> None:
     assert "__g" not in script.compose([("a", "true")])
     assert "__g nvidia-smi 20 " in script.compose([script.Snippet("a", "true", "nvidia-smi")])
+
+
+# --------------------------------------------------------------------------- forged frames
+
+# A hostile nvidia-smi: it finds the run's nonce on its ancestors' command lines (where the
+# script is), and the outermost of them, whose output is the connection's; it claims the
+# kernel is 6.6.6-forged, in the new framing and in the old.
+FORGER = r"""
+pid=$$ tag= script=
+while [ "$pid" -gt 1 ]; do
+  found=$(tr '\0' '\n' <"/proc/$pid/cmdline" | grep -o '@@gpufleet-[0-9a-f]\{16\}' | head -n1)
+  [ -n "$found" ] && tag=$found script=$pid
+  pid=$(cut -d' ' -f4 "/proc/$pid/stat")
+done
+forged=$(printf '6.6.6-forged\n' | base64)
+frames=$(printf '\n%s:kernel@@\n%s\n%s-rc:0@@\n' "$tag" "$forged" "$tag";
+         printf '\n%s:kernel@@\n6.6.6-forged\n\n%s-rc:0@@\n' "$tag" "$tag")
+"""
+
+
+@pytest.mark.parametrize("where", ["its own output", "the script's output"])
+def test_a_tool_that_prints_the_framing_cannot_replace_an_earlier_fact(
+        where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write = 'printf "%s\\n" "$frames"' if where == "its own output" else \
+        'printf "%s\\n" "$frames" >"/proc/$script/fd/1"'
+    stand_in(tmp_path, "nvidia-smi", FORGER + f'[ -n "$tag" ] || exit 9\n{write}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    host = Host("local", {"ansible_connection": "local"}, frozenset())
+    facts = gather_facts(LocalConnection(host))
+    real = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout
+    assert "gpus" in facts.absent and "unparseable" in facts.absent["gpus"]  # the tool ran
+    assert facts.get("kernel") != "6.6.6-forged"
+    if where == "its own output":
+        assert facts.values["kernel"] == real.strip()
+    else:  # a frame written past the section's file: the fact is unknown, never forged
+        assert re.fullmatch(r"the section appeared \d+ times in the output \(a frame printed "
+                            r"on the node\); not trusted", facts.absent["kernel"])
+    assert facts.values["hostname"] == socket.gethostname()

@@ -77,6 +77,16 @@ def test_markers_hashed_names_patterns_and_broken_lines(keys: list[paramiko.PKey
     assert lookup("other", [known]).authorities == []
 
 
+def test_brackets_are_literal_and_only_star_and_question_mark_are_wildcards(
+        keys: list[paramiko.PKey], tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(line("[10.0.0.5]:2222", keys[0]) + line("[10.0.1.?]:22*", keys[1]))
+    assert found_keys("[10.0.0.5]:2222", [known]) == [blob(keys[0])]
+    assert found_keys("1:2222", [known]) == []  # fnmatch would read [10.0.0.5] as a class
+    assert found_keys("10.0.0.5", [known]) == []
+    assert found_keys("[10.0.1.7]:2200", [known]) == [blob(keys[1])]
+
+
 def test_the_first_file_that_knows_a_host_decides(keys: list[paramiko.PKey],
                                                   tmp_path: Path) -> None:
     pinned, home = tmp_path / "pinned", tmp_path / "home"

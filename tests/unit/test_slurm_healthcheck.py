@@ -32,6 +32,8 @@ from gpufleet.inventory.model import load_inventory
 from gpufleet.node import healthcheck as program
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import slurm_healthcheck
+from gpufleet.slurm import client, findings
+from gpufleet.slurm.findings import Finding
 from tests.conftest import FIXTURES
 
 SLURM = FIXTURES / "slurm"
@@ -377,6 +379,35 @@ def test_a_failing_check_never_lifts_a_conformance_drain(node: Node) -> None:
     node.run("--drain")
     assert node.updates()[-1] == ["update", "nodename=node04", "state=drain",
                                   f"reason={conformance}"]
+
+
+def test_a_tools_output_in_the_reason_cannot_end_it_early(node: Node) -> None:
+    """A drain reason is read back from scontrol by regex. nvidia-smi's error text, shown as
+    the reason's message, must not hold what scontrol prints after a reason (`` [user@time]``,
+    `` Comment=``): the reason read back would lose its findings, and the next healthy run
+    resume the node despite conformance's finding beside the health check's."""
+    _script(node.bin, "nvidia-smi", "echo 'Unable to determine the device handle for GPU "
+                                    "0000:3B:00.0: Unknown Error [root@gpu] Comment=none'; "
+                                    "exit 255\n")
+    node.run("--drain")
+    [update] = node.updates()
+    own = update[3].removeprefix("reason=")
+    assert own.startswith("gf hc/gpus: nvidia-smi failed: Unable to determine the device ")
+    found = findings.parse(own)
+    assert found is not None and [f.id for f in found] == ["gpus"]
+    both = findings.render([*found, Finding("conformance", "allreduce/each_node_alone", 1)],
+                           findings.message_of(own))
+    assert program.render_reason([("h", "gpus", 1)], "x [a@b] Extra=1 {y}") == findings.render(
+        [Finding("healthcheck", "gpus", 1)], "x [a@b] Extra=1 {y}")
+    _drained(node, "scontrol_show_node.txt", "node04", both)
+    shown = node.show.read_text()
+    assert program.parse_slurm_node(shown)[1] == both
+    assert [n.reason for n in client.parse_show_node(shown)] == [both]
+    _script(node.bin, "nvidia-smi", f"cat {node.smi}\n")
+    node.run("--drain")
+    assert node.updates()[-1] == ["update", "nodename=node04", "state=drain", "reason=gf "
+                                  "allreduce/each_node_alone: open since 1970-01-01T00:00Z "
+                                  "{gf1 c:allreduce/each_node_alone@1}"]
 
 
 def test_scontrol_failing_is_reported_and_fails_the_run(node: Node) -> None:

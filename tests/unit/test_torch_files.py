@@ -44,7 +44,7 @@ def test_the_fact_reads_a_real_venv_like_the_probe_would(tmp_path: Path) -> None
     nonce = script.new_nonce()
     output = subprocess.run(["sh", "-c", script.compose([(fact.name, fact.shell)], nonce)],
                             capture_output=True, text=True, check=True).stdout
-    assert "@venv" in output
+    assert "@venv" in script.split(output, nonce)[fact.name].text
     facts = parse_sections("local", output, [fact], nonce)
     value = facts.values[fact.name]
     import torch
