@@ -27,7 +27,7 @@ from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 ALTERNATIVES_LINK = "/etc/alternatives/cuda"
-_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?\Z")
 
 # The nvcc each CUDA release ships (NVIDIA's "CUDA Toolkit Major Component Versions" table
 # of each release's notes). Updates may keep a component: 13.0.1 and 13.0.2 share nvcc.

@@ -50,8 +50,8 @@ SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("debian", "proprietary"): ("nvidia-driver", "nvidia-kernel-dkms"),
 }
 OPEN_BY_DEFAULT_FROM = 560  # NVIDIA's default flavour is the open module from branch 560
-_VERSION = re.compile(r"^\d+(\.\d+)+$")
-_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*$")
+_VERSION = re.compile(r"^\d+(\.\d+)+\Z")
+_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*\Z")
 
 MODULE_FLAVOR = Fact(
     "nvidia_module_flavor",

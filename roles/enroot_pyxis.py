@@ -27,9 +27,9 @@ from gpufleet.provision.standins import Standin
 
 PYXIS_PACKAGE = "nvslurm-plugin-pyxis"
 PYXIS_CONF = "/usr/share/pyxis/pyxis.conf"
-_SETTING = re.compile(r"^ENROOT_[A-Z0-9_]+$")
-_VALUE = re.compile(r"^[A-Za-z0-9._/:%$@{}+=,-]+$")
-_SIZE = re.compile(r"^(\d+[kKmMgG]?|\d{1,2}%|100%)$")
+_SETTING = re.compile(r"^ENROOT_[A-Z0-9_]+\Z")
+_VALUE = re.compile(r"^[A-Za-z0-9._/:%$@{}+=,-]+\Z")
+_SIZE = re.compile(r"^(\d+[kKmMgG]?|\d{1,2}%|100%)\Z")
 _PATH_KEYS = ("enroot_config", "enroot_fstab", "pyxis_plugstack", "slurm_plugstack_conf")
 
 

@@ -21,7 +21,7 @@ from gpufleet.provision.plan import Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
-_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 
 
 class NcclEnvRole(RoleBase):

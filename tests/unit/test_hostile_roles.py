@@ -52,6 +52,32 @@ def test_bad_values_are_refused_before_any_host_is_touched(
     assert str(caught.value).startswith("host gpu01: ")
 
 
+@pytest.mark.parametrize(("variables", "message"), [
+    ('nvidia_driver_version: "580.95.05\\n"\n', "nvidia_driver_version must look like"),
+    ('enroot_version: "3.5.0-1"\nenroot_mounts: ["/data\\n"]\n',
+     "variable enroot_mounts must be absolute paths"),
+    ('enroot_version: "3.5.0-1"\nenroot_shm_size: "64g\\n"\n', "enroot_shm_size must be"),
+    ('enroot_version: "3.5.0-1"\nenroot_settings: {ENROOT_ROOTFS_WRITABLE: "yes\\n"}\n',
+     "enroot_settings ENROOT_ROOTFS_WRITABLE"),
+    ('nccl_env: {"NCCL_DEBUG\\n": WARN}\n', "nccl_env"),
+    ('nccl_env: {NCCL_DEBUG: WARN}\nnccl_env_file: "/etc/default/nccl\\n"\n',
+     "variable nccl_env_file must be an absolute path"),
+    ('cuda_version: "12.4.1\\n"\n', "cuda_version"),
+    ('nccl_version: "2.21.5"\nnccl_cuda: "12.4"\nnccl_package_version: "{version}-1\\n"\n',
+     "which is not a package version"),
+    ('nvidia_repo: true\nnvidia_repo_keyring: /dev/null\n'
+     'nvidia_repo_url: "https://mirror.example.com/cuda/\\n"\n', "nvidia_repo_url must be"),
+])
+def test_values_ending_in_a_line_break_are_refused(tmp_path: Path, variables: str,
+                                                   message: str) -> None:
+    """A trailing line break passes a pattern that ends in ``$``: it would add a line to a
+    rendered file (enroot's mounts, the apt pin) or end a shell line."""
+    inv = inventory(tmp_path, variables)
+    with pytest.raises(BadVariables) as caught:
+        validate(list(inv.hosts.values()), roles.ALL)
+    assert message in str(caught.value)
+
+
 def test_the_command_exits_2_naming_the_place(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     inventory(tmp_path, "firewall_enabled: yes\ngpufleet_controllers: [10.0.0.1]\n"
