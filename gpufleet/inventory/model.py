@@ -384,8 +384,28 @@ class Inventory:
 # Reading files -----------------------------------------------------------------------------
 
 
-def _inventory_files(directory: Path) -> list[Path]:
+def _identity(directory: Path) -> tuple[int, int]:
+    """The directory itself (device and inode), whatever links lead to it."""
+    try:
+        info = directory.stat()
+    except OSError as exc:
+        raise Where(directory).error(f"cannot read: {exc.strerror or exc}") from None
+    return info.st_dev, info.st_ino
+
+
+def _descend(directory: Path, above: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """``above`` with ``directory`` added; a directory that is one of those it is inside
+    (a link to ``.`` or to a parent) is a loop that would be listed forever."""
+    identity = _identity(directory)
+    if identity in above:
+        raise Where(directory).error("a symbolic link loop: this directory is one it is "
+                                     "inside; remove the link")
+    return (*above, identity)
+
+
+def _inventory_files(directory: Path, above: tuple[tuple[int, int], ...] = ()) -> list[Path]:
     """Inventory files of a directory inventory, alphabetically, subdirectories included."""
+    inside = _descend(directory, above)
     files: list[Path] = []
     for entry in list_dir(directory):
         name = entry.name
@@ -393,23 +413,24 @@ def _inventory_files(directory: Path) -> list[Path]:
             continue
         if entry.is_dir():
             if name not in _VARS_DIRS:
-                files.extend(_inventory_files(entry))
+                files.extend(_inventory_files(entry, inside))
         elif entry.is_file():
             files.append(entry)
     return files
 
 
-def _vars_dir_files(directory: Path) -> list[Path]:
+def _vars_dir_files(directory: Path, above: tuple[tuple[int, int], ...] = ()) -> list[Path]:
     """Files of a group_vars/<group>/ directory in merge order (as Ansible's loader lists
     them: sorted; directories without an extension recursed; files without an extension
     or ending in .yml, .yaml or .json)."""
+    inside = _descend(directory, above)
     files: list[Path] = []
     for entry in list_dir(directory):
         if entry.name.startswith(".") or entry.name.endswith("~"):
             continue
         if entry.is_dir():
             if not entry.suffix:
-                files.extend(_vars_dir_files(entry))
+                files.extend(_vars_dir_files(entry, inside))
         elif entry.suffix in _VARS_SUFFIXES:
             files.append(entry)
     return files
