@@ -44,7 +44,7 @@ from gpufleet.inventory.read_ini import ChildLine, HostLine, Section, VarLine, r
 from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
 from gpufleet.inventory.read_yaml import Vaulted, parse_yaml
-from gpufleet.inventory.secrets import is_secret_name, remember_secret
+from gpufleet.inventory.secrets import holds_secret, remember_secret
 from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
@@ -924,7 +924,7 @@ class _Layer:
     def __init__(self, values: dict[str, Any], origins: dict[str, str]) -> None:
         self.values = values
         self.origins = origins
-        self.secrets = [key for key in values if is_secret_name(key)]
+        self.secrets = [key for key, value in values.items() if holds_secret(key, value)]
         self.templated = {key for key, value in values.items() if needs_render(value)}
         self.renders = SharedRenders(values)
 
