@@ -105,8 +105,12 @@ class EnrootPyxisRole(RoleBase):
             paths = [str(p) for p in v.items("enroot_mounts")]
             key = "enroot_mounts"
         else:
-            paths = [str(m.get("path")) for m in v.items("shared_mounts") if isinstance(m, dict)]
             key = "shared_mounts"
+            mounts = v.items(key)
+            wrong = next((m for m in mounts if not isinstance(m, dict)), None)
+            if wrong is not None:
+                raise v.fail(key, "a list of mounts, each a mapping with a path", wrong)
+            paths = [str(m.get("path")) for m in mounts]
         for path in paths:
             if not SAFE_PATH.match(path):
                 raise v.fail(key, "absolute paths of letters, digits and . _ - /", path)

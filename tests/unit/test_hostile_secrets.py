@@ -141,9 +141,15 @@ def test_a_token_in_the_index_url_never_reaches_the_command_line(tmp_path: Path)
 
 
 def test_a_line_break_in_a_package_source_is_refused(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01:\n      pytorch_version: '2.13.0'\n"
+                         '      pytorch_index_url: "https://pypi.example/simple\\nevil"\n')
+    v = RoleVars(load_inventory(inventory).hosts["gpu01"], pytorch.ROLE.defaults)
     with pytest.raises(GpufleetError) as caught:
-        pip_step(tmp_path, 'pytorch_index_url: "https://pypi.example/simple\\nevil"')
-    assert str(caught.value) == "host gpu01: variable pytorch_index_url must be on one line"
+        pytorch.ROLE.check(v)
+    assert str(caught.value).startswith(
+        "host gpu01: variable pytorch_index_url must be one URL or path: on one line, not "
+        "starting with - or a space, got 'https://pypi.example/simple\\nevil' (")
 
 
 def cron_command(line: str) -> tuple[str, str]:
