@@ -45,7 +45,13 @@ from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
 from gpufleet.inventory.read_yaml import Vaulted, parse_yaml
 from gpufleet.inventory.secrets import holds_secret, remember_secret
-from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
+from gpufleet.inventory.templating import (
+    Fleet,
+    HostVars,
+    SharedRenders,
+    is_template,
+    needs_render,
+)
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -553,6 +559,7 @@ class _HostDef:
     vars: dict[str, Any] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, tuple[Any, Where]] = field(default_factory=dict)
+    source: str | None = None  # the file that named it first (Ansible's inventory_file)
 
 
 class _Builder:
@@ -742,7 +749,7 @@ class _Builder:
             if len(self.hosts) >= self.bounds.max_hosts:
                 raise where.error(f"more than {self.bounds.max_hosts} hosts "
                                   "(GPUFLEET_MAX_HOSTS)")
-            host = self.hosts[name] = _HostDef()
+            host = self.hosts[name] = _HostDef(source=os.path.abspath(where.file))
         for key in _ADDRESS_KEYS:
             if key not in values:
                 continue
@@ -777,6 +784,7 @@ class _Builder:
                 host_groups[name].append(group)
         by_groups: dict[frozenset[str], _Layer] = {}
         hosts: dict[str, Host] = {}
+        fleet = Fleet()
         for name, definition in self.hosts.items():
             groups = frozenset(host_groups[name])
             shared = by_groups.get(groups)
@@ -785,8 +793,9 @@ class _Builder:
                 layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
                 shared = by_groups[groups] = _Layer(
                     *_merge(layers + [group_files[g] for g in order]))
-            hosts[name] = Host(name, shared.host_vars(name, definition, host_files[name]),
-                               groups)
+            fleet.hosts[name] = shared.host_vars(name, definition, host_files[name], fleet,
+                                                 sorted(groups - {"all"}))
+            hosts[name] = Host(name, fleet.hosts[name], groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
             name: _merge([(group.vars, group.origins), group_files[name]])[0]
@@ -794,6 +803,7 @@ class _Builder:
         }
         inventory._tree = {name: (list(group.hosts), list(group.children))
                            for name, group in self.groups.items()}
+        fleet.groups.update((name, inventory.group_hosts(name)) for name in self.groups)
         return inventory
 
     def reconcile(self) -> None:
@@ -929,7 +939,8 @@ class _Layer:
         self.renders = SharedRenders(values)
 
     def host_vars(self, name: str, definition: _HostDef,
-                  files: tuple[dict[str, Any], dict[str, str]]) -> HostVars:
+                  files: tuple[dict[str, Any], dict[str, str]], fleet: Fleet,
+                  group_names: list[str]) -> HostVars:
         """A host's variables: these, then its own from inventory files and host_vars/.
         The values stay shared; HostVars copies a list or mapping when it is read."""
         values, origins = dict(self.values), dict(self.origins)
@@ -941,7 +952,8 @@ class _Layer:
         for key in (*self.secrets, *own):
             remember_secret(key, values[key])
         templated = (self.templated - own) | {key for key in own if needs_render(values[key])}
-        return HostVars(name, values, origins, templated, shared=self.renders, own=own)
+        return HostVars(name, values, origins, templated, shared=self.renders, own=own,
+                        fleet=fleet, source=definition.source, group_names=group_names)
 
 
 # Public functions ----------------------------------------------------------------------------
