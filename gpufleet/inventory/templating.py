@@ -561,7 +561,8 @@ class HostVars(MutableMapping[str, Any]):
                 _BUDGET.reset(token)
         if isinstance(result, str) and len(result) > MAX_RESULT:
             raise _too_large()
-        return result
+        # a template that is one name gives that value itself: ``groups`` is every host's
+        return _detached(result) if type(result) in (dict, list) else result
 
     def _error(self, key: str, problem: str) -> TemplateError:
         where = self._origins.get(key)

@@ -312,3 +312,12 @@ def test_hosts_reading_each_others_variables_from_two_threads_do_not_deadlock(
             found = list(pool.map(lambda host, key: host.vars[key],
                                   [hosts["n1"], hosts["n2"]], ["x", "y"]))
         assert found == [3, 2]
+
+
+def test_a_variable_that_is_groups_is_the_hosts_own_copy(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("gpu:\n  hosts:\n    n1:\n      g: '{{ groups }}'\n    n2:\n"
+                    "      h: \"{{ groups['gpu'] | join(',') }}\"\n")
+    inventory = load_inventory(path)
+    inventory.hosts["n1"].vars["g"]["gpu"].append("intruder")
+    assert inventory.hosts["n2"].vars["h"] == "n1,n2"
