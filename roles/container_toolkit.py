@@ -27,6 +27,7 @@ from gpufleet.provision.plan import Change, Fail, Run, Step
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 from gpufleet.roles.container_toolkit_standin import toolkit_standins
+from gpufleet.roles.driver import driver_version
 
 ENGINES = ("docker", "podman", "containerd")
 PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
@@ -53,6 +54,8 @@ class ContainerToolkitRole(RoleBase):
                                                            "default runtime"),
         "nvidia_cdi": Var(True, "boolean", "generate the CDI spec of the node's GPUs"),
         "nvidia_cdi_spec": Var("/etc/cdi/nvidia.yaml", "string", "where the spec goes"),
+        "nvidia_driver_version": Var(None, "string", "the driver the CDI spec must name "
+                                                     "(default: the loaded module's)"),
     }
     shared_keys = ("container_toolkit",)
 
@@ -82,6 +85,8 @@ class ContainerToolkitRole(RoleBase):
         for key in ("nvidia_cdi_spec", "container_engine_config"):
             if v.opt_string(key) is not None:
                 v.path(key)
+        if v.opt_string("nvidia_driver_version") is not None:
+            driver_version(v)
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
         return apt.templated(v, [str(p) for p in v.items("nvidia_container_toolkit_packages")],
@@ -150,7 +155,8 @@ class ContainerToolkitRole(RoleBase):
 
     def _cdi(self, facts: Facts, v: RoleVars) -> Change | None:
         path = v.string("nvidia_cdi_spec")
-        driver = v.opt_string("nvidia_driver_version") or facts.get("nvidia_module")
+        driver = driver_version(v) if v.opt_string("nvidia_driver_version") is not None \
+            else facts.get("nvidia_module")
         gpus = facts.get("gpu_list") or []
         uuids = sorted(str(g["uuid"]) for g in gpus if g.get("uuid"))
         state = facts.file(path)
@@ -178,9 +184,10 @@ class ContainerToolkitRole(RoleBase):
         # the driver as the spec names it: the hook's argument, else libcuda's mount
         check = (f"grep -q -e {shlex.quote('--host-driver-version=' + driver)} "
                  f"-e {shlex.quote('libcuda.so.' + driver)} {shlex.quote(path)}")
+        mismatch = shlex.quote(f"the generated spec is not of driver {driver} (the loaded "
+                               "driver differs: reboot into it)")
         command = (f"nvidia-ctk cdi generate --output={shlex.quote(path)} >/dev/null && "
-                   f"{{ {check} || {{ echo 'the generated spec is not of driver {driver} "
-                   f"(the loaded driver differs: reboot into it)' >&2; exit 1; }}; }}")
+                   f"{{ {check} || {{ echo {mismatch} >&2; exit 1; }}; }}")
         return Change(self.name, f"cdi spec {path}", "generate", before, after,
                       [Run(command, f"nvidia-ctk cdi generate --output={path}", timeout=300)],
                       kind="cdi")

@@ -23,14 +23,15 @@ from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision import apt
 from gpufleet.provision.managed import link_change
 from gpufleet.provision.plan import Change, Fail, Run
-from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.provision.role import SAFE_PATH, PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
 
 ALTERNATIVES_LINK = "/etc/alternatives/cuda"
-_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?\Z")
 
 # The nvcc each CUDA release ships (NVIDIA's "CUDA Toolkit Major Component Versions" table
 # of each release's notes). Updates may keep a component: 13.0.1 and 13.0.2 share nvcc.
+_NVCC = re.compile(r"[0-9]+(?:\.[0-9]+)+\Z")
 NVCC_OF_RELEASE = {
     "11.8.0": "11.8.89", "12.1.1": "12.1.105", "12.2.2": "12.2.140", "12.3.2": "12.3.107",
     "12.4.0": "12.4.99", "12.4.1": "12.4.131", "12.5.0": "12.5.40", "12.5.1": "12.5.82",
@@ -74,6 +75,23 @@ class CudaRole(RoleBase):
         if self.active(v):
             self._fields(v)
             self._mode(v)
+            self.home(v)
+            v.path("cuda_link", "the link's path in a command")
+            nvcc = v.opt_string("cuda_nvcc_version")
+            if nvcc is not None and not _NVCC.match(nvcc):
+                raise v.fail("cuda_nvcc_version", "an nvcc version like 12.4.131", nvcc)
+
+    def home(self, v: RoleVars) -> str:
+        """The toolkit's home, its {major} and {minor} filled in: an absolute path."""
+        try:
+            home = v.string("cuda_home").format(**self._fields(v))
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise v.fail("cuda_home", "a path with no placeholder but {major} and {minor} "
+                         f"({type(exc).__name__}: {exc})", v.get("cuda_home")) from None
+        if not SAFE_PATH.match(home):
+            raise v.fail("cuda_home", "an absolute path of letters, digits and . _ - /",
+                         v.get("cuda_home"))
+        return home
 
     def _mode(self, v: RoleVars) -> str:
         mode = v.string("cuda_install")
@@ -150,7 +168,7 @@ class CudaRole(RoleBase):
         return changes
 
     def _link_change(self, facts: Facts, v: RoleVars) -> Change | None:
-        home = v.string("cuda_home").format(**self._fields(v))
+        home = self.home(v)
         link = v.string("cuda_link")
         if facts.link(link) == ALTERNATIVES_LINK:
             current = facts.link(ALTERNATIVES_LINK)

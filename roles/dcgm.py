@@ -14,6 +14,7 @@ from gpufleet.provision import apt
 from gpufleet.provision.plan import Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.provision.standins import Standin
+from gpufleet.roles.cuda import major_minor
 
 
 class DcgmRole(RoleBase):
@@ -33,8 +34,10 @@ class DcgmRole(RoleBase):
         return "dcgm_version" in v
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
-        cuda = v.opt_string("dcgm_cuda") or (v.opt_string("cuda_version") or "").split(".")[0]
-        if not cuda.isdigit():
+        release = v.opt_string("cuda_version")
+        major = major_minor(release, v.host.name, "cuda_version")[0] if release else ""
+        cuda = v.opt_string("dcgm_cuda") or major
+        if not (cuda.isascii() and cuda.isdigit()):
             raise VarError(f"host {v.host.name}: set dcgm_cuda (e.g. 13) or cuda_version to "
                            "choose DCGM's CUDA package")
         return apt.templated(v, v.items("dcgm_packages"), "dcgm_package_version",

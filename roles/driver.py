@@ -50,8 +50,20 @@ SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("debian", "proprietary"): ("nvidia-driver", "nvidia-kernel-dkms"),
 }
 OPEN_BY_DEFAULT_FROM = 560  # NVIDIA's default flavour is the open module from branch 560
-_VERSION = re.compile(r"^\d+(\.\d+)+$")
-_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*$")
+_VERSION = re.compile(r"^\d+(\.\d+)+\Z")
+_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*\Z")
+
+
+
+def driver_version(v: RoleVars) -> str:
+    """The inventory's ``nvidia_driver_version``, checked: every role that names the driver
+    (in a package version, a CDI spec's check) reads it through here."""
+    version = v.string("nvidia_driver_version")
+    if not _VERSION.match(version):
+        raise VarError(f"host {v.host.name}: nvidia_driver_version must look like "
+                       f"580.95.05, got {version!r}")
+    return version
+
 
 MODULE_FLAVOR = Fact(
     "nvidia_module_flavor",
@@ -102,12 +114,12 @@ class DriverRole(RoleBase):
         if self.active(v):
             self.wanted(v)
             self._blacklist(v)
+            command = v.string("nvidia_driver_reboot_command")
+            if not command.strip() or any(c in command for c in "\n\r\0"):
+                raise v.fail("nvidia_driver_reboot_command", "a command on one line", command)
 
     def _fields(self, v: RoleVars) -> dict[str, str]:
-        version = v.string("nvidia_driver_version")
-        if not _VERSION.match(version):
-            raise VarError(f"host {v.host.name}: nvidia_driver_version must look like "
-                           f"580.95.05, got {version!r}")
+        version = driver_version(v)
         return {"version": version, "branch": version.split(".")[0]}
 
     def install(self, v: RoleVars) -> str:

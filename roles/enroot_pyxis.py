@@ -27,9 +27,9 @@ from gpufleet.provision.standins import Standin
 
 PYXIS_PACKAGE = "nvslurm-plugin-pyxis"
 PYXIS_CONF = "/usr/share/pyxis/pyxis.conf"
-_SETTING = re.compile(r"^ENROOT_[A-Z0-9_]+$")
-_VALUE = re.compile(r"^[A-Za-z0-9._/:%$@{}+=,-]+$")
-_SIZE = re.compile(r"^(\d+[kKmMgG]?|\d{1,2}%|100%)$")
+_SETTING = re.compile(r"^ENROOT_[A-Z0-9_]+\Z")
+_VALUE = re.compile(r"^[A-Za-z0-9._/:%$@{}+=,-]+\Z")
+_SIZE = re.compile(r"^(\d+[kKmMgG]?|\d{1,2}%|100%)\Z")
 _PATH_KEYS = ("enroot_config", "enroot_fstab", "pyxis_plugstack", "slurm_plugstack_conf")
 
 
@@ -105,8 +105,12 @@ class EnrootPyxisRole(RoleBase):
             paths = [str(p) for p in v.items("enroot_mounts")]
             key = "enroot_mounts"
         else:
-            paths = [str(m.get("path")) for m in v.items("shared_mounts") if isinstance(m, dict)]
             key = "shared_mounts"
+            mounts = v.items(key)
+            wrong = next((m for m in mounts if not isinstance(m, dict)), None)
+            if wrong is not None:
+                raise v.fail(key, "a list of mounts, each a mapping with a path", wrong)
+            paths = [str(m.get("path")) for m in mounts]
         for path in paths:
             if not SAFE_PATH.match(path):
                 raise v.fail(key, "absolute paths of letters, digits and . _ - /", path)

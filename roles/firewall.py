@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 import shlex
 import socket
 import time
@@ -44,6 +45,9 @@ LOCK = f"{STATE_DIR}/firewall.guard.lock"
 CONFIRMED = f"{STATE_DIR}/firewall.confirmed"
 FIRED = f"{STATE_DIR}/firewall.guard-fired"
 CONTROLLERS_VAR = "gpufleet_controllers"
+_GROUP = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?\Z")
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,16 @@ def _resolve(address: str) -> tuple[str, ...]:
     except (OSError, UnicodeError):
         return ()
     return tuple(sorted({str(info[4][0]).split("%", 1)[0] for info in infos}))
+
+
+def _is_address_or_name(text: str) -> bool:
+    """Whether ``text`` is an IP address, a CIDR or a DNS name (resolved when the plan is
+    made): checked before any host is contacted."""
+    try:
+        ipaddress.ip_network(text.split("%", 1)[0] if ":" in text else text, strict=False)
+    except ValueError:
+        return bool(_HOST_NAME.match(text)) and len(text) <= 253
+    return True
 
 
 def _prefixed(source: str) -> str:
@@ -259,6 +273,15 @@ class FirewallRole(RoleBase):
                          "restores the previous rules)", v.get("firewall_guard_seconds"))
         if v.string("firewall_policy") not in ("drop", "accept"):
             raise v.fail("firewall_policy", "drop or accept", v.get("firewall_policy"))
+        if not _GROUP.match(v.string("firewall_cluster_group")):
+            raise v.fail("firewall_cluster_group", "a group name", v.get("firewall_cluster_group"))
+        self.extra_cidrs(v)
+        for cidr in v.items("firewall_ssh_cidrs"):
+            self._cidr(v, cidr, "firewall_ssh_cidrs")
+        for entry in v.items(CONTROLLERS_VAR):
+            if not _is_address_or_name(str(entry)):
+                raise VarError(f"host {v.host.name}: {CONTROLLERS_VAR} entry {entry!r} is not "
+                               "an address, a CIDR or a host name")
 
     def admits_members(self, v: RoleVars) -> str | None:
         return v.string("firewall_cluster_group") if self.active(v) else None

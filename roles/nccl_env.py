@@ -21,7 +21,8 @@ from gpufleet.provision.plan import Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 PORT_RANGE_KEY = "net.ipv4.ip_local_port_range"
-_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
+_IFNAMES = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*(?:,[A-Za-z0-9][A-Za-z0-9_.:@-]*)*\Z")
 
 
 class NcclEnvRole(RoleBase):
@@ -55,6 +56,10 @@ class NcclEnvRole(RoleBase):
             v.path(key, "it is written into the profile script and run by sysctl")
         self.settings(v)
         self.port_range(v)
+        gloo = v.opt_string("gloo_socket_ifname")
+        if gloo is not None and not _IFNAMES.match(gloo):
+            raise v.fail("gloo_socket_ifname", "interface names separated by commas (eth0, "
+                         "ens1f0np0)", gloo)
 
     def settings(self, v: RoleVars) -> dict[str, str]:
         """NCCL_* settings as the inventory sets them, validated, sorted by name: the

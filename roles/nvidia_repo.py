@@ -23,7 +23,7 @@ from gpufleet.provision.plan import Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 DEFAULT_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
-_URL = re.compile(r"^(https?://|file:/)[A-Za-z0-9._~:/?#@!$&()*+,;=%-]+$")
+_URL = re.compile(r"^(https?://|file:/)[A-Za-z0-9._~:/?#@!$&()*+,;=%-]+\Z")
 
 
 class NvidiaRepoRole(RoleBase):
@@ -55,6 +55,10 @@ class NvidiaRepoRole(RoleBase):
             raise v.fail("nvidia_repo_pin_priority", "1-990 (above 990 would downgrade "
                          "installed packages)", v.get("nvidia_repo_pin_priority"))
         self.keyring(v)
+        # the URL as a host of Ubuntu 24.04 would fill it in: a bad one is refused here,
+        # before any host, not when the host's plan is made
+        self.url(Facts(v.host.name, values={"os_release": {"ID": "ubuntu",
+                                                           "VERSION_ID": "24.04"}}), v)
 
     def keyring(self, v: RoleVars) -> bytes:
         """The keyring's bytes, read on the controller."""

@@ -4,6 +4,7 @@ names its package (``doca-ofed``, ``mlnx-ofed-all``), that package pinned and he
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -14,6 +15,7 @@ from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.-]*\Z")
 OFED_INFO = Fact("ofed", "command -v ofed_info >/dev/null 2>&1 || { echo 'ofed_info not found "
                  "(no OFED / DOCA-OFED on this host)'; exit 127; }; ofed_info -s",
                  parsers.ofed_version, "ofed_info")
@@ -32,6 +34,15 @@ class OfedRole(RoleBase):
 
     def active(self, v: RoleVars) -> bool:
         return "ofed_version" in v
+
+    def check(self, v: RoleVars) -> None:
+        super().check(v)
+        if not self.active(v):
+            return
+        if not _VERSION.match(v.string("ofed_version")):
+            raise v.fail("ofed_version", "a version as ofed_info -s reports it (24.10-1.1.4.0)",
+                         v.get("ofed_version"))
+        self.wanted(v)
 
     def wanted(self, v: RoleVars) -> dict[str, str]:
         package = v.opt_string("ofed_package")

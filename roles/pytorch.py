@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,12 @@ from gpufleet.provision.plan import ApplyContext, Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
 CPU_BUILD = ("none", "cpu")
+_VERSION = re.compile(r"[0-9][0-9A-Za-z.!]*(?:\+[0-9A-Za-z.]+)?\Z")  # PEP 440, local label
+_RELEASE = re.compile(r"[0-9]+(?:\.[0-9]+)+\Z")
+_PYTHON = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._/-]*\Z")
+_SOURCE = re.compile(r"[^\x00-\x20\x7f-][^\x00-\x1f\x7f]*\Z")  # one line, not an option
+_SOURCES = ("pytorch_index_url", "pytorch_extra_index_url", "pytorch_find_links",
+            "pytorch_constraints")
 # Package sources may carry credentials (https://user:token@host/...): they reach pip as
 # environment variables read from stdin, never on its command line (visible in ps).
 SOURCE_ENV = {"--index-url": "PIP_INDEX_URL", "--extra-index-url": "PIP_EXTRA_INDEX_URL",
@@ -127,6 +134,33 @@ class PytorchRole(RoleBase):
     def active(self, v: RoleVars) -> bool:
         return "pytorch_version" in v
 
+    def check(self, v: RoleVars) -> None:
+        super().check(v)
+        if "pytorch_venv" in v.host.vars or self.active(v):
+            v.path("pytorch_venv", "the venv's interpreter runs in commands")
+        if not self.active(v):
+            return
+        if not _VERSION.match(v.string("pytorch_version")):
+            raise v.fail("pytorch_version", "a torch version (2.13.0, 2.13.0+cu126)",
+                         v.get("pytorch_version"))
+        if not _PYTHON.match(v.string("pytorch_python")):
+            raise v.fail("pytorch_python", "an interpreter's name or path",
+                         v.get("pytorch_python"))
+        cuda = v.opt_string("pytorch_cuda")
+        if cuda is not None and cuda.lower() not in CPU_BUILD and not _RELEASE.match(cuda):
+            raise v.fail("pytorch_cuda", "a CUDA version (12.6), none or cpu", cuda)
+        nccl = v.opt_string("pytorch_nccl")
+        if nccl is not None and not _RELEASE.match(nccl):
+            raise v.fail("pytorch_nccl", "an NCCL version (2.27.5)", nccl)
+        for key in _SOURCES:
+            value = v.opt_string(key)
+            if value is not None and not _SOURCE.match(value):
+                raise v.fail(key, "one URL or path: on one line, not starting with - or a "
+                             "space", value)
+        if v.integer("pytorch_pip_timeout") <= 0:
+            raise v.fail("pytorch_pip_timeout", "seconds above 0", v.get("pytorch_pip_timeout"))
+        v.boolean("pytorch_no_index")
+
     def venv_python(self, v: RoleVars) -> str:
         return v.string("pytorch_venv").rstrip("/") + "/bin/python"
 
@@ -153,13 +187,9 @@ class PytorchRole(RoleBase):
 
     def _pip_args(self, v: RoleVars, version: str, force: bool) -> list[str]:
         args = []
-        for key, flag in (("pytorch_index_url", "--index-url"),
-                          ("pytorch_extra_index_url", "--extra-index-url"),
-                          ("pytorch_find_links", "--find-links"),
-                          ("pytorch_constraints", "--constraint")):
+        for key, flag in zip(_SOURCES, ("--index-url", "--extra-index-url", "--find-links",
+                                        "--constraint"), strict=True):
             value = v.opt_string(key)
-            if value and ("\n" in value or "\r" in value):
-                raise GpufleetError(f"host {v.host.name}: variable {key} must be on one line")
             if value:
                 args += [flag, value]
         if v.boolean("pytorch_no_index"):

@@ -41,10 +41,23 @@ class SlurmHealthcheckRole(RoleBase):
         "slurm_healthcheck_nvidia_smi_timeout_s": Var(4, "integer", "nvidia-smi deadline"),
         "slurm_healthcheck_budget_s": Var(9, "integer", "the whole program's deadline"),
         "gpu_count": Var(None, "integer", "GPUs the node must have"),
+        "nccl_env": Var(None, "mapping", "the nccl_env role's settings: their local port "
+                                         "range is the one the program expects"),
     }
 
     def active(self, v: RoleVars) -> bool:
         return v.boolean("slurm_healthcheck")
+
+    def check(self, v: RoleVars) -> None:
+        super().check(v)
+        if not self.active(v):
+            return
+        for key in ("slurm_healthcheck_path", "slurm_healthcheck_config"):
+            v.path(key)
+        self.program(v)
+        self.config(v)
+        if v.get("nccl_env") is not None:
+            nccl_env.ROLE.settings(RoleVars(v.host, nccl_env.ROLE.defaults))
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:
         return {k: v.string(k) for k in ("slurm_healthcheck_path", "slurm_healthcheck_config")}
@@ -55,10 +68,7 @@ class SlurmHealthcheckRole(RoleBase):
 
     def program(self, v: RoleVars) -> str:
         """The program as installed: its interpreter line and a managed-file note."""
-        python = v.string("slurm_healthcheck_python")
-        if not python.startswith("/") or any(c.isspace() for c in python):
-            raise VarError(f"host {v.host.name}: variable slurm_healthcheck_python must be an "
-                           f"absolute path without spaces, got {python!r}")
+        python = v.path("slurm_healthcheck_python", "the program's interpreter line")
         source = PROGRAM.read_text().split("\n", 1)[1]
         return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
 

@@ -31,9 +31,9 @@ ENGINES = ("docker", "podman")
 PULL = ("missing", "never", "always")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REFERENCE = re.compile(
-    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
-_OPTION = re.compile(r"^-[-A-Za-z0-9]*(?:=[^\n\x00]*)?$|^[^-\n\x00][^\n\x00]*$")
+    rf"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
+_OPTION = re.compile(r"^-[-A-Za-z0-9]*(?:=[^\n\x00]*)?\Z|^[^-\n\x00][^\n\x00]*\Z")
 _BRAND = re.compile(r"^\s*Product Brand\s*:\s*(\S.*?)\s*$", re.MULTILINE)
 
 VARIABLES = {
@@ -114,7 +114,7 @@ def check(v: RoleVars) -> None:
             raise v.fail("container_mounts", "absolute paths of letters, digits and . _ - /",
                          path)
     python = v.string("container_python")
-    if not re.match(r"^[A-Za-z0-9._/-]+$", python):
+    if not re.match(r"^[A-Za-z0-9._/][A-Za-z0-9._/-]*\Z", python):
         raise v.fail("container_python", "an interpreter's name or path", python)
     if v.number("container_timeout_s") <= 0:
         raise v.fail("container_timeout_s", "a number above 0", v.get("container_timeout_s"))

@@ -36,7 +36,7 @@ IP_HEADERS = 28  # IPv4 (20) and ICMP (8) headers around ping's payload
 PARALLEL_TARGETS = 32  # targets one source pings at once
 _TIME = re.compile(r"\btime[=<]([\d.]+) ms")
 _RECEIVED = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
-_ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+$")
+_ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+\Z")
 
 
 @dataclass(frozen=True)

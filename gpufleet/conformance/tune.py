@@ -48,7 +48,7 @@ VARIABLES = {
     "tune_candidates": Var(None, "mapping", "{VARIABLE: [values]} to try, one at a time"),
     "tune_repeats": Var(5, "integer", "rounds of the current setting and every candidate"),
 }
-_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
 _BLOCK = re.compile(r"^nccl_env:\s*(#.*)?$")
 _FLOW = re.compile(r"^nccl_env:\s*\{.*\}\s*(#.*)?$")
 

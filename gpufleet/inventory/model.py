@@ -44,8 +44,14 @@ from gpufleet.inventory.read_ini import ChildLine, HostLine, Section, VarLine, r
 from gpufleet.inventory.read_json import JsonInventory, read_json
 from gpufleet.inventory.read_yaml import Mapping as YamlMapping
 from gpufleet.inventory.read_yaml import Vaulted, parse_yaml
-from gpufleet.inventory.secrets import is_secret_name, remember_secret
-from gpufleet.inventory.templating import HostVars, SharedRenders, is_template, needs_render
+from gpufleet.inventory.secrets import holds_secret, remember_secret
+from gpufleet.inventory.templating import (
+    Fleet,
+    HostVars,
+    SharedRenders,
+    is_template,
+    needs_render,
+)
 
 __all__ = ["Host", "Inventory", "load_inventory", "resolve_inventory"]
 
@@ -384,8 +390,28 @@ class Inventory:
 # Reading files -----------------------------------------------------------------------------
 
 
-def _inventory_files(directory: Path) -> list[Path]:
+def _identity(directory: Path) -> tuple[int, int]:
+    """The directory itself (device and inode), whatever links lead to it."""
+    try:
+        info = directory.stat()
+    except OSError as exc:
+        raise Where(directory).error(f"cannot read: {exc.strerror or exc}") from None
+    return info.st_dev, info.st_ino
+
+
+def _descend(directory: Path, above: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """``above`` with ``directory`` added; a directory that is one of those it is inside
+    (a link to ``.`` or to a parent) is a loop that would be listed forever."""
+    identity = _identity(directory)
+    if identity in above:
+        raise Where(directory).error("a symbolic link loop: this directory is one it is "
+                                     "inside; remove the link")
+    return (*above, identity)
+
+
+def _inventory_files(directory: Path, above: tuple[tuple[int, int], ...] = ()) -> list[Path]:
     """Inventory files of a directory inventory, alphabetically, subdirectories included."""
+    inside = _descend(directory, above)
     files: list[Path] = []
     for entry in list_dir(directory):
         name = entry.name
@@ -393,23 +419,24 @@ def _inventory_files(directory: Path) -> list[Path]:
             continue
         if entry.is_dir():
             if name not in _VARS_DIRS:
-                files.extend(_inventory_files(entry))
+                files.extend(_inventory_files(entry, inside))
         elif entry.is_file():
             files.append(entry)
     return files
 
 
-def _vars_dir_files(directory: Path) -> list[Path]:
+def _vars_dir_files(directory: Path, above: tuple[tuple[int, int], ...] = ()) -> list[Path]:
     """Files of a group_vars/<group>/ directory in merge order (as Ansible's loader lists
     them: sorted; directories without an extension recursed; files without an extension
     or ending in .yml, .yaml or .json)."""
+    inside = _descend(directory, above)
     files: list[Path] = []
     for entry in list_dir(directory):
         if entry.name.startswith(".") or entry.name.endswith("~"):
             continue
         if entry.is_dir():
             if not entry.suffix:
-                files.extend(_vars_dir_files(entry))
+                files.extend(_vars_dir_files(entry, inside))
         elif entry.suffix in _VARS_SUFFIXES:
             files.append(entry)
     return files
@@ -532,6 +559,7 @@ class _HostDef:
     vars: dict[str, Any] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, tuple[Any, Where]] = field(default_factory=dict)
+    source: str | None = None  # the file that named it first (Ansible's inventory_file)
 
 
 class _Builder:
@@ -721,7 +749,7 @@ class _Builder:
             if len(self.hosts) >= self.bounds.max_hosts:
                 raise where.error(f"more than {self.bounds.max_hosts} hosts "
                                   "(GPUFLEET_MAX_HOSTS)")
-            host = self.hosts[name] = _HostDef()
+            host = self.hosts[name] = _HostDef(source=os.path.abspath(where.file))
         for key in _ADDRESS_KEYS:
             if key not in values:
                 continue
@@ -756,6 +784,7 @@ class _Builder:
                 host_groups[name].append(group)
         by_groups: dict[frozenset[str], _Layer] = {}
         hosts: dict[str, Host] = {}
+        fleet = Fleet()
         for name, definition in self.hosts.items():
             groups = frozenset(host_groups[name])
             shared = by_groups.get(groups)
@@ -764,8 +793,9 @@ class _Builder:
                 layers = [(self.groups[g].vars, self.groups[g].origins) for g in order]
                 shared = by_groups[groups] = _Layer(
                     *_merge(layers + [group_files[g] for g in order]))
-            hosts[name] = Host(name, shared.host_vars(name, definition, host_files[name]),
-                               groups)
+            fleet.hosts[name] = shared.host_vars(name, definition, host_files[name], fleet,
+                                                 sorted(groups - {"all"}))
+            hosts[name] = Host(name, fleet.hosts[name], groups)
         inventory = Inventory(path, hosts, members, list(self.sources))
         inventory._group_vars = {
             name: _merge([(group.vars, group.origins), group_files[name]])[0]
@@ -773,6 +803,7 @@ class _Builder:
         }
         inventory._tree = {name: (list(group.hosts), list(group.children))
                            for name, group in self.groups.items()}
+        fleet.groups.update((name, inventory.group_hosts(name)) for name in self.groups)
         return inventory
 
     def reconcile(self) -> None:
@@ -903,12 +934,13 @@ class _Layer:
     def __init__(self, values: dict[str, Any], origins: dict[str, str]) -> None:
         self.values = values
         self.origins = origins
-        self.secrets = [key for key in values if is_secret_name(key)]
+        self.secrets = [key for key, value in values.items() if holds_secret(key, value)]
         self.templated = {key for key, value in values.items() if needs_render(value)}
         self.renders = SharedRenders(values)
 
     def host_vars(self, name: str, definition: _HostDef,
-                  files: tuple[dict[str, Any], dict[str, str]]) -> HostVars:
+                  files: tuple[dict[str, Any], dict[str, str]], fleet: Fleet,
+                  group_names: list[str]) -> HostVars:
         """A host's variables: these, then its own from inventory files and host_vars/.
         The values stay shared; HostVars copies a list or mapping when it is read."""
         values, origins = dict(self.values), dict(self.origins)
@@ -920,7 +952,8 @@ class _Layer:
         for key in (*self.secrets, *own):
             remember_secret(key, values[key])
         templated = (self.templated - own) | {key for key in own if needs_render(values[key])}
-        return HostVars(name, values, origins, templated, shared=self.renders, own=own)
+        return HostVars(name, values, origins, templated, shared=self.renders, own=own,
+                        fleet=fleet, source=definition.source, group_names=group_names)
 
 
 # Public functions ----------------------------------------------------------------------------

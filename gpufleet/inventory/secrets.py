@@ -2,9 +2,10 @@
 the one redaction every report, diff and log line goes through.
 
 Secrets are recognised by variable name (passwords, passphrases, tokens, keys,
-credentials). The values of such variables are remembered when an inventory is loaded (and
-when a templated one is rendered), so reports can redact them wherever they appear, even
-where they are not written as ``key=value``.
+credentials, authentication, Ansible's ``vault_`` variables), at any depth of a value. The
+values of such variables are remembered when an inventory is loaded (and when a templated
+one is rendered), so reports can redact them wherever they appear, even where they are not
+written as ``key=value``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import functools
 import re
 import threading
 
-__all__ = ["MASK", "SENSITIVE_NAME", "is_secret_name", "known_secrets", "redact",
-           "remember_secret"]
+__all__ = ["MASK", "SENSITIVE_NAME", "holds_secret", "is_secret_name", "known_secrets",
+           "redact", "remember_secret"]
 
+# A credential word anywhere in the name, or one of the short ones as a word of its own
+# (HF_AUTH, MUNGE_KEY, SLURM_JWT, DB_PWD, but not author, keyring or bypass), or Ansible's
+# convention for a variable kept in a vault (vault_hf_token, which hf_token then refers to).
 SENSITIVE_NAME = (r"(?:password|passwd|passphrase|secret|token|credential|api[_-]?key"
-               r"|private[_-]?key|access[_-]?key|(?<![a-z0-9])(?:pass|pat)(?![a-z0-9]))")
+                  r"|private[_-]?key|access[_-]?key|cookie"
+                  r"|(?<![a-z0-9])(?:pass|pat|pwd|auth|key|jwt)(?![a-z0-9])"
+                  r"|(?<![a-z0-9])vault_)")
 _NAME = re.compile(SENSITIVE_NAME, re.IGNORECASE)
 _NOT_SECRET = re.compile(r"(?i)(?:_file|_path|_dir|_url|_user|_command)$")
 _MIN_LENGTH = 4
@@ -70,11 +76,30 @@ def is_secret_name(name: str) -> bool:
     return bool(_NAME.search(name)) and not _NOT_SECRET.search(name)
 
 
-def remember_secret(name: str, value: object) -> None:
-    """Remember ``value`` for redaction if ``name`` is a secret's name."""
-    if not is_secret_name(name) or isinstance(value, bool):
-        return
-    if isinstance(value, (str, int, float)) and len(str(value)) >= _MIN_LENGTH:
+def holds_secret(name: str, value: object) -> bool:
+    """Whether ``name`` is a secret's name or ``value`` has one among its keys (an
+    environment mapping with ``HF_TOKEN`` in it)."""
+    if is_secret_name(name):
+        return True
+    if isinstance(value, dict):
+        return any(holds_secret(str(key), item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(holds_secret("", item) for item in value)
+    return False
+
+
+def remember_secret(name: str, value: object, secret: bool = False) -> None:
+    """Remember ``value`` for redaction if ``name`` is a secret's name (or ``secret``:
+    the value sits under one), and so every value of a mapping under a secret's name."""
+    secret = secret or is_secret_name(name)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            remember_secret(str(key), item, secret)
+    elif isinstance(value, list):
+        for item in value:
+            remember_secret("", item, secret)
+    elif secret and not isinstance(value, bool) and isinstance(value, (str, int, float)) \
+            and len(str(value)) >= _MIN_LENGTH:
         text = str(value)
         with _lock:
             if text not in _known:

@@ -5,10 +5,14 @@ value the first time it is read, with the host's other variables (themselves ren
 demand), so a template that gpufleet never reads cannot fail a run. What is rendered is
 what inventories commonly hold: variable references, the filters in ``FILTERS``, tests,
 conditionals and arithmetic, in a sandboxed Jinja2 environment where undefined variables
-are errors. Lookups, ``hostvars``, ``groups``, other function calls, unknown filters,
-undefined variables and reference cycles are refused with one line naming the host, the
-variable and where it is set. ``!unsafe`` values (``Unsafe``) are never templated, and a
-template's output is not templated again.
+are errors. Ansible's magic variables render as Ansible renders them: ``inventory_hostname``
+and ``inventory_hostname_short``, ``inventory_file`` and ``inventory_dir`` (the file that
+first named the host, and its directory), ``group_names``, ``groups`` (every group's hosts in
+Ansible's order) and ``hostvars`` (another host's variables, rendered for that host).
+Lookups, ``vars``, other function calls, unknown filters, undefined variables and reference
+cycles are refused with one line naming the host, the variable and where it is set.
+``!unsafe`` values (``Unsafe``) are never templated, and a template's output is not
+templated again.
 
 One render is bounded before it allocates or loops: every ``{% for %}`` counts its
 iterations against one budget (``MAX_ITERATIONS``, loops nested at most
@@ -27,6 +31,7 @@ import copy
 import functools
 import itertools
 import math
+import os
 import re
 import threading
 import time
@@ -45,7 +50,7 @@ from gpufleet.errors import InventoryError
 from gpufleet.inventory.read_yaml import Unsafe
 from gpufleet.inventory.secrets import remember_secret
 
-__all__ = ["FILTERS", "HostVars", "SharedRenders", "TemplateError", "is_template",
+__all__ = ["FILTERS", "Fleet", "HostVars", "SharedRenders", "TemplateError", "is_template",
            "needs_render"]
 
 MAX_RESULT = 1024 * 1024
@@ -64,13 +69,14 @@ ALLOWED_METHODS = {
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _LOOKUPS = frozenset({"lookup", "query", "q"})
 _UNSUPPORTED_NAMES = {
-    "hostvars": "other hosts' variables (hostvars)",
-    "groups": "the inventory's groups (groups)",
     "vars": "the vars dictionary",
 }
 _ATOMIC = frozenset({str, int, float, bool, type(None), Unsafe})  # immutable, never undefined
 _UNSET = object()
-_MAGIC = frozenset({"inventory_hostname", "inventory_hostname_short"})  # HostVars.magic
+# The magic variables whose value is the host's own (HostVars.magic): a template that uses
+# one is rendered for each host, never shared.
+_MAGIC = frozenset({"inventory_hostname", "inventory_hostname_short", "inventory_file",
+                    "inventory_dir", "group_names"})
 _TRUE = frozenset({"yes", "on", "1", "true", "y", "t"})
 
 
@@ -346,19 +352,51 @@ class _Scope(Mapping[str, Any]):
         return len(self.owner.magic) + len(self.owner)
 
 
+class Fleet:
+    """What the templates of every host of one inventory see of the others: ``groups``
+    (every group's hosts, in Ansible's order) and ``hostvars``; and the one lock their
+    renders share, since a template may render another host's variable while that host
+    renders one of its own (a lock per host could deadlock two threads)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, list[str]] = {}
+        self.hosts: dict[str, HostVars] = {}
+        self.lock = threading.RLock()
+        self.hostvars = _HostVarsView(self)
+
+
+class _HostVarsView(Mapping[str, Any]):
+    """``hostvars``: each host's variables and magic variables, rendered for that host."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    def __getitem__(self, name: str) -> Any:
+        return _Scope(self._fleet.hosts[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fleet.hosts)
+
+    def __len__(self) -> int:
+        return len(self._fleet.hosts)
+
+
 class HostVars(MutableMapping[str, Any]):
     """One host's variables; templated values are rendered when first read. Safe to read
     from several threads (a run reads other hosts' variables, e.g. for firewall rules)."""
 
     def __init__(self, host: str, raw: dict[str, Any], origins: dict[str, str],
                  templated: set[str] | None = None, *, shared: SharedRenders | None = None,
-                 own: set[str] | None = None) -> None:
+                 own: set[str] | None = None, fleet: Fleet | None = None,
+                 source: str | None = None, group_names: list[str] | None = None) -> None:
         """``raw`` is the host's own dict, but its values may be shared with other hosts: a
         list or mapping is copied for the host when first read. ``templated`` names the
         keys whose values need rendering, when the caller knows them. ``shared`` holds the
         renders of the hosts whose values are ``shared.values`` except for the keys each
         sets itself, ``own``. ``raw``, ``origins``, ``templated`` and ``own`` are taken
-        over, not copied."""
+        over, not copied. ``fleet`` is the inventory's hosts and groups, ``source`` the
+        absolute path of the file that first named the host, ``group_names`` its groups
+        but ``all``, sorted: what the magic variables give."""
         self.host = host
         self._raw = raw
         self._origins = origins
@@ -368,13 +406,21 @@ class HostVars(MutableMapping[str, Any]):
         self._shared = shared
         self._own = own if own is not None else set()
         self._active: list[str] = []
-        self._lock = threading.RLock()
-        self.magic = {"inventory_hostname": host,
-                      "inventory_hostname_short": host.split(".", 1)[0]}
+        self._fleet = fleet
+        self._source = source
+        self._group_names = group_names
+        self._lock = fleet.lock if fleet is not None else threading.RLock()
+        self.magic: dict[str, Any] = {
+            "inventory_hostname": host, "inventory_hostname_short": host.split(".", 1)[0],
+            "inventory_file": source, "inventory_dir": os.path.dirname(source) if source
+            else None, "group_names": group_names or []}
+        if fleet is not None:
+            self.magic.update(groups=fleet.groups, hostvars=fleet.hostvars)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HostVars:
         return HostVars(self.host, copy.deepcopy(self._raw, memo), dict(self._origins),
-                        set(self._templated))
+                        set(self._templated), fleet=self._fleet, source=self._source,
+                        group_names=self._group_names)
 
     def origin(self, key: str) -> str | None:
         """Where the variable's winning value is set (``file:line`` or ``file``)."""
@@ -515,7 +561,8 @@ class HostVars(MutableMapping[str, Any]):
                 _BUDGET.reset(token)
         if isinstance(result, str) and len(result) > MAX_RESULT:
             raise _too_large()
-        return result
+        # a template that is one name gives that value itself: ``groups`` is every host's
+        return _detached(result) if type(result) in (dict, list) else result
 
     def _error(self, key: str, problem: str) -> TemplateError:
         where = self._origins.get(key)

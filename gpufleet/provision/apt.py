@@ -30,8 +30,8 @@ class PackageUnavailable(GpufleetError):
     """A pinned version is not offered by the host's repositories."""
 
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
-_VERSION = re.compile(r"^[0-9*][A-Za-z0-9.+~:*-]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*\Z")
+_VERSION = re.compile(r"^[0-9*][A-Za-z0-9.+~:*-]*\Z")
 
 
 def templated(v: RoleVars, names: list[str], version_key: str, fields: dict[str, str],

@@ -37,7 +37,7 @@ class Var:
             raise ValueError(f"unknown variable kind {self.kind!r}")
 
 
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]+\Z")
 
 
 class RoleVars:

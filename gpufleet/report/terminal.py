@@ -56,7 +56,7 @@ def markup(text: object) -> str:
     return escape(plain(text))
 
 
-_FOLDABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FOLDABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _K = TypeVar("_K", bound=Hashable)
 
 

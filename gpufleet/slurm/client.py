@@ -29,7 +29,7 @@ DEFAULT_TIMEOUT = 20.0
 SINFO_FORMAT = "%N|%P|%T|%c|%G|%E"
 INSTALL_HINT = "install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client)"
 
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 _KEY = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_]*=)")
 _FREE_TEXT = re.compile(r"(?:^|\s)(Reason|Comment|Extra)=")
 _REASON_MARK = re.compile(r"^(?P<text>.*?) \[(?P<user>[^@\]\s]*)@(?P<time>[^\]\s]+)\](?P<rest>.*)$")

@@ -23,7 +23,7 @@ from gpufleet.inventory.model import Host, Inventory, load_inventory
 from gpufleet.slurm.client import Slurm, SlurmNode
 
 PREFIX = "slurm:"
-_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 
 
 def is_slurm_source(name: str) -> bool:

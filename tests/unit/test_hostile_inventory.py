@@ -150,6 +150,25 @@ def test_a_long_ini_children_cycle_is_reported_not_recursed(tmp_path: Path) -> N
     assert message.startswith(f"{path}:") and "group children form a cycle: g0 -> g1 -> " in message
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", [".", "group_vars/gpu"])
+def test_a_symbolic_link_loop_is_refused_naming_the_link(tmp_path: Path, where: str) -> None:
+    """Two links to ``.`` made the directory walk branch twice at every level, forever."""
+    write(tmp_path, "hosts.yml", "gpu:\n  hosts:\n    gpu01:\n")
+    write(tmp_path, "group_vars/gpu/main.yml", "x: 1\n")
+    os.symlink(".", tmp_path / where / "a")
+    os.symlink(".", tmp_path / where / "b")
+    message = fails_fast(lambda: load_inventory(tmp_path))
+    assert message == (f"{tmp_path / where / 'a'}: a symbolic link loop: this directory is "
+                       "one it is inside; remove the link")
+
+
+def test_a_directory_linked_twice_without_a_loop_is_read(tmp_path: Path) -> None:
+    write(tmp_path, "site/hosts.yml", "gpu:\n  hosts:\n    gpu01:\n")
+    os.symlink("site", tmp_path / "mirror")
+    assert list(load_inventory(tmp_path).hosts) == ["gpu01"]
+
+
 def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "hosts.yml"
     with path.open("wb") as handle:

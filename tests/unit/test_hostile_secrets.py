@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from gpufleet.drift import schedule
 from gpufleet.errors import GpufleetError
+from gpufleet.inventory import listing
 from gpufleet.inventory.model import load_inventory
 from gpufleet.inventory.secrets import is_secret_name, redact
 from gpufleet.provision.managed import unified_diff
@@ -68,6 +70,51 @@ def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 
 
+# Names credentials go by in real deployments: Hugging Face (HF_TOKEN, HF_AUTH as training
+# launchers pass it, HUGGING_FACE_HUB_TOKEN), Weights & Biases, AWS, NVIDIA NGC, GitHub,
+# Docker registries, Slurm's JWT and munge, Ansible's connection variables and the vault_
+# convention of its documentation ("Keep vaulted variables safely visible").
+REAL_SECRET_NAMES = [
+    "HF_TOKEN", "HF_AUTH", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN", "NGC_API_KEY", "NGC_CLI_API_KEY", "GITHUB_PAT", "GH_TOKEN",
+    "MYSQL_ROOT_PASSWD", "db_passwd", "DB_PWD", "ansible_ssh_pass", "ansible_become_pass",
+    "ansible_password", "ansible_become_password", "bmc_password", "AZURE_CREDENTIALS",
+    "registry_credentials", "DOCKER_AUTH_CONFIG", "registry_auth", "SLURM_JWT", "MUNGE_KEY",
+    "vault_hf", "SECRET_KEY", "session_cookie",
+]
+REAL_PLAIN_NAMES = [
+    "nvidia_repo_keyring", "nvidia_repo_keyring_path", "ansible_ssh_private_key_file",
+    "vault_password_file", "gpufleet_known_hosts", "author", "NCCL_IB_HCA", "keyboard",
+    "passive", "compass", "ansible_user", "pytorch_index_url", "monkey",
+]
+
+
+@pytest.mark.parametrize("name", REAL_SECRET_NAMES)
+def test_real_credential_names_are_secret(name: str) -> None:
+    assert is_secret_name(name)
+    assert redact(f"{name}=hf_abcdEFGH1234") == f"{name}=********"
+
+
+@pytest.mark.parametrize("name", REAL_PLAIN_NAMES)
+def test_names_of_places_and_plain_words_are_not(name: str) -> None:
+    assert not is_secret_name(name)
+
+
+def test_every_value_the_inventory_keeps_as_a_secret_is_redacted(tmp_path: Path) -> None:
+    """HF_AUTH's value, a vault_ variable's and the one that refers to it, and a secret
+    inside an environment mapping are masked in --host and wherever they appear."""
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  vars:\n    vault_hf: hf_VaultedValue1\n    hf: '{{ vault_hf }}'\n"
+        "    pytorch_env: {HF_AUTH: hf_InsideAMapping2, NCCL_DEBUG: WARN}\n"
+        "  hosts:\n    gpu01:\n      HF_AUTH: hf_TopLevelValue3\n")
+    host = load_inventory(tmp_path / "hosts.yml").hosts["gpu01"]
+    shown = json.dumps(listing.host_vars(host))
+    for value in ("hf_VaultedValue1", "hf_InsideAMapping2", "hf_TopLevelValue3"):
+        assert value not in shown
+        assert redact(f"pip said: {value} rejected") == "pip said: ******** rejected"
+    assert '"NCCL_DEBUG": "WARN"' in shown
+
+
 def pip_step(tmp_path: Path, extra: str) -> pytorch.PipInstall:
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    gpu01:\n      pytorch_version: '2.13.0'\n"
@@ -94,9 +141,15 @@ def test_a_token_in_the_index_url_never_reaches_the_command_line(tmp_path: Path)
 
 
 def test_a_line_break_in_a_package_source_is_refused(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu01:\n      pytorch_version: '2.13.0'\n"
+                         '      pytorch_index_url: "https://pypi.example/simple\\nevil"\n')
+    v = RoleVars(load_inventory(inventory).hosts["gpu01"], pytorch.ROLE.defaults)
     with pytest.raises(GpufleetError) as caught:
-        pip_step(tmp_path, 'pytorch_index_url: "https://pypi.example/simple\\nevil"')
-    assert str(caught.value) == "host gpu01: variable pytorch_index_url must be on one line"
+        pytorch.ROLE.check(v)
+    assert str(caught.value).startswith(
+        "host gpu01: variable pytorch_index_url must be one URL or path: on one line, not "
+        "starting with - or a space, got 'https://pypi.example/simple\\nevil' (")
 
 
 def cron_command(line: str) -> tuple[str, str]:

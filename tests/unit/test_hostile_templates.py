@@ -80,10 +80,8 @@ def test_raw_blocks_and_unsafe_values_are_never_templated(tmp_path: Path) -> Non
     ("{{ q('x') }}", "uses q(), and gpufleet does not run Ansible lookups (write the value "
      "itself in the inventory)"),
     ("{{ range(3) }}", "calls range(), which gpufleet does not provide"),
-    ("{{ hostvars['n2'].x }}", "refers to other hosts' variables (hostvars), which gpufleet "
-     "does not template (write the value itself in the inventory)"),
-    ("{{ groups['all'] }}", "refers to the inventory's groups (groups), which gpufleet does "
-     "not template (write the value itself in the inventory)"),
+    ("{{ vars['x'] }}", "refers to the vars dictionary, which gpufleet does not template "
+     "(write the value itself in the inventory)"),
     ("{{ x | to_nice_yaml }}", "uses the filter 'to_nice_yaml', which gpufleet does not "
      "provide (it renders bool, d, default, int, join, lower, replace, string, trim, upper)"),
     ("{{ undefined_var }}", "'undefined_var' is undefined"),
@@ -290,3 +288,36 @@ def test_loops_and_methods_inventories_use_still_render(tmp_path: Path) -> None:
     assert host.vars["parts"] == "a-b-c"
     assert host.vars["cased"] == "atlas-X"
     assert host.vars["padded"] == "ab    |"
+
+
+def test_a_cycle_through_another_hosts_variables_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    n1:\n      x: \"{{ hostvars['n2'].y }}\"\n"
+                    "    n2:\n      y: \"{{ hostvars['n1'].x }}\"\n")
+    message = error_of(load_inventory(path).hosts["n1"], "x")
+    assert message.startswith(f"host 'n1': variable 'x' ({path}:4) ")
+    assert "refers to itself: x -> x" in message
+
+
+@pytest.mark.timeout(60)
+def test_hosts_reading_each_others_variables_from_two_threads_do_not_deadlock(
+        tmp_path: Path) -> None:
+    """n1 renders n2's variable while n2 renders n1's: one lock per inventory, not per host."""
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    n1:\n      a: 1\n      x: \"{{ hostvars['n2'].b + 1 }}\"\n"
+                    "    n2:\n      b: 2\n      y: \"{{ hostvars['n1'].a + 1 }}\"\n")
+    for _ in range(200):
+        hosts = load_inventory(path).hosts
+        with ThreadPoolExecutor(2) as pool:
+            found = list(pool.map(lambda host, key: host.vars[key],
+                                  [hosts["n1"], hosts["n2"]], ["x", "y"]))
+        assert found == [3, 2]
+
+
+def test_a_variable_that_is_groups_is_the_hosts_own_copy(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yml"
+    path.write_text("gpu:\n  hosts:\n    n1:\n      g: '{{ groups }}'\n    n2:\n"
+                    "      h: \"{{ groups['gpu'] | join(',') }}\"\n")
+    inventory = load_inventory(path)
+    inventory.hosts["n1"].vars["g"]["gpu"].append("intruder")
+    assert inventory.hosts["n2"].vars["h"] == "n1,n2"

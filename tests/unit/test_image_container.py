@@ -79,6 +79,29 @@ def test_the_image_flag_is_refused_before_any_host(tmp_path: Path,
     assert "--image must be an image reference" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("reference", ["-eX/y:1", "--privileged/y:1", IMAGE + "\n",
+                                       "ubuntu\n"])
+def test_option_like_and_multi_line_references_are_refused(
+        reference: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "container_image must be an image reference" in problems(container_image=reference)
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n"
+                                        "      ansible_host: 192.0.2.1\n")
+    assert app.conformance_cmd(str(tmp_path / "hosts.yml"), image=reference) == 2
+    err = capsys.readouterr().err
+    assert "--image must be an image reference" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("variables", "message"), [
+    ({"container_run_options": ["--ipc=host\n"]}, "container_run_options must be engine run"),
+    ({"container_mounts": ["/data\n"]}, "container_mounts must be absolute paths"),
+    ({"container_python": "-c"}, "container_python must be an interpreter"),
+    ({"container_python": "python3\n"}, "container_python must be an interpreter"),
+])
+def test_option_like_and_multi_line_variables_are_refused(variables: dict[str, Any],
+                                                          message: str) -> None:
+    assert message in problems(**variables)
+
+
 def test_podman_gets_the_gpus_by_cdi_docker_by_its_gpus_flag_and_rdma_when_present() -> None:
     facts = {"gpus": [{"uuid": "GPU-1"}], "rdma": [{"device": "mlx5_0"}]}
     argv = container.run_argv(node(facts, shared_mounts=[{"path": "/data"}],

@@ -36,7 +36,7 @@ SUPPORT: dict[str, tuple[str, str | None]] = {
 """Compute capability -> (the first CUDA release that supports it, the first that does not)."""
 
 _CUDA_LINE = re.compile(r"^CUDA Version\s*:\s*(\d+\.\d+)\s*$", re.MULTILINE)
-_ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
+_ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)\Z")
 
 
 def parse_driver_cuda(text: str) -> str:

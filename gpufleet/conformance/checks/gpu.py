@@ -11,7 +11,7 @@ from gpufleet.facts.xids import XID_ACTIONS, XID_POLICY
 SLOWDOWNS = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
              "clocks_event_reasons.hw_power_brake_slowdown",
              "clocks_event_reasons.sw_thermal_slowdown")
-_NV = re.compile(r"^NV(\d+)$")
+_NV = re.compile(r"^NV(\d+)\Z")
 PCI_BUS = "the PCI bus"
 
 

@@ -24,7 +24,7 @@ INLET_NAME = re.compile(r"inlet|intake|ambient", re.IGNORECASE)
 EXHAUST_NAME = re.compile(r"exhaust|outlet", re.IGNORECASE)
 AIR_COOLED_LIMIT_W = 15000.0
 PEAK_FIGURE = "power.peak_w"  # the measured peak's name in a node's baseline
-_REDUNDANCY = re.compile(r"^(?:N(?:\+(\d+))?|2N)$")
+_REDUNDANCY = re.compile(r"^(?:N(?:\+(\d+))?|2N)\Z")
 
 
 @dataclass(frozen=True)
