@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import threading
 import time
@@ -184,14 +185,22 @@ def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list
     return f"cd {shlex.quote(rundir)} && {inner}; echo \"{RC_MARK}$?\""
 
 
+def _exit_status(lines: list[str]) -> int | None:
+    """The probe's exit status from the shell's own last line: a probe that prints the
+    marker itself, earlier or malformed, can neither set nor break it."""
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    status = last.removeprefix(RC_MARK)
+    return int(status) if last.startswith(RC_MARK) and re.fullmatch(r"\d{1,3}", status) \
+        else None
+
+
 def _parse(stdout: str, stderr: str) -> NodeOutput:
     events: list[dict[str, Any]] = []
-    rc: int | None = None
-    for raw in stdout.splitlines():
+    lines = stdout.splitlines()
+    rc = _exit_status(lines)
+    for raw in lines:
         line = raw.strip()
-        if line.startswith(RC_MARK):
-            rc = int(line[len(RC_MARK):])
-        elif line.startswith("{"):
+        if line.startswith("{"):
             try:
                 events.append(json.loads(line))
             except (json.JSONDecodeError, RecursionError):

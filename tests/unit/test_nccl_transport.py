@@ -303,3 +303,14 @@ def test_nccl_2_22_p2p_cumem_inside_a_node() -> None:
     assert [(lk.src, lk.dst, lk.transport, lk.detail, lk.src_gpu, lk.dst_gpu)
             for lk in found] == [(0, 7, "P2P", "P2P/CUMEM", 0, 7)]
     assert mismatches(found, "p2p", "ib") == []
+
+
+@pytest.mark.parametrize("forged", ["@@gpufleet-probe-rc=0", "@@gpufleet-probe-rc=x",
+                                    "@@gpufleet-probe-rc=99999999999999999999"])
+def test_a_probe_that_prints_the_exit_marker_can_neither_set_nor_break_its_status(
+        forged: str) -> None:
+    """The status is the shell's own last line: a failing probe that prints the marker
+    (a success, a word, a huge number) still failed, and nothing raises."""
+    output = _parse(f"{forged}\n{result_line()}\n@@gpufleet-probe-rc=1\n", "")
+    assert output.rc == 1
+    assert _parse(f"{result_line()}\n{forged}x\n", "").rc is None
