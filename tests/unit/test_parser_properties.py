@@ -178,18 +178,9 @@ def _garbled(draw: st.DrawFn, name: str) -> tuple[str, str]:
 
 
 GARBLE = [name for name, found in READ_LINES.items() if any(read for _, read in found)]
-# Found by this property in readers outside the NVIDIA tools, reported for their owner; strict,
-# so the mark has to go when the reader is fixed.
-DROPS = {
-    "mlnx_qos": "a dscp line whose 'prio:N' is garbled ('0 dscp:07,06,...') is ignored",
-    "nccl_tests": "a result row whose size is garbled (': 524288 float sum ...') is skipped",
-}
-GARBLE_CASES = [pytest.param(name, marks=pytest.mark.xfail(reason=DROPS[name], strict=True))
-                if name in DROPS else name for name in GARBLE]
 
 
-
-@pytest.mark.parametrize("name", GARBLE_CASES)
+@pytest.mark.parametrize("name", GARBLE)
 @EXAMPLES
 @given(data=st.data())
 def test_a_garbled_line_is_read_or_refused_never_dropped(name: str,
