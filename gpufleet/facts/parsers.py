@@ -930,7 +930,9 @@ def apt_madison(text: str) -> dict[str, list[str]]:
     """Parse ``apt-cache madison PKG...``: package -> versions in printed order, deduplicated.
 
     ``N:``/``W:`` notices (e.g. "Unable to locate package") are skipped, so an unknown
-    package is simply absent.
+    package is simply absent. With ``deb-src`` lines in the sources, madison also lists the
+    source package (``... Sources``): that is no version ``apt-get install`` can take, and
+    its name may be no binary's (``openssh`` beside ``openssh-server``), so it is left out.
     """
     versions: dict[str, list[str]] = {}
     for line in _output_lines(text):
@@ -939,6 +941,8 @@ def apt_madison(text: str) -> dict[str, list[str]]:
         fields = [field.strip() for field in line.split("|")]
         if len(fields) != 3 or not fields[0] or not fields[1]:
             raise _error("apt-cache madison", "'PACKAGE | VERSION | SOURCE' lines", line)
+        if fields[2].endswith(" Sources"):
+            continue
         known = versions.setdefault(fields[0], [])
         if fields[1] not in known:
             known.append(fields[1])
