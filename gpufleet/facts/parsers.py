@@ -133,6 +133,11 @@ _QOS_TC = re.compile(
     r"^\s*tc:\s*(\d+)\s+(?:ratelimit:\s*[^,]*,\s*)?tsa:\s*([A-Za-z_]+)(?:,\s*bw:\s*(\d+)\s*%)?\s*$"
 )
 _QOS_TC_PRIORITY = re.compile(r"^\s*priority:\s*(\d+)\s*$")
+# the "default priority:" block of current mlnx_qos: one bare "prio:N" per line
+_QOS_DEFAULT_PRIO = re.compile(r"^\s*prio:\s*\d+\s*$")
+# lines of the dscp map, the PFC header and the tc table, whichever way they are garbled
+_QOS_DSCP_LIKE = re.compile(r"^\s*prio\S*:|\bdscp:")
+_QOS_TC_LIKE = re.compile(r"^\s*(?:tc:|priority\b)")
 
 
 def mlnx_qos(text: str) -> dict[str, Any]:
@@ -147,8 +152,7 @@ def mlnx_qos(text: str) -> dict[str, Any]:
     # ConnectX NICs print blank lines between a tc and its priorities: they mean nothing
     lines = [line for line in _lines(text) if line.strip()]
     starts = [index for index, line in enumerate(lines) if _QOS_START.match(line)]
-    if starts:
-        lines = lines[starts[-1] :]
+    lines = lines[starts[-1] :] if starts else lines
 
     trust: str | None = None
     dscp2prio: dict[int, int] = {}
@@ -177,6 +181,8 @@ def mlnx_qos(text: str) -> dict[str, Any]:
         elif current is not None and (match := _QOS_TC_PRIORITY.match(line)):
             current.append(int(match.group(1)))
             continue
+        else:
+            _qos_refuse_garbled(line)
         current = None
 
     report = "\n".join(lines)
@@ -192,6 +198,15 @@ def mlnx_qos(text: str) -> dict[str, Any]:
         "dscp2prio": dict(sorted(dscp2prio.items())) if trust == "dscp" else {},
         "tc": dict(sorted(tcs.items())),
     }
+
+
+def _qos_refuse_garbled(line: str) -> None:
+    """Refuse a line of the dscp map or the tc table that did not parse: skipping it would
+    report the map or the tcs without it as if that were all mlnx_qos printed."""
+    if _QOS_DSCP_LIKE.search(line) and not _QOS_DEFAULT_PRIO.match(line):
+        raise _error("mlnx_qos", "a 'prio:N dscp:a,b,...' line", line)
+    if _QOS_TC_LIKE.match(line):
+        raise _error("mlnx_qos", "a 'tc: N ... tsa: T' line or its 'priority: N' lines", line)
 
 
 def _qos_add_dscp(mapping: dict[int, int], prio: int, values: str, line: str) -> None:
@@ -381,7 +396,9 @@ def nccl_tests(text: str) -> list[dict[str, Any]]:
                 layout = _nccl_layout(names, line)
             continue
         tokens = stripped.split()
-        if len(tokens) < 2 or not (tokens[0].isdigit() and tokens[1].isdigit()):
+        # a row has its size and count first: one of the two is enough to know a row
+        # whose other one is garbled, which is then refused rather than skipped
+        if len(tokens) < 2 or not (tokens[0].isdigit() or tokens[1].isdigit()):
             continue
         if layout is None:
             raise _error("nccl-tests", "the '# size count type ...' header before data", line)
@@ -425,8 +442,8 @@ def _nccl_row(
         raise _error("nccl-tests", f"{lead + 2 * len(half)} columns", line)
     cell = dict(zip(lead_names, tokens, strict=False))
     row: dict[str, Any] = {
-        "size": int(tokens[0]),
-        "count": int(tokens[1]),
+        "size": _int("nccl-tests", tokens[0], line),
+        "count": _int("nccl-tests", tokens[1], line),
         "type": tokens[2],
         "redop": cell.get("redop"),
         "root": _int("nccl-tests", cell["root"], line) if "root" in cell else None,
@@ -913,7 +930,9 @@ def apt_madison(text: str) -> dict[str, list[str]]:
     """Parse ``apt-cache madison PKG...``: package -> versions in printed order, deduplicated.
 
     ``N:``/``W:`` notices (e.g. "Unable to locate package") are skipped, so an unknown
-    package is simply absent.
+    package is simply absent. With ``deb-src`` lines in the sources, madison also lists the
+    source package (``... Sources``): that is no version ``apt-get install`` can take, and
+    its name may be no binary's (``openssh`` beside ``openssh-server``), so it is left out.
     """
     versions: dict[str, list[str]] = {}
     for line in _output_lines(text):
@@ -922,6 +941,8 @@ def apt_madison(text: str) -> dict[str, list[str]]:
         fields = [field.strip() for field in line.split("|")]
         if len(fields) != 3 or not fields[0] or not fields[1]:
             raise _error("apt-cache madison", "'PACKAGE | VERSION | SOURCE' lines", line)
+        if fields[2].endswith(" Sources"):
+            continue
         known = versions.setdefault(fields[0], [])
         if fields[1] not in known:
             known.append(fields[1])

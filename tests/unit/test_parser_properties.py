@@ -22,6 +22,7 @@ from gpufleet.facts import formats, parsers
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES, H200, NVIDIA = FIXTURES / "samples", FIXTURES / "h200x2", FIXTURES / "nvidia"
+PUBLISHED = FIXTURES / "published"
 EXAMPLES = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,19 +33,27 @@ def _files(*paths: Path) -> list[str]:
 
 # Each parser with captures it reads (real ones where the repository has them).
 PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
-    "apt_madison": (parsers.apt_madison, _files(SAMPLES / "synthetic_apt_madison.txt")),
+    "apt_madison": (parsers.apt_madison, _files(
+        SAMPLES / "synthetic_apt_madison.txt",
+        PUBLISHED / "apt-cache-madison-apt-2.6.1-debian12-three-suites.txt",
+        PUBLISHED / "apt-cache-madison-apt-2.6.1-debian12-sources.txt")),
     "apt_showhold": (parsers.apt_showhold, _files(SAMPLES / "synthetic_apt_showhold.txt")),
-    "cuda_version_json": (parsers.cuda_version_json,
-                          _files(SAMPLES / "synthetic_cuda_version_json.txt")),
+    "cuda_version_json": (parsers.cuda_version_json, _files(
+        SAMPLES / "synthetic_cuda_version_json.txt",
+        PUBLISHED / "cuda-version-json-13.3.1-b300-xe9780.txt")),
     "dcb_pfc": (parsers.dcb_pfc, _files(SAMPLES / "dcb_pfc_show_manpage.txt",
-                                        SAMPLES / "synthetic_dcb_pfc_show_stats.txt")),
+                                        SAMPLES / "synthetic_dcb_pfc_show_stats.txt",
+                                        PUBLISHED / "dcb-pfc-show-hns3-linux-8c1671e0d13d.txt")),
     "dcb_pfc_json": (parsers.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
     "dcgm_diag": (parsers.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
                                             NVIDIA / "dcgm4_diag_8gpu_dcgm215.txt")),
     "dpkg_query": (parsers.dpkg_query, _files(SAMPLES / "synthetic_dpkg_query_states.txt")),
     "ethtool_stats": (parsers.ethtool_stats, _files(FIXTURES / "nic" / "mlx5-ethtool-S.txt")),
     "gpu_operator": (parsers.gpu_operator, ["operator\n", "none\n"]),
-    "ip_addr_json": (parsers.ip_addr_json, _files(SAMPLES / "synthetic_ip_j_addr.txt")),
+    "ip_addr_json": (parsers.ip_addr_json, _files(
+        SAMPLES / "synthetic_ip_j_addr.txt",
+        PUBLISHED / "ip-j-addr-veth-bridge-macvlan-vxlan-iproute2-6.1.txt",
+        PUBLISHED / "ip-j-d-p-addr-veth-bridge-macvlan-vxlan-iproute2-6.1.txt")),
     "meminfo": (parsers.meminfo, _files(H200 / "meminfo.txt")),
     "mlnx_qos": (parsers.mlnx_qos, _files(SAMPLES / "mlnx_qos_dscp_trust_prio3.txt",
                                           SAMPLES / "mlnx_qos_blank_lines.txt")),
@@ -82,10 +91,12 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
     "sysctl_value": (parsers.sysctl_value, ["4096\t87380\t6291456\n"]),
     "sysfs_values": (parsers.sysfs_values, ["eth0/statistics/rx_dropped:0\n"
                                             "eth0/statistics/tx_dropped:3\n"]),
-    "torch_info": (parsers.torch_info, _files(H200 / "torch_versions.txt")),
+    "torch_info": (parsers.torch_info, _files(H200 / "torch_versions.txt",
+                                              FIXTURES / "h200x1" / "torch_probe.json")),
     "xid_events": (parsers.xid_events, _files(NVIDIA / "a800_dmesg_xid13_vllm5901.txt",
                                               NVIDIA / "dmesg_T_xid_akash244.txt")),
-    "disk_free": (formats.disk_free, _files(H200 / "df.txt")),
+    "disk_free": (formats.disk_free, _files(H200 / "df.txt",
+                                            PUBLISHED / "df-Pk-coreutils-9.1-debian12.txt")),
     "file_digest": (lambda text: formats.file_digest("/etc/x", text),
                     ["present 0644 root:root 12 " + "ab" * 32 + "\n", "missing\n"]),
     "file_state": (lambda text: formats.file_state("/etc/x", text),
@@ -178,18 +189,9 @@ def _garbled(draw: st.DrawFn, name: str) -> tuple[str, str]:
 
 
 GARBLE = [name for name, found in READ_LINES.items() if any(read for _, read in found)]
-# Found by this property in readers outside the NVIDIA tools, reported for their owner; strict,
-# so the mark has to go when the reader is fixed.
-DROPS = {
-    "mlnx_qos": "a dscp line whose 'prio:N' is garbled ('0 dscp:07,06,...') is ignored",
-    "nccl_tests": "a result row whose size is garbled (': 524288 float sum ...') is skipped",
-}
-GARBLE_CASES = [pytest.param(name, marks=pytest.mark.xfail(reason=DROPS[name], strict=True))
-                if name in DROPS else name for name in GARBLE]
 
 
-
-@pytest.mark.parametrize("name", GARBLE_CASES)
+@pytest.mark.parametrize("name", GARBLE)
 @EXAMPLES
 @given(data=st.data())
 def test_a_garbled_line_is_read_or_refused_never_dropped(name: str,

@@ -137,6 +137,26 @@ def test_mlnx_qos_dscp_on_two_priorities_is_an_error() -> None:
         parsers.mlnx_qos(text)
 
 
+@pytest.mark.parametrize(
+    ("line", "garbled"),
+    [
+        ("prio:3 dscp:31,30,29,28,27,26,25,24,", "3 dscp:31,30,29,28,27,26,25,24,"),
+        ("prio:3 dscp:31,30,29,28,27,26,25,24,", "prio:3 dscp:31,30,2x,28,27,26,25,24,"),
+        ("prio:3 dscp:31,30,29,28,27,26,25,24,", "prio:3 ?"),
+        ("tc: 2 ratelimit: unlimited, tsa: vendor", "tc: two ratelimit: unlimited, tsa: vendor"),
+        ("priority:  6", "priority:  six"),
+        ("priority    0   1   2   3", "priority    0   1   x   3"),
+    ],
+)
+def test_mlnx_qos_garbled_map_or_tc_line_is_an_error(line: str, garbled: str) -> None:
+    """A line of the dscp map, the PFC header or the tc table that cannot be read is refused:
+    skipping it would read a map or a tc without it as the whole answer."""
+    text = sample(MLNX_QOS_REAL)
+    head, sep, tail = text.rpartition(line)
+    with pytest.raises(ParseError, match=re.escape(f"got '{garbled}")):
+        parsers.mlnx_qos(head + sep.replace(line, garbled) + tail)
+
+
 def test_mlnx_qos_error_output() -> None:
     with pytest.raises(ParseError, match="'Interface name is required'"):
         parsers.mlnx_qos("Interface name is required\nUsage: mlnx_qos -i <interface> [options]\n")
@@ -412,6 +432,21 @@ def test_nccl_tests_truncated_row_is_an_error() -> None:
     truncated = "    67108864      16777216     float     sum      -1\n"
     text = sample(NCCL_REAL).rstrip("\n") + "\n" + truncated
     with pytest.raises(ParseError, match=r"13 columns, got '67108864"):
+        parsers.nccl_tests(text)
+
+
+@pytest.mark.parametrize(
+    ("row", "garbled"),
+    [
+        ("     2097152        524288", "           :        524288"),
+        ("     2097152        524288", "     2097152        52428x"),
+    ],
+)
+def test_nccl_tests_row_with_garbled_size_or_count_is_an_error(row: str, garbled: str) -> None:
+    """A row whose size or count cannot be read is refused, not skipped as if the run had
+    not reached that size."""
+    text = sample(NCCL_REAL).replace(row, garbled)
+    with pytest.raises(ParseError, match="expected an integer"):
         parsers.nccl_tests(text)
 
 
