@@ -144,12 +144,19 @@ def rdma_devices(text: str) -> list[dict[str, Any]]:
 
 
 def disk_free(text: str) -> dict[str, int]:
-    """``df -Pk`` output -> mount point -> free bytes."""
+    """``df -Pk`` output -> mount point -> free bytes. df's own complaints (``df: /opt: No
+    such file or directory``) and ``-`` where a filesystem gives no figure are not rows; any
+    other row that does not read is an error, never left out."""
     free: dict[str, int] = {}
     for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 6 and fields[3].isdigit():
-            free[fields[5]] = int(fields[3]) * 1024
+        if not line.strip() or line.startswith("df: "):
+            continue
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[3] == "-":
+            continue
+        if len(fields) < 6 or not fields[3].isdigit():
+            raise ParseError(f"df row without a free-space figure: {line[:120]!r}")
+        free[fields[5]] = int(fields[3]) * 1024
     if not free:
         raise ParseError(f"no filesystems in df output: {text[:80]!r}")
     return free

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.facts.formats import disk_free, time_sync
+from gpufleet.facts.parsers import ParseError
 from tests.conftest import ROOT
 
 PUBLISHED = ROOT / "tests" / "fixtures" / "published"
@@ -28,5 +29,16 @@ def test_df_of_gnu_coreutils_and_busybox() -> None:
     name pushes the columns apart."""
     assert disk_free((ROOT / "tests" / "fixtures" / "h200x2" / "df.txt").read_text()) == {
         "/": 134200724 * 1024}
+    # The capture's first line is the shell prompt that ran df.
     busybox = (PUBLISHED / "df-kP-busybox-cifs-sindresorhus-df-16.txt").read_text()
+    busybox = busybox.split("\n", 1)[1]
     assert disk_free(busybox) == {"/data0": 9831279476 * 1024}
+
+
+def test_disk_free_reads_mount_points_with_spaces_and_refuses_a_row_it_cannot_read() -> None:
+    header = "Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+    assert disk_free(header + "/dev/sdb1 100 40 60 40% /mnt/data set\n"
+                     "df: /opt: No such file or directory\n"
+                     "tmpfs - - - - /run/x\n") == {"/mnt/data set": 60 * 1024}
+    with pytest.raises(ParseError, match="without a free-space figure"):
+        disk_free(header + "/dev/sda1 100 40 60 40% /\n/dev/sdb1 100 40 6O 40% /var\n")
