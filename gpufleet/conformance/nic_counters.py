@@ -491,13 +491,13 @@ def attribute(phases: Iterable[Mapping[str, NodeCounters]], ratios: Mapping[str,
 
 def _lossy_message(name: str, paths: list[Path], ratios: Mapping[str, float],
                    common: bool) -> str:
-    sent = sum(p.retransmits for p in paths)
+    retransmits = sum(p.retransmits for p in paths)
     segments = sum(p.segments for p in paths)
     ratio = max(ratios.get(p.source, 0.0) for p in paths)
     why = (f"{name} is common to the lossy paths" if common else
            "the only lossy path of both ends: either may lose")
-    return (f"TCP retransmitted {sent:,} of {segments:,} segments sent on "
-            f"{', '.join(p.describe() for p in paths)} ({sent / max(1, segments):.1%}; "
+    return (f"TCP retransmitted {retransmits:,} of {segments:,} segments sent on "
+            f"{', '.join(p.describe() for p in paths)} ({retransmits / max(1, segments):.1%}; "
             f"net_max_retransmit_ratio {ratio:g}): {why}")
 
 
