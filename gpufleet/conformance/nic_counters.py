@@ -203,12 +203,14 @@ def _rdma(section: script.Section | None, unknown: list[str]) -> dict[str, Port]
 
 
 def address(text: str) -> str | None:
-    """An IP address in its canonical form (a zone index dropped), or None for anything
-    else."""
+    """An IP address in its canonical form (brackets and a zone index dropped, an
+    IPv4-mapped IPv6 address as IPv4), or None for anything else."""
     try:
-        return str(ipaddress.ip_address(text.strip().split("%")[0]))
+        found = ipaddress.ip_address(text.strip().strip("[]").split("%")[0])
     except ValueError:
         return None
+    mapped = found.ipv4_mapped if isinstance(found, ipaddress.IPv6Address) else None
+    return str(mapped or found)
 
 
 def reached_at(text: str) -> str | None:

@@ -6,8 +6,11 @@ line-rate gate, and the sample script run on this machine."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -306,20 +309,29 @@ def test_a_probe_s_tcp_lines_become_paths_between_nodes(tmp_path: Path) -> None:
     assert "at most 256 addresses" in bad["node03"]
 
 
-def test_this_process_s_tcp_connections_are_counted_per_peer() -> None:
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss is not installed")
+def test_this_process_s_tcp_connections_are_counted_per_peer_as_ss_reads_them() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     client = socket.create_connection(listener.getsockname())
     server, _ = listener.accept()
     try:
-        client.sendall(b"x" * 100_000)
+        client.sendall(b"x" * 300_000)  # more than the receiver's window: the probes resend
+        server.recv(1 << 20)
+        time.sleep(0.5)
+        counts = probe_common.tcp_counts(client)
+        ss = subprocess.run(["ss", "-tin", "src", f"127.0.0.1:{client.getsockname()[1]}"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout
         peers = probe_common.tcp_peers()
     finally:
         for sock in (client, server, listener):
             sock.close()
-    retransmitted, sent = peers["127.0.0.1"]
-    assert retransmitted == 0 and sent >= 2
+    sent = re.search(r"segs_out:(\d+)", ss)
+    resent = re.search(r"retrans:\d+/(\d+)", ss)  # printed once a segment was resent
+    assert sent is not None, ss
+    assert counts == (int(resent[1]) if resent else 0, int(sent[1])), ss
+    assert peers["127.0.0.1"][1] >= 2
     assert probe_common.tcp_peers(limit=0) == {}
 
 
@@ -340,17 +352,21 @@ def test_a_dns_named_node_s_fabric_port_is_found_from_the_address_it_was_reached
                           "node04.fabric.invalid (not resolved): its fabric ports are unknown")
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("10.9.0.1 51234 10.9.0.4 22\n", "10.9.0.4"),
-    ("2001:db8::1 51234 2001:db8::4 22", "2001:db8::4"),
-    ("fe80::1%eth0 51234 fe80::4%eth0 22", "fe80::4"),
-    ("", None),
-    ("10.9.0.1 51234 $(reboot) 22", None),
-    ("10.9.0.1 51234 10.9.0.4", None),
-])
-def test_the_address_a_node_was_reached_at_is_read_from_ssh_connection(
-        text: str, expected: str | None) -> None:
-    assert reached_at(text) == expected
+def test_the_address_a_node_was_reached_at_is_read_from_real_ssh_connection_values() -> None:
+    lines = (FIXTURES / "ssh-connection.txt").read_text().splitlines()
+    assert [reached_at(line) for line in lines] == [
+        "172.25.34.11", "192.168.0.1", "10.11.99.1",
+        "6a58:41de:9543:ec22:2692:f500:4768:861b", None]
+
+
+@pytest.mark.parametrize("text", [
+    "", "10.9.0.1 51234 $(reboot) 22", "10.9.0.1 51234 10.9.0.4", "x" * 200])
+def test_a_value_that_is_not_four_fields_with_an_address_is_no_address(text: str) -> None:
+    assert reached_at(text) is None
+
+
+def test_a_link_local_address_loses_its_zone() -> None:
+    assert reached_at("fe80::1%eth0 51234 fe80::4%eth0 22") == "fe80::4"
 
 
 def test_a_name_is_resolved_on_the_controller_and_an_unknown_one_is_not() -> None:
