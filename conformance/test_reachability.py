@@ -7,7 +7,9 @@ reachability_range_samples (3 evenly spaced ports between the range's ends, on e
 pair), reachability_random_ports (128 random ports of the range per target, shared out
 between its sources), reachability_seed (default: a new sample every run),
 nic_max_drops (100), nic_max_errors (0) and net_max_retransmit_ratio (0.01): what the NIC
-counters may move by during the connects (sampled on every node before and after).
+counters may move by during the connects (sampled on every node before and after); TCP
+retransmits are laid on the paths of the connects the targets answered, and a lossy path
+names the node common to the lossy paths.
 Pairs: --pairs auto | all | ring | sample:K (invoke conformance --pairs).
 """
 
@@ -19,7 +21,13 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance.checks.portrange import opened_ports
-from gpufleet.conformance.nic_counters import Bounds, NodeCounters, deltas, take_all
+from gpufleet.conformance.nic_counters import (
+    Bounds,
+    NodeCounters,
+    attribute,
+    deltas,
+    take_all,
+)
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -50,7 +58,13 @@ def measured(conformance: ConformanceSession) -> tuple[Matrix, dict[str, NodeCou
     nodes = {n.name: n for n in conformance.ready()}
     before = take_all(nodes.values(), conformance.forks)
     result = run_matrix(conformance, spec, conformance.options.pairs, seed=spec.seed)
-    counters = deltas(nodes, before, take_all(nodes.values(), conformance.forks))
+    counters = deltas(nodes, before, take_all(nodes.values(), conformance.forks),
+                      paths=result.paths())
+    for source, why in result.tcp_unknown.items():
+        if source in counters:
+            counters[source].notes.append(f"per-connection counts unknown: {why}")
+    attribute([counters], {n: Bounds.of(node).max_retransmit_ratio
+                           for n, node in nodes.items()})
     conformance.add_report("reachability", "matrix", result.to_dict())
     conformance.add_report("reachability", "seed", spec.seed)
     conformance.add_report("reachability", "counters",

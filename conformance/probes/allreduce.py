@@ -7,7 +7,9 @@ controller can import ``parse_sizes`` and ``bus_bandwidth`` without it.
 Every rank prints ``phase`` lines (start, rendezvous_done, first_collective_done, done) so a
 hung run can be pinned to a phase; rank 0 prints a ``result`` line per message size (with
 ``--trials K``, busbw of every timing in ``busbw_trials`` and their median) and a
-``summary``. A rank that runs out of memory prints an ``error`` line.
+``summary``. A rank that runs out of memory prints an ``error`` line. Before it ends, every
+rank prints a ``tcp`` line: its open TCP connections' segments, retransmitted and sent, per
+peer address (the NIC counters lay retransmits on the path they crossed).
 
 With ``--nccl-log NCCL_DEBUG=INFO`` (repeatable: NCCL_DEBUG, NCCL_DEBUG_SUBSYS,
 NCCL_DEBUG_FILE) the settings are put in the environment before NCCL starts, on the NCCL
@@ -346,6 +348,7 @@ def run(args: argparse.Namespace, place: common.Placement) -> int:
             )
 
     _report_summary(place, backend, device, len(counts))
+    common.emit("tcp", rank=place.rank, peers=common.tcp_peers())
     place.phase("done")
     dist.destroy_process_group()
     return EXIT_WRONG if wrong_total else EXIT_OK

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -33,6 +34,12 @@ SAFE_ENVIRONMENT = {
 }
 
 _PRINTING = threading.Lock()
+# struct tcp_info (linux/tcp.h) up to tcpi_segs_out (Linux 4.2): tcpi_total_retrans is the
+# 32-bit field at byte 100, tcpi_segs_out the one at byte 136.
+_TCP_INFO_LENGTH = 140
+_TOTAL_RETRANS_AT = 100
+_SEGS_OUT_AT = 136
+MAX_PEERS = 256  # peer addresses one rank reports, so its line stays small
 _HOST_BYTES = 256  # room for a host name (at most 253 bytes) in the gather
 
 
@@ -43,6 +50,51 @@ def emit(event: str, **fields: Any) -> None:
     with _PRINTING:
         sys.stdout.write(line)
         sys.stdout.flush()
+
+
+def tcp_counts(sock: socket.socket) -> tuple[int, int] | None:
+    """(segments retransmitted, segments sent) of one TCP socket, from the kernel's
+    tcp_info; None for another kind of socket or a kernel older than 4.2."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LENGTH)
+    except OSError:
+        return None
+    if len(info) < _TCP_INFO_LENGTH:
+        return None
+    return (struct.unpack_from("=I", info, _TOTAL_RETRANS_AT)[0],
+            struct.unpack_from("=I", info, _SEGS_OUT_AT)[0])
+
+
+def tcp_peers(limit: int = MAX_PEERS) -> dict[str, list[int]]:
+    """This process's TCP connections summed per peer address: ``[retransmitted, sent]``.
+    Read from the sockets while they are open, because the kernel keeps no count per peer
+    once a connection has closed; a node's retransmits can then be laid on the path they
+    crossed rather than on the sender."""
+    peers: dict[str, list[int]] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return peers
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            counts = tcp_counts(sock) if sock.type == socket.SOCK_STREAM else None
+            peer = str(sock.getpeername()[0]).removeprefix("::ffff:") if counts else ""
+        except OSError:
+            peer = ""
+        finally:
+            sock.close()
+        if counts is None or not peer or (peer not in peers and len(peers) >= limit):
+            continue
+        entry = peers.setdefault(peer, [0, 0])
+        entry[0] += counts[0]
+        entry[1] += counts[1]
+    return peers
 
 
 def set_safe_environment() -> None:

@@ -10,7 +10,9 @@ no connect).
 ``connect TIMEOUT_S [PARALLEL [LOW-HIGH]]``: read a JSON list of ``[target, address, port]``
 on stdin (a plan of any size: it never travels on the command line), connect to each, at
 most PARALLEL (default 256) at a time, and print
-``{"target port": "open|refused|filtered|no route|error: ..."}``. With LOW-HIGH, each
+``{"target port": "open|refused|filtered|no route|error: ..."}`` on its last line, after
+``{"tcp": {"target": [retransmitted, sent]}}``: the segments of the connects each target
+answered (open or refused), from each socket's tcp_info. With LOW-HIGH, each
 connect leaves from a source port of that band (each worker its own port, closed with a
 reset so the port is free again at once), else from an ephemeral port.
 """
@@ -24,6 +26,10 @@ import struct
 import sys
 import threading
 import time
+
+# The connects a target answered: their retransmits are the path's. A filtered port's SYNs
+# are sent again by design, and count against no one.
+ANSWERED = ("open", "refused")
 
 
 def listening_ports():
@@ -96,9 +102,20 @@ def _bound_socket(source_port):
     return sock
 
 
-def classify(address, port, timeout_s, source_port=None):
-    sock = _bound_socket(source_port)
-    sock.settimeout(timeout_s)
+def tcp_counts(sock):
+    """(segments retransmitted, segments sent) of the socket, from the kernel's tcp_info:
+    tcpi_total_retrans at byte 100, tcpi_segs_out at byte 136 (Linux 4.2); None when not
+    given (this probe ships alone, so it does not share probe_common's reader)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 140)
+    except OSError:
+        return None
+    if len(info) < 140:
+        return None
+    return struct.unpack_from("=I", info, 100)[0], struct.unpack_from("=I", info, 136)[0]
+
+
+def _state(sock, address, port):
     try:
         sock.connect((address, port))
         return "open"
@@ -110,12 +127,21 @@ def classify(address, port, timeout_s, source_port=None):
         if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             return "no route"
         return "error: " + str(exc)
+
+
+def classify(address, port, timeout_s, source_port=None):
+    """The port's state and the connect's (retransmitted, sent) segments, or None."""
+    sock = _bound_socket(source_port)
+    sock.settimeout(timeout_s)
+    try:
+        state = _state(sock, address, port)
+        return state, tcp_counts(sock)
     finally:
         sock.close()
 
 
 def connect(timeout_s, targets, parallel, band=None):
-    results = {}
+    results, tcp = {}, {}
     lock = threading.Lock()
     pending = list(reversed(targets))
 
@@ -125,9 +151,13 @@ def connect(timeout_s, targets, parallel, band=None):
                 if not pending:
                     return
                 target, address, port = pending.pop()
-            state = classify(address, port, timeout_s, source_port)
+            state, counts = classify(address, port, timeout_s, source_port)
             with lock:
                 results[f"{target} {port}"] = state
+                if counts is not None and state in ANSWERED:
+                    sums = tcp.setdefault(target, [0, 0])
+                    sums[0] += counts[0]
+                    sums[1] += counts[1]
 
     count = min(parallel, len(targets))
     if band is not None:
@@ -138,6 +168,7 @@ def connect(timeout_s, targets, parallel, band=None):
         thread.start()
     for thread in threads:
         thread.join()
+    print(json.dumps({"tcp": tcp}, sort_keys=True), flush=True)
     print(json.dumps(results, sort_keys=True), flush=True)
 
 

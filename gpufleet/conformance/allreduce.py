@@ -6,7 +6,7 @@ run whose channels use a transport below the inventory's expectation fails (NCCL
 log, ``nccl_log``). A multi-node run also fails when its busbw is under
 ``allreduce_min_line_rate_fraction`` of the slowest node's line rate, and every node's NIC
 counters are sampled before and after the pairs and the run of all nodes
-(``nic_counters``)."""
+(``nic_counters``), the probe's per-connection counts laying TCP retransmits on paths."""
 
 from __future__ import annotations
 
@@ -21,7 +21,17 @@ from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
-from gpufleet.conformance.nic_counters import LineRate, NodeCounters, deltas, line_rate, take_all
+from gpufleet.conformance.nic_counters import (
+    LineRate,
+    NodeCounters,
+    Sample,
+    attribute,
+    deltas,
+    line_rate,
+    owners,
+    probe_paths,
+    take_all,
+)
 from gpufleet.conformance.reachability import (
     Matrix,
     PortSpec,
@@ -307,6 +317,19 @@ class Hierarchy:
                              for phase, by_node in self.counters.items()}}
 
 
+def counted(nodes: Mapping[str, Node], before: Mapping[str, Sample | str],
+            after: Mapping[str, Sample | str], runs: list[ProbeRun]
+            ) -> dict[str, NodeCounters]:
+    """The nodes' counters over ``runs``, with the paths their ranks' ``tcp`` lines
+    counted (a node whose line could not be read has a note instead)."""
+    events = {name: o.events for run in runs for name, o in run.outputs.items()}
+    paths, bad = probe_paths(events, owners(nodes.values()))
+    counters = deltas(nodes, before, after, paths)
+    for name, why in bad.items():
+        counters[name].notes.append(f"per-connection counts unknown: {why}")
+    return counters
+
+
 def trial_timeout(first: Node, passing: list[ProbeRun]) -> float:
     """How long one bisection run may take: ``allreduce_bisect_timeout_s``, else a few times
     the slowest passing run so far (a failing run hangs until it is stopped)."""
@@ -333,13 +356,15 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
         pair_groups = disjoint_pairs(nodes)
         out.pairs = run_groups(pair_groups, out.trial_timeout_s, workers, args)
         after = take_all(nodes, workers)
-        out.counters["pairs"] = deltas(by_name, before, after)
+        out.counters["pairs"] = counted(by_name, before, after, out.pairs)
         before = after
         known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2, rates) is None,
                         problem(r, g[0], 2, rates))
                   for g, r in zip(pair_groups, out.pairs, strict=True)]
     out.together = run_allreduce(nodes, args, timeout_of(first), port_of(first))
-    out.counters["all"] = deltas(by_name, before, take_all(nodes, workers))
+    out.counters["all"] = counted(by_name, before, take_all(nodes, workers), [out.together])
+    attribute(out.counters.values(), {n.name: float(n.var("net_max_retransmit_ratio"))
+                                      for n in nodes})
     failed = problem(out.together, first, len(nodes), rates)
     known.append(Trial(tuple(by_name), failed is None, failed))
     if failed is None and all(t.ok for t in known):

@@ -7,8 +7,16 @@ statistics`` and link speed, ``ethtool -S`` of every interface, every RDMA port'
 (``/proc/net/snmp``). Every node is sampled at once before and after a multi-node AllReduce
 and a reachability run; the deltas of the counters that mean trouble (drops, errors,
 pause frames per priority, ECN marks and CNPs, retransmits) are kept per node, and a node
-whose drops or errors on its fabric ports, or whose TCP retransmits, pass their bounds
-fails. Per-queue counters are left out (their totals are read).
+whose drops or errors on its fabric ports pass their bounds fails. Per-queue counters are
+left out (their totals are read). The fabric ports are found from the address the node was
+reached at (``SSH_CONNECTION`` on the node, else its inventory address, resolved on the
+controller when it is a name); a node none of whose interfaces holds it is unknown.
+
+TCP retransmits are laid on paths, not on senders: the probes read each connection's
+segments, retransmitted and sent, from its socket before it closes (``Path``); a path over
+its share is lossy, and the node common to the lossy paths is named (both ends of a lossy
+path no other lossy path explains). The SYNs a connect to a filtered port sends again are
+the measurement's own and count against no one.
 
 A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where declared;
 else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
@@ -18,15 +26,17 @@ node's inventory address.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import TimeoutError as Late
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.conformance.checks.allreduce import expected_transports
-from gpufleet.conformance.placement import interface_mtu
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError, ParseError
@@ -37,6 +47,8 @@ GATED = ("drops", "errors")
 MIN_RETRANSMITS = 10  # fewer retransmitted segments never fail a node, whatever the ratio
 SAMPLE_TIMEOUT_S = 30.0
 ETHTOOL_LIMIT_S = 10.0
+RESOLVE_TIMEOUT_S = 5.0
+MAX_PEERS = 256  # per-connection counts read from one probe's line, as the probe bounds them
 _PER_QUEUE = re.compile(r"^\[\d+\]|^(?:rx|tx)[-_]?\d+[_.]|queue_\d+|^ch_?\d+_|^q\d+_|_q\d+_")
 # Corrected bits and FEC lanes, subnet management (VL15), XDP's own drops, byte and duration
 # counters beside the event counters, and work flushed when a queue pair is torn down.
@@ -81,12 +93,14 @@ class Port:
 
 @dataclass(frozen=True)
 class Sample:
-    """Every port of one node, its TCP counters, and what could not be read."""
+    """Every port of one node, its TCP counters, the addresses it was reached at, and what
+    could not be read."""
 
     ports: dict[str, Port]
     tcp: dict[str, int]
     taken: float
     unknown: tuple[str, ...] = ()
+    reached: tuple[str, ...] = ()
 
 
 def sample_command(nonce: str) -> str:
@@ -98,6 +112,7 @@ def sample_command(nonce: str) -> str:
                  "grep -H . */ports/*/rate */ports/*/state */ports/*/counters/* "
                  "*/ports/*/hw_counters/* 2>/dev/null; true"),
         ("snmp", "cat /proc/net/snmp"),
+        ("peer", 'printf "%s\\n" "${SSH_CONNECTION:-}" | head -c 200'),
         script.Snippet("ethtool", "command -v ethtool >/dev/null || exit 127; "
                        "for d in /sys/class/net/*; do n=${d##*/}; [ \"$n\" = lo ] && continue; "
                        f"echo \"@@if-{nonce} $n\"; ethtool -S \"$n\" 2>&1; done", "ethtool"),
@@ -187,6 +202,24 @@ def _rdma(section: script.Section | None, unknown: list[str]) -> dict[str, Port]
             for name, e in found.items()}
 
 
+def address(text: str) -> str | None:
+    """An IP address in its canonical form (brackets and a zone index dropped, an
+    IPv4-mapped IPv6 address as IPv4), or None for anything else."""
+    try:
+        found = ipaddress.ip_address(text.strip().strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    mapped = found.ipv4_mapped if isinstance(found, ipaddress.IPv6Address) else None
+    return str(mapped or found)
+
+
+def reached_at(text: str) -> str | None:
+    """The node's own address of the SSH connection the sample came over: the third field
+    of ``SSH_CONNECTION`` (client address, client port, server address, server port)."""
+    fields = text.split()
+    return address(fields[2]) if len(fields) == 4 else None
+
+
 def parse_sample(sections: Mapping[str, script.Section], nonce: str, taken: float) -> Sample:
     """A Sample from the sample script's sections (pure)."""
     unknown: list[str] = []
@@ -201,7 +234,23 @@ def parse_sample(sections: Mapping[str, script.Section], nonce: str, taken: floa
         tcp = parsers.proc_net_snmp(snmp.text if snmp else "")
     except ParseError as exc:
         unknown.append(str(exc))
-    return Sample(ports, tcp, taken, tuple(unknown))
+    peer = sections.get("peer")
+    reached = reached_at(peer.text) if peer else None
+    return Sample(ports, tcp, taken, tuple(unknown), (reached,) if reached else ())
+
+
+def resolve(name: str) -> tuple[str, ...]:
+    """The addresses ``name`` resolves to on the controller, within RESOLVE_TIMEOUT_S; none
+    when it does not resolve in time."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        found = pool.submit(socket.getaddrinfo, name, None, type=socket.SOCK_STREAM)
+        infos = found.result(timeout=RESOLVE_TIMEOUT_S)
+    except (OSError, UnicodeError, Late):
+        return ()
+    finally:
+        pool.shutdown(wait=False)
+    return tuple(dict.fromkeys(a for info in infos if (a := address(str(info[4][0])))))
 
 
 def take(node: Node) -> Sample:
@@ -215,9 +264,12 @@ def take(node: Node) -> Sample:
         raise GpufleetError(f"the counter sample on {node.name} printed nothing readable "
                             f"(exit {result.rc}): {(result.stderr or result.stdout)[-160:]}")
     try:
-        return parse_sample(sections, nonce, taken)
+        sample = parse_sample(sections, nonce, taken)
     except ParseError as exc:
         raise GpufleetError(f"the counter sample on {node.name}: {exc}") from None
+    if sample.reached or address(node.host.address):
+        return sample
+    return replace(sample, reached=resolve(node.host.address))
 
 
 def take_all(nodes: Iterable[Node], workers: int) -> dict[str, Sample | str]:
@@ -266,9 +318,29 @@ class Bounds:
                    float(node.var("net_max_retransmit_ratio")))
 
 
+@dataclass(frozen=True)
+class Path:
+    """TCP from one node to another during a measurement: the segments the source's
+    connections to the target retransmitted and sent, as their sockets counted them."""
+
+    source: str
+    target: str
+    retransmits: int
+    segments: int
+
+    def lossy(self, ratio: float) -> bool:
+        """More retransmits than ``ratio`` of the segments sent (and than MIN_RETRANSMITS)."""
+        return self.retransmits > max(MIN_RETRANSMITS, ratio * self.segments)
+
+    def describe(self) -> str:
+        return f"{self.source} -> {self.target}"
+
+
 @dataclass
 class NodeCounters:
-    """One node's counter deltas over one measurement, or why they are unknown."""
+    """One node's counter deltas over one measurement, or why they are unknown.
+    ``paths`` are the node's own connections' counts (None: its probe reported none),
+    ``lossy`` the retransmit verdicts ``attribute`` laid on the node."""
 
     node: str
     deltas: list[Delta] = field(default_factory=list)
@@ -278,10 +350,12 @@ class NodeCounters:
     seconds: float = 0.0
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    paths: list[Path] | None = None
+    lossy: list[str] = field(default_factory=list)
 
     def problems(self, bounds: Bounds) -> list[str]:
-        """Drops and errors on fabric ports over their bounds, and TCP retransmits over
-        their share of the segments sent."""
+        """Drops and errors on fabric ports over their bounds, and the lossy TCP paths the
+        node is named for."""
         found = []
         limits = {"drops": (bounds.max_drops, "nic_max_drops"),
                   "errors": (bounds.max_errors, "nic_max_errors")}
@@ -290,14 +364,7 @@ class NodeCounters:
                 limit, key = limits[delta.kind]
                 if delta.value > limit:
                     found.append(f"{delta.describe()} ({key} {limit})")
-        if self.retransmits is not None and self.segments is not None:
-            allowed = max(MIN_RETRANSMITS, bounds.max_retransmit_ratio * self.segments)
-            if self.retransmits > allowed:
-                share = self.retransmits / max(1, self.segments)
-                found.append(f"TCP retransmitted {self.retransmits:,} of {self.segments:,} "
-                             f"segments sent ({share:.1%}; net_max_retransmit_ratio "
-                             f"{bounds.max_retransmit_ratio:g})")
-        return found
+        return found + self.lossy
 
     def moved(self) -> list[str]:
         """Every trouble counter that moved, largest first (for a slow run's message)."""
@@ -311,28 +378,53 @@ class NodeCounters:
                 "fabric_ports": sorted(self.fabric), "tcp_retransmits": self.retransmits,
                 "tcp_segments_sent": self.segments, "notes": self.notes,
                 "moved": self.moved(),
+                "paths": None if self.paths is None else [
+                    {"target": p.target, "retransmits": p.retransmits, "segments": p.segments}
+                    for p in self.paths],
+                "lossy": self.lossy,
                 "deltas": [{"port": d.port, "counter": d.counter, "kind": d.kind,
                             "priority": d.priority, "value": d.value} for d in self.deltas]}
 
 
+def held_interface(node: Node, sample: Sample) -> str | None:
+    """The interface holding the address the node was reached at: the sample's own
+    (``SSH_CONNECTION``, or the inventory name resolved on the controller), else the
+    inventory address itself."""
+    wanted = set(sample.reached) | ({a} if (a := address(node.host.address)) else set())
+    for entry in (node.facts.get("interfaces") if node.facts else None) or []:
+        if any(address(a.split("/")[0]) in wanted for a in entry.get("addresses") or []):
+            return str(entry["name"])
+    return None
+
+
 def fabric_ports(node: Node, sample: Sample) -> frozenset[str]:
-    """The ports the node's training traffic crosses: the interface holding its inventory
-    address, its RDMA netdevs and its RDMA ports."""
-    held = interface_mtu(node)
+    """The ports the node's training traffic crosses: the interface holding its address,
+    its RDMA netdevs and its RDMA ports."""
+    held = held_interface(node, sample)
     rdma = (node.facts.get("rdma") if node.facts else None) or []
     netdevs = {d for entry in rdma for d in entry.get("netdevs") or []}
-    named = ({held[0]} if held else set()) | netdevs
+    named = ({held} if held else set()) | netdevs
     return frozenset(p.name for p in sample.ports.values() if p.rdma or p.name in named)
 
 
+def _where(node: Node, sample: Sample) -> str:
+    seen = ", ".join(sample.reached) or "not resolved"
+    return node.host.address if address(node.host.address) else (
+        f"{node.host.address} ({seen})")
+
+
 def delta(node: Node, before: Sample | str, after: Sample | str) -> NodeCounters:
-    """The node's counters over the measurement between two samples."""
+    """The node's counters over the measurement between two samples; unknown when no
+    interface holds the node's address (its fabric ports cannot be told)."""
     out = NodeCounters(node.name)
     if isinstance(before, str) or isinstance(after, str):
         out.error = before if isinstance(before, str) else str(after)
         return out
     out.seconds = after.taken - before.taken
     out.fabric = fabric_ports(node, after)
+    if held_interface(node, after) is None:
+        out.error = (f"no interface holds the address it is reached at, "
+                     f"{_where(node, after)}: its fabric ports are unknown")
     out.notes = sorted(set(before.unknown) | set(after.unknown))
     for name, port in after.ports.items():
         earlier = before.ports.get(name)
@@ -355,10 +447,116 @@ def delta(node: Node, before: Sample | str, after: Sample | str) -> NodeCounters
 
 
 def deltas(nodes: Mapping[str, Node], before: Mapping[str, Sample | str],
-           after: Mapping[str, Sample | str]) -> dict[str, NodeCounters]:
-    return {name: delta(nodes[name], before.get(name, "not sampled before the run"),
-                        after.get(name, "not sampled after the run"))
-            for name in nodes}
+           after: Mapping[str, Sample | str],
+           paths: Mapping[str, list[Path]] | None = None) -> dict[str, NodeCounters]:
+    """Every node's counters; ``paths``: each source's connections during the measurement
+    (a node missing from it reported none)."""
+    out = {name: delta(nodes[name], before.get(name, "not sampled before the run"),
+                       after.get(name, "not sampled after the run"))
+           for name in nodes}
+    for name, counters in out.items():
+        counters.paths = None if paths is None else paths.get(name)
+    return out
+
+
+def attribute(phases: Iterable[Mapping[str, NodeCounters]], ratios: Mapping[str, float]
+              ) -> None:
+    """Lay each phase's lossy paths on nodes (``NodeCounters.lossy``): a node on lossy
+    paths with two partners or more, over every phase, is the one common to them; a lossy
+    path whose ends are on no other is laid on both (one path cannot tell which end
+    loses). A path is judged with its source's ``net_max_retransmit_ratio`` (``ratios``)."""
+    chosen = list(phases)
+    lossy: list[list[Path]] = []
+    partners: dict[str, set[str]] = {}
+    for counters in chosen:
+        found = [p for c in counters.values() for p in c.paths or []
+                 if p.lossy(ratios.get(p.source, 0.0))]
+        lossy.append(found)
+        for path in found:
+            partners.setdefault(path.source, set()).add(path.target)
+            partners.setdefault(path.target, set()).add(path.source)
+        for c in counters.values():
+            if c.paths is None and not c.error:
+                c.notes.append("TCP retransmits not laid on paths: the measurement reported "
+                               "no per-connection counts from this node")
+    common = {n for n, ps in partners.items() if len(ps) >= 2}
+    for counters, found in zip(chosen, lossy, strict=True):
+        named: dict[str, list[Path]] = {}
+        for path in found:
+            ends = [n for n in (path.source, path.target) if n in common]
+            for end in ends or [path.source, path.target]:
+                named.setdefault(end, []).append(path)
+        for name, paths in named.items():
+            if name in counters:
+                counters[name].lossy.append(_lossy_message(name, paths, ratios, name in common))
+
+
+def _lossy_message(name: str, paths: list[Path], ratios: Mapping[str, float],
+                   common: bool) -> str:
+    retransmits = sum(p.retransmits for p in paths)
+    segments = sum(p.segments for p in paths)
+    ratio = max(ratios.get(p.source, 0.0) for p in paths)
+    why = (f"{name} is common to the lossy paths" if common else
+           "the only lossy path of both ends: either may lose")
+    return (f"TCP retransmitted {retransmits:,} of {segments:,} segments sent on "
+            f"{', '.join(p.describe() for p in paths)} ({retransmits / max(1, segments):.1%}; "
+            f"net_max_retransmit_ratio {ratio:g}): {why}")
+
+
+def owners(nodes: Iterable[Node]) -> dict[str, str]:
+    """Which node holds each address (from the interfaces fact; an address more than one
+    node holds, a bridge's on every node, is left out)."""
+    held: dict[str, set[str]] = {}
+    for node in nodes:
+        for entry in (node.facts.get("interfaces") if node.facts else None) or []:
+            for text in entry.get("addresses") or []:
+                if (found := address(str(text).split("/")[0])) is not None:
+                    held.setdefault(found, set()).add(node.name)
+    return {a: next(iter(names)) for a, names in held.items() if len(names) == 1}
+
+
+def peer_counts(event: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """A probe's ``tcp`` line checked: at most MAX_PEERS addresses, each with two counts
+    (retransmitted, sent) that fit tcp_info's 32-bit fields."""
+    peers = event.get("peers")
+    if not isinstance(peers, dict) or len(peers) > MAX_PEERS:
+        raise ParseError(f"tcp line: peers is not a map of at most {MAX_PEERS} addresses")
+    found: dict[str, tuple[int, int]] = {}
+    for key, value in peers.items():
+        where = address(str(key)[:64])
+        if (where is None or not isinstance(value, list) or len(value) != 2
+                or not all(type(v) is int and 0 <= v < 2**32 for v in value)):
+            raise ParseError(f"tcp line: {str(key)[:64]!r}: {str(value)[:40]} is not an "
+                             "address with two counts")
+        found[where] = (value[0], value[1])
+    return found
+
+
+def probe_paths(events: Mapping[str, Iterable[Mapping[str, Any]]], held: Mapping[str, str]
+                ) -> tuple[dict[str, list[Path]], dict[str, str]]:
+    """Each node's paths from its ranks' ``tcp`` lines (``events`` by node; ``held``: which
+    node holds an address), and, for a node whose line could not be read, why."""
+    sums: dict[str, dict[str, list[int]]] = {}
+    bad: dict[str, str] = {}
+    for name, lines in events.items():
+        for event in lines:
+            if event.get("event") != "tcp":
+                continue
+            try:
+                counts = peer_counts(event)
+            except ParseError as exc:
+                bad[name] = str(exc)
+                continue
+            mine = sums.setdefault(name, {})
+            for where, (retransmits, segments) in counts.items():
+                target = held.get(where)
+                if target is not None and target != name:
+                    entry = mine.setdefault(target, [0, 0])
+                    entry[0] += retransmits
+                    entry[1] += segments
+    paths = {name: [Path(name, t, r, n) for t, (r, n) in sorted(found.items())]
+             for name, found in sums.items() if name not in bad}
+    return paths, bad
 
 
 def slow_run_note(counters: Mapping[str, NodeCounters], most: int = 3) -> str:
@@ -417,8 +615,8 @@ def line_rate(node: Node, sample: Sample | str) -> LineRate:
     if gpus and inter != "socket" and rails:
         return LineRate(node.name, sum(p.rate_gbps or 0 for p in rails), " + ".join(
             f"{p.name} {p.rate_gbps:g} Gb/s" for p in sorted(rails, key=lambda p: p.name)))
-    held = interface_mtu(node)
-    port = sample.ports.get(held[0]) if held else None
+    held = held_interface(node, sample)
+    port = sample.ports.get(held) if held else None
     if port is None:
         return LineRate(node.name, None, "unknown: no interface holds the node's address")
     if port.rate_gbps is None:

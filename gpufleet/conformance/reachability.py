@@ -13,6 +13,11 @@ A connection that is not open is tried once more from the same source after ever
 connect, and the second answer is the one reported: a SYN lost on a loaded host is not a
 closed port, while a firewall that drops or refuses answers the same way twice.
 
+Each connect's segments, retransmitted and sent, are read from its socket and summed per
+target over the connects the target answered (``Matrix.paths``, laid on paths by
+``nic_counters.attribute``); a connect to a filtered port sends its SYN again by design and
+counts against no one.
+
 Connects leave from a source port outside the range (just below it), so the answer to a
 connect never travels to a port of the range: a node whose firewall drops traffic to the
 range is seen as unreachable from its sources, and never makes its sources look closed.
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gpufleet.conformance.launch import PROBES
+from gpufleet.conformance.nic_counters import Path
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import GpufleetError
 from gpufleet.report.jsonfile import BadJson, read_json
@@ -123,6 +129,25 @@ class Matrix:
     mode: str = "all"
     sampled: dict[str, list[int]] = field(default_factory=dict)
     first_answers: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    tcp: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    tcp_unknown: dict[str, str] = field(default_factory=dict)
+
+    def paths(self) -> dict[str, list[Path]]:
+        """Each source's paths: the segments its answered connects retransmitted and sent
+        per target (a source whose counts could not be read is left out)."""
+        return {source: [Path(source, t, r, n) for t, (r, n) in sorted(found.items())]
+                for source, found in self.tcp.items() if source not in self.tcp_unknown}
+
+    def add_tcp(self, source: str, counts: dict[str, tuple[int, int]] | str) -> None:
+        """Add one sweep's counts from ``source`` (a string: why they are unknown)."""
+        if isinstance(counts, str):
+            self.tcp_unknown[source] = counts
+            return
+        mine = self.tcp.setdefault(source, {})
+        for target, (retransmits, segments) in counts.items():
+            entry = mine.setdefault(target, [0, 0])
+            entry[0] += retransmits
+            entry[1] += segments
 
     def failures_to(self, target: str) -> dict[int, list[str]]:
         """Port -> "source (state)" for every non-open connection to ``target``."""
@@ -201,6 +226,28 @@ def _last_line(stdout: str, what: str) -> Any:
         raise GpufleetError(f"unreadable answer: {exc}") from None
 
 
+def tcp_counts(stdout: str, targets: set[str]) -> dict[str, tuple[int, int]]:
+    """The connect probe's ``tcp`` line (the one before its last) checked: a target of the
+    plan, each with two counts that fit tcp_info's 32-bit fields."""
+    lines = stdout.strip().splitlines()
+    if len(lines) < 2:
+        raise GpufleetError("no tcp line")
+    try:
+        doc = read_json(lines[-2].encode(), "the tcp line")
+    except BadJson as exc:
+        raise GpufleetError(str(exc)) from None
+    found = doc.get("tcp") if isinstance(doc, dict) else None
+    if not isinstance(found, dict):
+        raise GpufleetError(f"the tcp line is {lines[-2][:80]!r}")
+    counts: dict[str, tuple[int, int]] = {}
+    for target, value in found.items():
+        if (target not in targets or not isinstance(value, list) or len(value) != 2
+                or not all(type(v) is int and 0 <= v < 2**32 for v in value)):
+            raise GpufleetError(f"the tcp line names {str(target)[:64]!r} with {str(value)[:40]}")
+        counts[target] = (value[0], value[1])
+    return counts
+
+
 def run_matrix(session: ConformanceSession, ports: list[int] | PortSpec, mode: str,
                seed: int = 0) -> Matrix:
     """Listeners on every target, connects from every source of the strategy, in parallel."""
@@ -246,9 +293,10 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
             return [(t, p) for t in targets_of[source]
                     for p in fixed_of[t] + share(matrix.sampled[t], sources_of[t], source)]
 
-        def connect_from(source: str, plan: list[tuple[str, int]]) -> dict[str, str]:
+        def connect_from(source: str, plan: list[tuple[str, int]]
+                         ) -> tuple[dict[str, str], dict[str, tuple[int, int]] | str]:
             if not plan:
-                return {}
+                return {}, {}
             wire = [[t, nodes[t].host.address, p] for t, p in plan]
             args = [_python(nodes[source]), "-c", _script(), "connect", str(CONNECT_TIMEOUT_S),
                     str(PARALLEL_CONNECTS)]
@@ -262,16 +310,20 @@ def measure(nodes: dict[str, Node], wanted: list[tuple[str, str]], spec: PortSpe
             states = _last_line(result.stdout, f"the connect probe on {source}")
             if not isinstance(states, dict):
                 raise GpufleetError(f"the connect probe on {source} answered {states!r}")
-            return states
+            counts, why = _try(lambda: tcp_counts(result.stdout, {t for t, _ in plan}))
+            return states, counts if counts is not None else \
+                f"the connect probe on {source}: {why}"
 
         def sweep(plans: dict[str, list[tuple[str, int]]]) -> dict[tuple[str, str, int], str]:
             order = sorted(plans)
             answers = list(pool.map(lambda s: _try(lambda: connect_from(s, plans[s])), order))
             found = {}
-            for source, (states, error) in zip(order, answers, strict=True):
+            for source, (answer, error) in zip(order, answers, strict=True):
+                states, counts = answer if answer else ({}, str(error))
                 for target, port in plans[source]:
                     found[(source, target, port)] = f"unknown: {error}" \
-                        if error or states is None else states.get(f"{target} {port}", "unknown")
+                        if error or answer is None else states.get(f"{target} {port}", "unknown")
+                matrix.add_tcp(source, counts)
             return found
 
         matrix.results = sweep({source: plan_of(source) for source in targets_of})

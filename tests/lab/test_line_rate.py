@@ -2,14 +2,24 @@
 four passes the line-rate gate (its veths report 10 Gb/s) and every counter check of the
 reachability and allreduce suites; then, of three nodes, node03's link is throttled to
 20 Mbit/s (``tc tbf``) and the multi-node AllReduce fails on its share of the line rate,
-searched to node03; then, of node03 and node04, node04's link loses 5% of its large TCP
-segments (nftables, ``numgen random``: this kernel has no sch_netem) and node04 alone fails
-its counter check on the TCP retransmits that loss caused."""
+searched to node03. Each fault below is put on one node of the four, and only that node
+fails its counter check: node03's link loses 5% of the large TCP segments it sends, or
+node04's of those it receives (nftables, ``numgen random``: this kernel has no sch_netem),
+and the TCP retransmits are laid on that node, common to the lossy paths, not on its peers
+(each of them sends to, or receives from, two partners over the pairs and the run of all
+nodes: gloo's ring sends to the rank before); node03's raw
+table drops NCCL's port range, and the SYNs its peers send again to the filtered ports count
+against no one (node03 fails reachability, no node its counters); node04 is named in the
+inventory by a DNS name (resolved by /etc/hosts on the controller and the nodes) and frames
+of an unknown EtherType, dropped by its eth0, fail its drop bound."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,11 +64,11 @@ def _nft(*args: str, check: bool = True) -> None:
 
 @pytest.fixture
 def lossy(lab: Lab) -> Iterator[None]:
-    """5% of node04's large TCP segments lost on its link, past its own stack (the netdev
-    ingress of its veth's bridge end): node04's TCP retransmits them. A drop inside the
+    """5% of node03's large TCP segments lost on its link, past its own stack (the netdev
+    ingress of its veth's bridge end): node03's TCP retransmits them. A drop inside the
     node's own output path would be a local error that TCP sends again uncounted."""
     table = f"{lab.config.name}loss"
-    veth = lab.node("node04").veth
+    veth = lab.node("node03").veth
     _nft("add", "table", "netdev", table)
     try:
         _nft("add", "chain", "netdev", table, "in", f"{{ type filter hook ingress device "
@@ -101,14 +111,152 @@ def test_a_throttled_link_fails_the_line_rate_on_its_node(provisioned: Path, thr
     assert "node node01" not in message and "node node02" not in message, message
 
 
+@pytest.fixture
+def lossy_receive(lab: Lab) -> Iterator[None]:
+    """5% of the large TCP segments arriving at node04 lost at its eth0's ingress, before
+    its stack (a bad receive path; SSH left alone): node04's senders retransmit them."""
+    node_sh(lab, "node04", "nft add table netdev rxloss && nft add chain netdev rxloss in "
+            "'{ type filter hook ingress device eth0 priority 0; policy accept; }' && "
+            "nft add rule netdev rxloss in meta l4proto tcp meta length gt 1000 "
+            "tcp sport != 22 tcp dport != 22 numgen random mod 100 lt 5 drop")
+    try:
+        yield
+    finally:
+        node_sh(lab, "node04", "nft delete table netdev rxloss", check=False)
+
+
+@pytest.fixture
+def filtered_range(lab: Lab) -> Iterator[None]:
+    """node03's raw table drops every connection to NCCL's port range."""
+    node_sh(lab, "node03", "nft add table inet rawcut && nft add chain inet rawcut pre "
+            "'{ type filter hook prerouting priority raw; policy accept; }' && "
+            "nft add rule inet rawcut pre tcp dport 49152-65535 drop")
+    try:
+        yield
+    finally:
+        node_sh(lab, "node03", "nft delete table inet rawcut", check=False)
+
+
+def _counter_outcomes(results: dict[tuple[str, str], dict[str, Any]], check: str
+                      ) -> dict[str, str]:
+    return {node: results[(node, check)]["outcome"] for node in PROVISIONED.split(":")}
+
+
 def test_lost_segments_fail_the_counters_of_the_lossy_node(provisioned: Path, lossy: None,
                                                            tmp_path: Path) -> None:
-    code, results, _ = _run(provisioned, tmp_path, "lossy", "allreduce", "node03:node04")
+    code, results, data = _run(provisioned, tmp_path, "lossy", "allreduce")
     assert code == 1
-    check = results[("node04", "nic_counters_during_allreduce")]
-    assert check["outcome"] == "fail"
-    assert check["message"].startswith("node04: TCP retransmitted "), check["message"]
+    check = results[("node03", "nic_counters_during_allreduce")]
+    assert check["message"].startswith("node03: TCP retransmitted "), check["message"]
     assert "net_max_retransmit_ratio 0.01" in check["message"]
-    for node in ("node03",):
-        assert results[(node, "nic_counters_during_allreduce")]["outcome"] == "pass", (
-            results[(node, "nic_counters_during_allreduce")].get("message"))
+    assert "node03 is common to the lossy paths" in check["message"]
+    assert _counter_outcomes(results, "nic_counters_during_allreduce") == {
+        "node01": "pass", "node02": "pass", "node03": "fail", "node04": "pass"}, {
+        n: results[(n, "nic_counters_during_allreduce")].get("message")
+        for n in PROVISIONED.split(":")}
+    counters = data["allreduce"]["hierarchy"]["counters"]
+    assert {p["target"] for c in counters.values() for p in c["node03"]["paths"]
+            if p["retransmits"] > 10} == {"node02", "node04"}
+
+
+def test_segments_lost_on_their_way_into_a_node_fail_that_node_not_its_senders(
+        provisioned: Path, lossy_receive: None, tmp_path: Path) -> None:
+    code, results, data = _run(provisioned, tmp_path, "lossy-receive", "allreduce")
+    messages = {n: results[(n, "nic_counters_during_allreduce")].get("message")
+                for n in PROVISIONED.split(":")}
+    assert _counter_outcomes(results, "nic_counters_during_allreduce") == {
+        "node01": "pass", "node02": "pass", "node03": "pass", "node04": "fail"}, messages
+    assert code == 1
+    assert "-> node04" in messages["node04"] and "node04 is common to the lossy paths" in \
+        messages["node04"], messages["node04"]
+    senders = data["allreduce"]["hierarchy"]["counters"]["all"]
+    assert any(p["target"] == "node04" and p["retransmits"] > 0
+               for n in ("node01", "node03") for p in senders[n]["paths"]), senders
+
+
+def test_connects_to_a_filtered_range_fail_its_node_and_no_sender_s_counters(
+        provisioned: Path, filtered_range: None, tmp_path: Path) -> None:
+    code, results, _ = _run(provisioned, tmp_path, "filtered", "reachability")
+    assert code == 1
+    assert _counter_outcomes(results, "reachable_from_the_cluster") == {
+        "node01": "pass", "node02": "pass", "node03": "fail", "node04": "pass"}
+    assert _counter_outcomes(results, "nic_counters_during_reachability") == {
+        n: "pass" for n in PROVISIONED.split(":")}, {
+        n: results[(n, "nic_counters_during_reachability")].get("message")
+        for n in PROVISIONED.split(":")}
+
+
+HOSTS_LOCK = "/run/lock/gpufleet-etc-hosts.lock"
+
+
+def _edit_hosts(path: Path, add: str | None, remove: str | None) -> None:
+    """Add or remove one line of the controller's /etc/hosts, under a lock (other
+    checkouts' labs may edit it too)."""
+    with open(HOSTS_LOCK, "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        lines = path.read_text().splitlines()
+        lines = [line for line in lines if line != remove] + ([add] if add else [])
+        path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def dns_named(lab: Lab, provisioned: Path) -> Iterator[str]:
+    """node04 named in the inventory by a DNS name, which the controller and the nodes
+    resolve (/etc/hosts) and known_hosts knows."""
+    node = lab.node("node04")
+    name = f"{lab.config.name}-node04.cluster.example"
+    entry = f"{node.address} {name}"
+    known = lab.config.known_hosts
+    before = known.read_text()
+    key = node.host_key_pub.read_text().split()
+    _edit_hosts(Path("/etc/hosts"), entry, None)
+    known.write_text(before + f"{name} {key[0]} {key[1]}\n")
+    for peer in PROVISIONED.split(":"):
+        node_sh(lab, peer, f"echo '{entry}' >> /etc/hosts")
+    try:
+        with override(provisioned, "host_vars", "node04", {"ansible_host": name}):
+            yield name
+    finally:
+        for peer in PROVISIONED.split(":"):
+            node_sh(lab, peer, f"sed -i '/ {name}$/d' /etc/hosts", check=False)
+        known.write_text(before)
+        _edit_hosts(Path("/etc/hosts"), None, entry)
+
+
+@pytest.fixture
+def rx_drops(lab: Lab) -> Iterator[None]:
+    """Frames of an unknown EtherType sent into node04's eth0 (from its veth's host end)
+    until the test ends: its stack drops each one (statistics/rx_dropped)."""
+    node = lab.node("node04")
+    mac = bytes.fromhex(node_sh(lab, "node04", "cat /sys/class/net/eth0/address")
+                        .strip().replace(":", ""))
+    frame = mac + bytes.fromhex("020000000001") + b"\x88\xb5" + bytes(46)
+    stop = threading.Event()
+
+    def send() -> None:
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+            raw.bind((node.veth, 0))
+            while not stop.wait(0.01):
+                for _ in range(20):
+                    raw.send(frame)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_drops_on_a_dns_named_node_s_fabric_port_fail_it(
+        provisioned: Path, dns_named: str, rx_drops: None, tmp_path: Path) -> None:
+    code, results, data = _run(provisioned, tmp_path, "dns", "reachability")
+    counters = data["reachability"]["counters"]
+    assert counters["node04"]["fabric_ports"] == ["eth0"], counters["node04"]
+    check = results[("node04", "nic_counters_during_reachability")]
+    assert check["outcome"] == "fail", check.get("message")
+    assert "drops on eth0 (statistics/rx_dropped) (nic_max_drops 100)" in check["message"]
+    assert _counter_outcomes(results, "nic_counters_during_reachability") == {
+        "node01": "pass", "node02": "pass", "node03": "pass", "node04": "fail"}
+    assert code == 1

@@ -120,6 +120,9 @@ def test_torchrun_on_gloo(ranks: int, dtype: str, itemsize: int) -> None:
     assert summary["torch"]
     assert isinstance(summary["devices"], list)
     assert not events(lines, "error")
+    tcp = events(lines, "tcp")  # each rank's connections to the others, on loopback
+    assert sorted(e["rank"] for e in tcp) == list(range(ranks))
+    assert all(e["peers"]["127.0.0.1"][1] > 0 for e in tcp), tcp
 
 
 @needs_torch

@@ -5,7 +5,13 @@ line-rate gate, and the sample script run on this machine."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import socket
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,20 +21,29 @@ from gpufleet.conformance.launch import NodeOutput, ProbeRun
 from gpufleet.conformance.nic_counters import (
     Bounds,
     LineRate,
+    NodeCounters,
     Port,
     Sample,
+    attribute,
     delta,
+    deltas,
     kind,
     line_rate,
+    owners,
     parse_sample,
+    probe_paths,
+    reached_at,
+    resolve,
     sample_command,
     slow_run_note,
 )
+from gpufleet.conformance.nic_counters import Path as CountedPath
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts import parsers, script
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import load_inventory
+from gpufleet.suites.probes import probe_common
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nic"
@@ -183,13 +198,180 @@ def test_deltas_name_the_port_the_counter_and_the_bound(tmp_path: Path) -> None:
     assert delta(node, before, before).problems(BOUNDS) == []
 
 
-def test_retransmits_fail_past_their_share_of_the_segments_sent(tmp_path: Path) -> None:
-    node = _node(tmp_path)
-    quiet = delta(node, _sample({}, 100, 10_000), _sample({}, 109, 10_900))
-    assert quiet.problems(BOUNDS) == []  # 9 retransmits: under the floor of 10
-    lossy = delta(node, _sample({}, 100, 10_000), _sample({}, 400, 20_000))
-    assert lossy.problems(BOUNDS) == [
-        "TCP retransmitted 300 of 10,000 segments sent (3.0%; net_max_retransmit_ratio 0.01)"]
+def _nodes(tmp_path: Path, hostname: str = "") -> dict[str, Node]:
+    """node01-node04 at 10.9.0.1-4 (node04 at ``hostname`` when given)."""
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n" + "".join(
+        f"    node0{i}:\n      ansible_host: {hostname if hostname and i == 4 else f'10.9.0.{i}'}\n"
+        for i in range(1, 5)))
+    return {h.name: Node(h, ConnectOptions(), Facts(h.name, {"interfaces": [
+        {"name": "eth0", "mtu": 1500, "addresses": [f"10.9.0.{h.name[-1]}/16"]},
+        {"name": "docker0", "mtu": 1500, "addresses": ["172.17.0.1/16"]}]}))
+        for h in load_inventory(path).select("all")}
+
+
+def _phase(nodes: dict[str, Node], sent: dict[str, tuple[int, int]],
+           paths: list[tuple[str, str, int, int]]) -> dict[str, NodeCounters]:
+    """Every node's counters over one phase: its TCP totals (retransmitted, sent) and the
+    paths its connections counted."""
+    before = {n: _sample({"eth0": Port("eth0")}, 0, 0) for n in nodes}
+    after = {n: _sample({"eth0": Port("eth0")}, *sent.get(n, (0, 20_000))) for n in nodes}
+    by_source: dict[str, list[CountedPath]] = {n: [] for n in nodes}
+    for source, target, retransmits, segments in paths:
+        by_source[source].append(CountedPath(source, target, retransmits, segments))
+    return deltas(nodes, before, after, by_source)
+
+
+RATIOS = {f"node0{i}": 0.01 for i in range(1, 5)}
+
+
+def test_loss_on_one_node_s_receive_path_names_that_node_not_its_senders(tmp_path: Path
+                                                                         ) -> None:
+    # 3% of the segments arriving at node04 are lost: node01 and node03, the nodes that
+    # send to it, retransmit (3.1% and 2.5% of their segments), node04 hardly at all.
+    nodes = _nodes(tmp_path)
+    pairs = _phase(nodes, {"node03": (250, 10_000)},
+                   [("node01", "node02", 0, 10_000), ("node02", "node01", 0, 10_000),
+                    ("node03", "node04", 250, 10_000), ("node04", "node03", 0, 10_000)])
+    together = _phase(nodes, {"node01": (310, 10_000), "node03": (250, 10_000)},
+                      [("node01", "node02", 0, 5_000), ("node01", "node04", 310, 5_000),
+                       ("node02", "node01", 0, 5_000), ("node02", "node03", 0, 5_000),
+                       ("node03", "node02", 0, 5_000), ("node03", "node04", 250, 5_000),
+                       ("node04", "node03", 1, 5_000), ("node04", "node01", 0, 5_000)])
+    attribute([pairs, together], RATIOS)
+    for name in ("node01", "node02", "node03"):
+        assert together[name].problems(BOUNDS) == [], name
+        assert pairs[name].problems(BOUNDS) == [], name
+    assert together["node04"].problems(BOUNDS) == [
+        "TCP retransmitted 560 of 10,000 segments sent on node01 -> node04, node03 -> node04 "
+        "(5.6%; net_max_retransmit_ratio 0.01): node04 is common to the lossy paths"]
+    assert pairs["node04"].problems(BOUNDS)[0].startswith(
+        "TCP retransmitted 250 of 10,000 segments sent on node03 -> node04 (2.5%")
+    assert together["node01"].to_dict()["paths"][1] == {
+        "target": "node04", "retransmits": 310, "segments": 5_000}
+
+
+def test_loss_on_one_node_s_send_path_names_that_node(tmp_path: Path) -> None:
+    nodes = _nodes(tmp_path)
+    together = _phase(nodes, {"node04": (600, 10_000)},
+                      [("node04", "node03", 300, 5_000), ("node04", "node01", 300, 5_000),
+                       ("node01", "node04", 0, 5_000), ("node03", "node04", 0, 5_000)])
+    attribute([together], RATIOS)
+    assert [n for n, c in together.items() if c.problems(BOUNDS)] == ["node04"]
+
+
+def test_one_lossy_path_names_both_its_ends_and_a_quiet_one_names_none(tmp_path: Path
+                                                                       ) -> None:
+    nodes = _nodes(tmp_path)
+    lossy = _phase(nodes, {}, [("node01", "node02", 300, 10_000),
+                               ("node02", "node01", 0, 10_000),
+                               ("node03", "node04", 9, 100)])  # 9: under the floor of 10
+    attribute([lossy], RATIOS)
+    assert lossy["node01"].problems(BOUNDS) == lossy["node02"].problems(BOUNDS) == [
+        "TCP retransmitted 300 of 10,000 segments sent on node01 -> node02 (3.0%; "
+        "net_max_retransmit_ratio 0.01): the only lossy path of both ends: either may lose"]
+    assert lossy["node03"].problems(BOUNDS) == lossy["node04"].problems(BOUNDS) == []
+
+
+def test_node_totals_alone_blame_no_sender(tmp_path: Path) -> None:
+    # Retransmits no connection of the measurement accounts for (connects to a filtered
+    # port, the controller's SSH) fail no one, and a node that reported no per-connection
+    # counts says so.
+    nodes = _nodes(tmp_path)
+    counters = deltas(nodes, {n: _sample({"eth0": Port("eth0")}, 0, 0) for n in nodes},
+                      {n: _sample({"eth0": Port("eth0")}, 1_500, 10_000) for n in nodes},
+                      {"node01": [], "node02": [], "node03": []})
+    attribute([counters], RATIOS)
+    assert all(c.problems(BOUNDS) == [] for c in counters.values())
+    assert counters["node04"].notes == [
+        "TCP retransmits not laid on paths: the measurement reported no per-connection "
+        "counts from this node"]
+    assert counters["node01"].to_dict()["tcp_retransmits"] == 1_500
+
+
+def test_a_probe_s_tcp_lines_become_paths_between_nodes(tmp_path: Path) -> None:
+    nodes = _nodes(tmp_path)
+    held = owners(nodes.values())
+    assert "172.17.0.1" not in held and held["10.9.0.4"] == "node04"
+    events = {"node01": [{"event": "phase", "phase": "done"},
+                         {"event": "tcp", "rank": 0, "peers": {
+                             "10.9.0.4": [31, 1000], "10.9.0.2": [0, 1000],
+                             "10.9.0.1": [0, 5], "192.0.2.9": [7, 7]}},
+                         {"event": "tcp", "rank": 1, "peers": {"10.9.0.4": [1, 500]}}],
+              "node02": [{"event": "tcp", "rank": 0, "peers": {"10.9.0.1": [-1, 5]}}],
+              "node03": [{"event": "tcp", "rank": 0,
+                          "peers": {f"10.8.{i // 256}.{i % 256}": [0, 1] for i in range(300)}}],
+              "node04": [{"event": "tcp", "rank": 0, "peers": {"not an address": [0, 1]}}]}
+    paths, bad = probe_paths(events, held)
+    assert paths == {"node01": [CountedPath("node01", "node02", 0, 1000),
+                                CountedPath("node01", "node04", 32, 1500)]}
+    assert set(bad) == {"node02", "node03", "node04"}
+    assert "at most 256 addresses" in bad["node03"]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss is not installed")
+def test_this_process_s_tcp_connections_are_counted_per_peer_as_ss_reads_them() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    try:
+        client.sendall(b"x" * 300_000)  # more than the receiver's window: the probes resend
+        server.recv(1 << 20)
+        time.sleep(0.5)
+        counts = probe_common.tcp_counts(client)
+        ss = subprocess.run(["ss", "-tin", "src", f"127.0.0.1:{client.getsockname()[1]}"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout
+        peers = probe_common.tcp_peers()
+    finally:
+        for sock in (client, server, listener):
+            sock.close()
+    sent = re.search(r"segs_out:(\d+)", ss)
+    resent = re.search(r"retrans:\d+/(\d+)", ss)  # printed once a segment was resent
+    assert sent is not None, ss
+    assert counts == (int(resent[1]) if resent else 0, int(sent[1])), ss
+    assert peers["127.0.0.1"][1] >= 2
+    assert probe_common.tcp_peers(limit=0) == {}
+
+
+def test_a_dns_named_node_s_fabric_port_is_found_from_the_address_it_was_reached_at(
+        tmp_path: Path) -> None:
+    node = _nodes(tmp_path, hostname="node04.fabric.invalid")["node04"]
+    before = Sample({"eth0": Port("eth0", {"statistics/rx_dropped": 0})}, {}, 0.0,
+                    reached=("10.9.0.4",))
+    after = replace(before, ports={"eth0": Port("eth0", {"statistics/rx_dropped": 1_000_000})})
+    counters = delta(node, before, after)
+    assert counters.fabric == frozenset({"eth0"})
+    assert counters.problems(BOUNDS) == [
+        "1,000,000 drops on eth0 (statistics/rx_dropped) (nic_max_drops 100)"]
+    assert line_rate(node, replace(after, ports={"eth0": Port("eth0", rate_gbps=25.0)})
+                     ).nics == "eth0 25 Gb/s"
+    lost = delta(node, replace(before, reached=()), replace(after, reached=()))
+    assert lost.error == ("no interface holds the address it is reached at, "
+                          "node04.fabric.invalid (not resolved): its fabric ports are unknown")
+
+
+def test_the_address_a_node_was_reached_at_is_read_from_real_ssh_connection_values() -> None:
+    lines = (FIXTURES / "ssh-connection.txt").read_text().splitlines()
+    assert [reached_at(line) for line in lines] == [
+        "172.25.34.11", "192.168.0.1", "10.11.99.1",
+        "6a58:41de:9543:ec22:2692:f500:4768:861b", None]
+
+
+@pytest.mark.parametrize("text", [
+    "", "10.9.0.1 51234 $(reboot) 22", "10.9.0.1 51234 10.9.0.4", "x" * 200])
+def test_a_value_that_is_not_four_fields_with_an_address_is_no_address(text: str) -> None:
+    assert reached_at(text) is None
+
+
+def test_a_link_local_address_loses_its_zone() -> None:
+    assert reached_at("fe80::1%eth0 51234 fe80::4%eth0 22") == "fe80::4"
+
+
+def test_a_name_is_resolved_on_the_controller_and_an_unknown_one_is_not() -> None:
+    assert "127.0.0.1" in resolve("localhost")
+    assert resolve("node04.fabric.invalid") == ()
 
 
 def test_a_counter_that_went_back_is_noted_not_counted(tmp_path: Path) -> None:
@@ -258,8 +440,9 @@ def test_a_multi_node_run_under_its_share_of_the_slowest_line_rate_fails(tmp_pat
 
 def test_the_sample_script_reads_this_machine(tmp_path: Path) -> None:
     nonce = script.new_nonce()
+    quiet = {k: v for k, v in os.environ.items() if k != "SSH_CONNECTION"}
     out = subprocess.run(["sh", "-c", sample_command(nonce)], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+                         timeout=60, check=True, env=quiet).stdout
     sample = parse_sample(script.split(out, nonce), nonce, 0.0)
     assert {"RetransSegs", "OutSegs", "InSegs"} <= sample.tcp.keys()
     names = {p.name for p in Path("/sys/class/net").iterdir()} - {"lo"}
@@ -267,3 +450,9 @@ def test_the_sample_script_reads_this_machine(tmp_path: Path) -> None:
                                                       "statistics").is_dir()}
     assert all("statistics/rx_dropped" in sample.ports[n].counters for n in names
                if n in sample.ports)
+    assert sample.reached == ()  # no SSH connection: the controller resolves the name
+    over_ssh = subprocess.run(["sh", "-c", sample_command(nonce)], capture_output=True,
+                              text=True, timeout=60, check=True,
+                              env={**quiet, "SSH_CONNECTION": "10.9.0.1 51234 10.9.0.4 22"})
+    assert parse_sample(script.split(over_ssh.stdout, nonce), nonce, 0.0).reached == (
+        "10.9.0.4",)

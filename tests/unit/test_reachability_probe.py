@@ -3,15 +3,27 @@ its size is not bounded by the kernel's limit on one command-line argument (128 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import socket
 import subprocess
 import sys
+from types import ModuleType
 
-from gpufleet.conformance.reachability import PROBE, PortSpec, connect_time, measure
+import pytest
+
+from gpufleet.conformance.nic_counters import Path as CountedPath
+from gpufleet.conformance.reachability import (
+    PROBE,
+    PortSpec,
+    connect_time,
+    measure,
+    tcp_counts,
+)
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import CommandResult, ConnectOptions
+from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Host
 
@@ -84,8 +96,9 @@ class _Scripted:
     """A node's connection that answers the listener and kill commands, and each connect
     sweep from the next of ``sweeps``: {"target port": state}."""
 
-    def __init__(self, sweeps: list[dict[str, str]]) -> None:
+    def __init__(self, sweeps: list[dict[str, str]], tcp: list[str] | None = None) -> None:
         self.sweeps = sweeps
+        self.tcp = tcp or []
         self.plans: list[list[list[object]]] = []
 
     def run(self, command: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
@@ -96,6 +109,8 @@ class _Scripted:
             assert stdin is not None
             self.plans.append(json.loads(stdin))
             out = json.dumps(self.sweeps.pop(0))
+            if self.tcp:
+                out = self.tcp.pop(0) + "\n" + out
         else:
             out = ""
         return CommandResult(command, 0, out + "\n", "", 0.0)
@@ -169,3 +184,68 @@ def test_a_fixed_port_taken_by_the_node_s_own_connection_is_not_probed() -> None
     assert matrix.failures_to("b") == {}
     assert matrix.listeners["b"] == ("ports taken by the node's own connections, not probed: "
                                      "[50000]")
+
+
+def test_each_answered_connect_s_segments_are_counted_per_target() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    plan = [["t", "127.0.0.1", port], ["t", "127.0.0.1", closed_port],
+            ["u", "127.0.0.1", closed_port]]
+    try:
+        proc = subprocess.run([sys.executable, str(PROBE), "connect", "2", "8"],
+                              input=json.dumps(plan).encode(), capture_output=True,
+                              timeout=60, check=False)
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    counts = json.loads(lines[-2])["tcp"]
+    assert set(counts) == {"t", "u"}
+    assert counts["t"][0] == 0 and counts["t"][1] >= 2  # a SYN each, and the open one's ACK
+
+
+def _probe_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("reachability_probe", PROBE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_filtered_connect_s_own_syn_retransmits_count_against_no_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    probe = _probe_module()
+    answers = {29500: ("open", (0, 3)), 50000: ("filtered", (2, 3)),
+               50001: ("refused", (1, 2)), 50002: ("no route", (0, 1))}
+    monkeypatch.setattr(probe, "classify", lambda _a, port, *_: answers[port])
+    probe.connect(2.0, [["b", "10.0.0.2", p] for p in answers], 4)
+    lines = capsys.readouterr().out.splitlines()
+    assert json.loads(lines[-2]) == {"tcp": {"b": [1, 5]}}
+    assert json.loads(lines[-1])["b 50000"] == "filtered"
+
+
+def test_a_source_s_counts_sum_over_its_sweeps_and_a_bad_tcp_line_costs_only_them() -> None:
+    spec = PortSpec([29500, 50000], 0, -1)
+    first = _Scripted([{"b 29500": "open", "b 50000": "filtered"}, {"b 50000": "open"}],
+                      ['{"tcp": {"b": [12, 100]}}', '{"tcp": {"b": [3, 4]}}'])
+    second = _Scripted([{"a 29500": "open", "a 50000": "open"}],
+                       ['{"tcp": {"c": [99999999999, 1]}}'])
+    matrix = measure({"a": _node("a", first), "b": _node("b", second)},
+                     [("a", "b"), ("b", "a")], spec)
+    assert matrix.paths() == {"a": [CountedPath("a", "b", 15, 104)]}
+    assert matrix.results[("b", "a", 50000)] == "open"
+    assert matrix.tcp_unknown == {"b": "the connect probe on b: the tcp line names 'c' with "
+                                       "[99999999999, 1]"}
+    assert tcp_counts('{"tcp": {}}\n{}', {"b"}) == {}
+    with pytest.raises(GpufleetError, match="no tcp line"):
+        tcp_counts("{}", {"b"})
+    with pytest.raises(GpufleetError, match="the tcp line is"):
+        tcp_counts('{"pid": 1}\n{}', {"b"})
+    with pytest.raises(GpufleetError, match="the tcp line:"):
+        tcp_counts('[[[[' * 5000 + "\n{}", {"b"})
