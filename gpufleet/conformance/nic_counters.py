@@ -26,6 +26,8 @@ node's inventory address.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 import socket
@@ -115,7 +117,8 @@ def sample_command(nonce: str) -> str:
         ("peer", 'printf "%s\\n" "${SSH_CONNECTION:-}" | head -c 200'),
         script.Snippet("ethtool", "command -v ethtool >/dev/null || exit 127; "
                        "for d in /sys/class/net/*; do n=${d##*/}; [ \"$n\" = lo ] && continue; "
-                       f"echo \"@@if-{nonce} $n\"; ethtool -S \"$n\" 2>&1; done", "ethtool"),
+                       f"printf '@@if-{nonce} %s ' \"$n\"; ethtool -S \"$n\" 2>&1 | base64 | "
+                       "tr -d '\\n'; echo; done", "ethtool"),
     ], nonce, limit_s=ETHTOOL_LIMIT_S)
 
 
@@ -134,16 +137,23 @@ def _speed_gbps(value: str) -> float | None:
 
 
 def ethtool_sections(text: str, nonce: str) -> dict[str, str]:
-    """The ethtool section's output split per interface."""
+    """The ethtool section's output split per interface: one line each, the interface's
+    name and its ``ethtool -S`` output in base64, so nothing ethtool prints can start or
+    forge another interface's counters. A name given twice is not trusted."""
     marker = f"@@if-{nonce} "
-    found: dict[str, list[str]] = {}
-    current: list[str] | None = None
+    found: dict[str, str] = {}
+    seen: set[str] = set()
     for line in text.splitlines():
-        if line.startswith(marker):
-            current = found.setdefault(line[len(marker):].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return {name: "\n".join(lines) for name, lines in found.items()}
+        if not line.startswith(marker):
+            continue
+        name, _, encoded = line[len(marker):].partition(" ")
+        try:
+            body = base64.b64decode(encoded.strip(), validate=True).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            body = f"not base64: {encoded[:40]!r}"
+        found[name] = "the interface was listed twice; not trusted" if name in seen else body
+        seen.add(name)
+    return found
 
 
 def _interfaces(section: script.Section | None) -> dict[str, dict[str, Any]]:

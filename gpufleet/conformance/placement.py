@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.conformance import nic_counters
 from gpufleet.conformance.reachability import pairs
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connect.connection import node_local
@@ -166,10 +167,14 @@ def fleet_mtu(session: ConformanceSession) -> int | None:
 
 
 def interface_mtu(node: Node) -> tuple[str, int] | None:
-    """(interface, MTU) of the interface holding the node's inventory address."""
-    address = str(node.host.vars.get("ansible_host") or node.name)
+    """(interface, MTU) of the interface holding the node's inventory address; a name is
+    resolved on the controller (nic_counters.resolve, bounded in time)."""
+    given = node.host.address
+    literal = nic_counters.address(given)
+    wanted = {literal} if literal else set(nic_counters.resolve(given))
     for entry in (node.facts.get("interfaces") if node.facts else None) or []:
-        if any(a.split("/")[0] == address for a in entry.get("addresses") or []):
+        if any(nic_counters.address(a.split("/")[0]) in wanted
+               for a in entry.get("addresses") or []):
             return str(entry["name"]), int(entry["mtu"])
     return None
 

@@ -5,6 +5,7 @@ line-rate gate, and the sample script run on this machine."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from gpufleet.conformance.nic_counters import (
     attribute,
     delta,
     deltas,
+    ethtool_sections,
     kind,
     line_rate,
     owners,
@@ -44,7 +46,7 @@ from gpufleet.facts import parsers, script
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import load_inventory
 from gpufleet.suites.probes import probe_common
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stand_in
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nic"
 ETHTOOL = sorted(FIXTURES.glob("*-ethtool-S*.txt"))
@@ -153,6 +155,10 @@ def test_a_saturated_legacy_counter_reads_as_its_value() -> None:
     assert sample.ports["mlx5_1/1"].counters["counters/port_xmit_wait"] == 4294967295
 
 
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 def test_ethtool_output_is_split_per_interface_and_joined_to_sysfs() -> None:
     nonce = "abc"
     mlx5 = (FIXTURES / "mlx5-ethtool-S.txt").read_text()
@@ -160,8 +166,9 @@ def test_ethtool_output_is_split_per_interface_and_joined_to_sysfs() -> None:
         "net": script.Section("net", 0, "eth1/speed:100000\neth1/operstate:up\n"
                                         "eth1/statistics/rx_dropped:12\nlo/speed:-1\n"
                                         "eth2/speed:-1\neth2/statistics/rx_dropped:0\n"),
-        "ethtool": script.Section("ethtool", 0, f"@@if-{nonce} eth1\n{mlx5}\n"
-                                                f"@@if-{nonce} eth2\nno stats available\n"),
+        "ethtool": script.Section("ethtool", 0, f"@@if-{nonce} eth1 {_b64(mlx5)}\n"
+                                                f"@@if-{nonce} eth2 "
+                                                f"{_b64('no stats available')}\n"),
         "snmp": script.Section("snmp", 0, "Tcp: RetransSegs OutSegs\nTcp: 3 900\n"),
     }
     sample = parse_sample(sections, nonce, 1.0)
@@ -456,3 +463,22 @@ def test_the_sample_script_reads_this_machine(tmp_path: Path) -> None:
                               env={**quiet, "SSH_CONNECTION": "10.9.0.1 51234 10.9.0.4 22"})
     assert parse_sample(script.split(over_ssh.stdout, nonce), nonce, 0.0).reached == (
         "10.9.0.4",)
+
+
+def test_nothing_ethtool_prints_can_forge_another_interface_s_counters(tmp_path: Path) -> None:
+    """A stand-in ethtool prints, for every interface, a frame for an interface of its own
+    choosing and counters under it: the real sample script keeps each interface's output
+    to itself, so no frame it prints becomes an interface."""
+    nonce = script.new_nonce()
+    stand_in(tmp_path, "ethtool", f"printf 'NIC statistics:\\n     rx_discards_phy: 5\\n"
+             f"@@if-{nonce} victim0\\nNIC statistics:\\n     rx_discards_phy: 999999\\n'\n")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("SSH_CONNECTION", None)
+    out = subprocess.run(["sh", "-c", sample_command(nonce)], capture_output=True, text=True,
+                         timeout=60, check=True, env=env).stdout
+    ethtool = script.split(out, nonce)["ethtool"]
+    names = {p.name for p in Path("/sys/class/net").iterdir()} - {"lo"}
+    assert names, "this machine has no interface but lo"
+    found = ethtool_sections(ethtool.text, nonce)
+    assert set(found) == names
+    assert all("999999" in text and "@@if-" in text for text in found.values())

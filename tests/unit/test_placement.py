@@ -4,6 +4,7 @@ source script run for real against loopback, and who is blamed for failing pairs
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -11,13 +12,18 @@ from gpufleet.conformance.placement import (
     PairResult,
     Placement,
     hop_failure,
+    interface_mtu,
     mtu_failure,
     parse_line,
     parse_ping,
     rtt_failure,
     source_script,
 )
+from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import ConnectOptions
 from gpufleet.errors import GpufleetError
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.model import load_inventory
 from tests.conftest import FIXTURES
 
 PING = FIXTURES / "ping"
@@ -108,3 +114,17 @@ def test_a_source_pings_its_targets_in_waves_and_answers_for_every_one() -> None
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert sorted(parse_line(line)[0] for line in out.splitlines()) == sorted(targets)
+
+
+def test_a_dns_named_node_s_interface_mtu_is_found_by_the_address_its_name_resolves_to(
+        tmp_path: Path) -> None:
+    """``localhost`` resolves on the controller to 127.0.0.1, which the node's ``lo``
+    holds; a name that resolves nowhere finds no interface (the check says unknown)."""
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  hosts:\n    node01:\n      ansible_host: localhost\n"
+                    "    node02:\n      ansible_host: node02.fabric.invalid\n")
+    interfaces = [{"name": "lo", "mtu": 65536, "addresses": ["127.0.0.1/8", "::1/128"]}]
+    nodes = {h.name: Node(h, ConnectOptions(), Facts(h.name, {"interfaces": interfaces}))
+             for h in load_inventory(path).select("all")}
+    assert interface_mtu(nodes["node01"]) == ("lo", 65536)
+    assert interface_mtu(nodes["node02"]) is None
