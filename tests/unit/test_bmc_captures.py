@@ -40,12 +40,17 @@ class _Recorded(redfish.RedfishReader):
         return doc
 
 
-def _captured(name: str) -> BmcReading:
+def _captured(name: str, older: bool = True) -> BmcReading:
+    """The recorded BMC's reading; ``older=False`` reads it as if its chassis had no
+    ``Power`` or ``Thermal``, from the newer resources alone."""
     reader = _Recorded(CAPTURES / name)
     docs = redfish.BmcDocuments()
     for chassis in sorted((CAPTURES / name / "Chassis").iterdir()):
         path = f"/redfish/v1/Chassis/{chassis.name}"
-        redfish._read_chassis(reader, reader.get(path), path, docs)
+        doc = reader.get(path)
+        if not older:
+            doc = {key: value for key, value in doc.items() if key not in ("Power", "Thermal")}
+        redfish._read_chassis(reader, doc, path, docs)
     return reading(docs.power, docs.thermal, {}, parts=docs.parts)
 
 
@@ -134,3 +139,32 @@ def test_a_sensor_the_bmc_reports_absent_has_no_reading() -> None:
     0 C: no reading, not 0 C."""
     hpe = {t.name: t.celsius for t in _captured("hpe-dl360-gen10plus-ilo5-2.55").temperatures}
     assert (hpe["04-P1 DIMM 1-8"], hpe["39-PCI 2"], hpe["06-P1 DIMM 9-16"]) == (None, None, 31)
+
+
+@pytest.mark.parametrize(("capture", "psus", "power_w", "inlets", "exhaust_and_fans"), [
+    ("lenovo-xcc-tgbt42s-2.83", [(f"Power Supply {i}", 2400, "OK") for i in range(1, 5)], 700,
+     [("Intake (summary)", 19), ("Ambient (summary)", 19)], ([25], 10)),
+    ("dell-r750-idrac9-7.10", [("PS1 Status", 1400, "OK"), ("PS2 Status", 1400, "OK")], 254,
+     [("Intake (summary)", 20)], ([26], 6)),
+    ("nvidia-dgx-h100-23.11", [(f"PSU{i} [/redfish/v1/Chassis/DGX]", None, None)
+                               for i in range(6)], None,
+     [("TEMP_AMBIENT", 22), ("TEMP_MB_INLET", 25), ("TEMP_GB1_INLET2", 32),
+      ("TEMP_GB1_INLET1", 31), ("InletSensor_0", None), ("InletSensor_1", None)], ([47], 36)),
+    ("nvidia-gb200-nvl-24.12", [], 1073.190183, [], ([], 0)),
+])
+def test_the_newer_resources_of_real_bmcs_read_as_their_older_ones(
+        capture: str, psus: list[tuple[str, float | None, str | None]], power_w: float | None,
+        inlets: list[tuple[str, float | None]],
+        exhaust_and_fans: tuple[list[float], int]) -> None:
+    """PowerSubsystem, EnvironmentMetrics and ThermalSubsystem alone, as a BMC that has only
+    them answers: the same PSUs, power, inlet, exhaust and fans as the older resources of
+    the same recording (Lenovo's and Dell's: the power a second apart, 700 and 708 W, 254
+    and 252 W), all fans healthy. A PSU that reports no health stays unknown."""
+    bmc = _captured(capture, older=False)
+    assert [(p.name, p.capacity_w, p.health) for p in bmc.psus] == psus
+    assert (bmc.power_now_w, bmc.power_peak_w) == (power_w, None)
+    assert [(t.name, t.celsius) for t in bmc.inlets()] == inlets
+    exhaust, fans = exhaust_and_fans
+    assert [t.celsius for t in bmc.temperatures if t.exhaust] == exhaust
+    assert (len(bmc.fans), [f.name for f in bmc.fans if f.failed]) == (fans, [])
+    assert all(f.units == "RPM" and f.reading for f in bmc.fans)
