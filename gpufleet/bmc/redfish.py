@@ -60,6 +60,7 @@ class BmcDocuments:
     thermal: dict[str, dict[str, Any]] = field(default_factory=dict)
     log_entries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     logs_cut: list[str] = field(default_factory=list)
+    parts: set[str] = field(default_factory=set)  # chassis that are parts (a GPU, a zone)
     duration_s: float = 0.0
 
 
@@ -302,12 +303,21 @@ def read(target: BmcTarget, budget_s: float = DEFAULT_BUDGET_S) -> BmcDocuments:
 
 def _read_chassis(reader: RedfishReader, chassis: dict[str, Any], name: str,
                   docs: BmcDocuments) -> None:
-    """A chassis' power and thermal resources, the older ones where the BMC has them."""
+    """A chassis' power and thermal resources, the older ones where the BMC has them (an
+    older ``Power`` that lists no power supply takes the PowerSubsystem's). A chassis that
+    is a part of the node (``ChassisType`` Module, Component, Zone...) is noted: its power
+    is the part's, not the node's."""
     docs.chassis.append(chassis)
+    if chassis.get("ChassisType") in power_checks.PART_CHASSIS:
+        docs.parts.add(name)
     power, thermal = _link(chassis, "Power"), _link(chassis, "Thermal")
+    subsystem = _link(chassis, "PowerSubsystem") is not None
     if power is not None:
         docs.power[name] = reader.get(power)
-    elif _link(chassis, "PowerSubsystem") is not None:
+        if subsystem and not docs.power[name].get("PowerSupplies"):
+            docs.power[name]["PowerSupplies"] = _power_subsystem(reader, chassis)[
+                "PowerSupplies"]
+    elif subsystem:
         docs.power[name] = _power_subsystem(reader, chassis)
     if thermal is not None:
         docs.thermal[name] = reader.get(thermal)

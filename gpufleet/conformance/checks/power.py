@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 HEALTHY = "OK"
-INLET_CONTEXTS = frozenset({"Intake", "Room"})
-INLET_NAME = re.compile(r"inlet|intake|ambient", re.IGNORECASE)
+INLET_CONTEXTS = frozenset({"Intake", "Room", "Front"})
+PLACE_CONTEXTS = frozenset({"SystemBoard", "Chassis", "Back", "Upper", "Lower"})
+INLET_NAME = re.compile(r"inlet|intake|ambient|^temp_(?:sens_)?front$", re.IGNORECASE)
+PART_NAME = re.compile(r"riser|p/s|psu|gpu|cpu|pci|dimm|nvme", re.IGNORECASE)
+NO_READING_STATES = frozenset({"Absent", "Disabled", "UnavailableOffline"})
+PART_CHASSIS = frozenset({"Card", "Cartridge", "Component", "Module", "Zone", "IPBasedDrive"})
 EXHAUST_NAME = re.compile(r"exhaust|outlet", re.IGNORECASE)
 AIR_COOLED_LIMIT_W = 15000.0
 PEAK_FIGURE = "power.peak_w"  # the measured peak's name in a node's baseline
@@ -59,7 +63,12 @@ class Temperature:
 
     @property
     def inlet(self) -> bool:
-        return self.context in INLET_CONTEXTS or bool(INLET_NAME.search(self.name))
+        """Placed at the air intake by the BMC, or named as the server's inlet: a part's
+        inlet (a riser's, a PSU's, a GPU's) is inside the server, past its own heat."""
+        if self.context in INLET_CONTEXTS:
+            return True
+        return (self.context is None or self.context in PLACE_CONTEXTS) \
+            and bool(INLET_NAME.search(self.name)) and not PART_NAME.search(self.name)
 
     @property
     def exhaust(self) -> bool:
@@ -107,6 +116,11 @@ class BmcReading:
     events: list[Event] = field(default_factory=list)
     events_unknown: str | None = None  # why the event logs could not all be read
 
+    def inlets(self) -> list[Temperature]:
+        """The temperatures of the air coming in: those the BMC places at the intake where
+        it places any there, else those named as the server's inlet."""
+        placed = [t for t in self.temperatures if t.context in INLET_CONTEXTS]
+        return placed or [t for t in self.temperatures if t.inlet]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +128,7 @@ class BmcReading:
             "power_interval_min": self.power_interval_min,
             "psus": [{"name": p.name, "capacity_w": p.capacity_w, "health": p.health,
                       "state": p.state, "output_w": p.output_w} for p in self.psus],
-            "inlet_c": [t.celsius for t in self.temperatures if t.inlet],
+            "inlet_c": [t.celsius for t in self.inlets()],
             "exhaust_c": [t.celsius for t in self.temperatures if t.exhaust],
             "fans": [{"name": f.name, "reading": f.reading, "units": f.units,
                       "health": f.health} for f in self.fans],
@@ -126,6 +140,39 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def _reading(item: Mapping[str, Any], key: str, state: str | None) -> float | None:
+    """A sensor's reading; none for a sensor that is absent, disabled or offline, whose
+    number (HPE's iLO reports 0) was not measured."""
+    return None if state in NO_READING_STATES else _number(item.get(key))
+
+
+def _power_supplies(doc: Mapping[str, Any], where: str) -> list[Psu]:
+    """A Power document's PSUs, each by a name that tells it from the others (HPE's iLO
+    names each one ``HpeServerPowerSupply``: its MemberId is added)."""
+    supplies = _items(doc, "PowerSupplies")
+    names = [_name(item, f"PSU {index}") for index, item in enumerate(supplies)]
+    found = []
+    for index, item in enumerate(supplies):
+        health, state = _status(item)
+        name = names[index]
+        if names.count(name) > 1:
+            name += f" (MemberId {item.get('MemberId', item.get('Id', index))})"
+        found.append(Psu(name + where,
+                         _number(item.get("PowerCapacityWatts")) or _input_rating(item),
+                         health, state, _number(item.get("LastPowerOutputWatts"))))
+    return found
+
+
+def _input_rating(item: Mapping[str, Any]) -> float | None:
+    """A PSU's rating from its input ranges where it reports no ``PowerCapacityWatts``
+    (Cisco's CIMC): ``OutputWattage``, or the newer resource's ``CapacityWatts``. The lowest
+    range counts, as which one the PSU runs on is not said; None when a range has none."""
+    ratings = [_number(r.get("OutputWattage", r.get("CapacityWatts")))
+               for r in _items(item, "InputRanges")]
+    known = [r for r in ratings if r]
+    return min(known) if known and len(known) == len(ratings) else None
 
 
 def _status(item: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -162,23 +209,20 @@ def parse_created(value: Any) -> datetime | None:
 
 def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mapping[str, Any]],
             log_entries: Mapping[str, Sequence[Mapping[str, Any]]],
-            logs_cut: Sequence[str] = ()) -> BmcReading:
+            logs_cut: Sequence[str] = (), parts: Collection[str] = ()) -> BmcReading:
     """The reading of a BMC from its chassis' Power and Thermal documents (by chassis) and
     its log services' entries (by log). A log read only in part (``logs_cut``: why) or no
-    log at all leaves the events unknown: what was not read cannot pass."""
+    log at all leaves the events unknown: what was not read cannot pass. The power of a
+    chassis that is a part (``parts``: a GPU, the HGX baseboard's zone) is not the node's
+    input power, and is not taken for it."""
     out = BmcReading()
     if logs_cut:
         out.events_unknown = "; ".join(logs_cut)
     elif not log_entries:
         out.events_unknown = "the BMC lists no event log (no LogServices with Entries)"
     for chassis, doc in sorted(power.items()):
-        for index, item in enumerate(_items(doc, "PowerSupplies")):
-            health, state = _status(item)
-            out.psus.append(Psu(f"{_name(item, f'PSU {index}')}"
-                                + (f" [{chassis}]" if len(power) > 1 else ""),
-                                _number(item.get("PowerCapacityWatts")), health, state,
-                                _number(item.get("LastPowerOutputWatts"))))
-        for item in _items(doc, "PowerControl"):
+        out.psus += _power_supplies(doc, f" [{chassis}]" if len(power) > 1 else "")
+        for item in _items(doc, "PowerControl") if chassis not in parts else []:
             now = _number(item.get("PowerConsumedWatts"))
             if now is None or out.power_now_w is not None:
                 continue
@@ -188,17 +232,20 @@ def reading(power: Mapping[str, Mapping[str, Any]], thermal: Mapping[str, Mappin
                 out.power_peak_w = _number(metrics.get("MaxConsumedWatts"))
                 out.power_interval_min = _number(metrics.get("IntervalInMin"))
     for _, doc in sorted(thermal.items()):
-        for index, item in enumerate(_items(doc, "Temperatures")):
-            health, _ = _status(item)
-            context = item.get("PhysicalContext")
+        temperatures = _items(doc, "Temperatures")
+        contexts = {item.get("PhysicalContext") for item in temperatures}
+        placed = len(temperatures) < 2 or len(contexts) > 1  # one context for all places none
+        for index, item in enumerate(temperatures):
+            health, state = _status(item)
+            context = item.get("PhysicalContext") if placed else None
             out.temperatures.append(Temperature(
-                _name(item, f"temperature {index}"), _number(item.get("ReadingCelsius")),
+                _name(item, f"temperature {index}"), _reading(item, "ReadingCelsius", state),
                 context if isinstance(context, str) else None, health,
                 _number(item.get("UpperThresholdCritical"))))
         for index, item in enumerate(_items(doc, "Fans")):
             health, state = _status(item)
             units = item.get("ReadingUnits")
-            out.fans.append(Fan(_name(item, f"fan {index}"), _number(item.get("Reading")),
+            out.fans.append(Fan(_name(item, f"fan {index}"), _reading(item, "Reading", state),
                                 units if isinstance(units, str) else None, health, state))
     for log, entries in sorted(log_entries.items()):
         for entry in entries:
@@ -405,8 +452,13 @@ def parse_redundancy(text: str | None) -> int | None:
 def psu_problems(psus: Sequence[Psu], peak_w: float, headroom: float,
                  redundancy: str | None) -> list[str]:
     """Failed PSUs; healthy capacity under ``headroom`` x the peak; and, with a declared
-    redundancy, a peak the PSUs left after losing the ones it allows cannot carry."""
-    problems = [f"power supply {p.describe()}" for p in psus if p.present and not p.healthy]
+    redundancy, a peak the PSUs left after losing the ones it allows cannot carry. A PSU
+    that reports no health is unknown, and so is the capacity the node can count on."""
+    unknown = [p for p in psus if p.present and p.health is None and p.state in (None, "Enabled")]
+    problems = [f"power supply {p.describe()}" for p in psus
+                if p.present and not p.healthy and not any(p is u for u in unknown)]
+    if unknown:
+        return problems + [f"unknown: power supply {p.name} reports no health" for p in unknown]
     healthy = sorted((p.capacity_w or 0.0 for p in psus if p.healthy), reverse=True)
     unrated = [p.name for p in psus if p.healthy and not p.capacity_w]
     if unrated:
@@ -429,7 +481,7 @@ def psu_problems(psus: Sequence[Psu], peak_w: float, headroom: float,
 def cooling_problems(reading: BmcReading, max_inlet_c: float) -> list[str]:
     """An inlet above ``max_inlet_c`` or its critical threshold, a failed fan; an unknown
     when the BMC reports no inlet temperature."""
-    inlets = [t for t in reading.temperatures if t.inlet and t.celsius is not None]
+    inlets = [t for t in reading.inlets() if t.celsius is not None]
     problems = [f"{t.name} reads {t.celsius:g} C, above {max_inlet_c:g} C (bmc_max_inlet_c)"
                 for t in inlets if t.celsius is not None and t.celsius > max_inlet_c]
     problems += [f"{t.name} reads {t.celsius:g} C, at or above its critical threshold "
