@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from gpufleet.errors import ParseError
-from gpufleet.facts import formats, parsers
+from gpufleet.facts import containers, formats, parsers
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -114,6 +114,42 @@ def test_cuda_version_json_of_cuda_13_3() -> None:
     """The whole file as ``cat`` printed it behind its prompt, 35 components (B300 host)."""
     text = published("cuda-version-json-13.3.1-b300-xe9780.txt")
     assert parsers.cuda_version_json(text) == "13.3.1"
+
+
+@pytest.mark.parametrize(("name", "version"), [
+    ("cuda-version-json-12.8.2-windows-streamco.txt", "12.8.2"),
+    ("cuda-version-json-12.9.0-windows-katago-build.txt", "12.9.0"),
+])
+def test_cuda_version_json_of_windows_toolkits(name: str, version: str) -> None:
+    """The file as the Windows installer leaves it (``NVIDIA Windows Driver``, Nsight VSE;
+    12.9.0 with CRLF line ends): the SDK's version, not a component's (cuBLAS 12.9.0.13)."""
+    assert parsers.cuda_version_json(published(name)) == version
+
+
+# --------------------------------------------------------------------------- apt-mark, ofed_info
+
+
+def test_apt_showhold_of_apt_2_6_on_debian_12() -> None:
+    """apt 2.6.1 lists its holds sorted, names with ``+`` and ``.`` among them."""
+    assert parsers.apt_showhold(published("apt-mark-showhold-apt-2.6.1-debian12.txt")) == {
+        "libssl3", "libstdc++6", "openssl", "python3.11"}
+
+
+def test_ofed_version_of_a_host_without_mlnx_ofed_is_a_parse_error() -> None:
+    """A host on the distribution's rdma-core has no ofed_info: the shell's complaint is
+    no version, and not "no OFED" either."""
+    with pytest.raises(ParseError, match="ofed_info -s: expected 'MLNX_OFED_LINUX"):
+        parsers.ofed_version(published("ofed-info-s-not-installed-ompi-9957.txt"))
+
+
+# --------------------------------------------------------------------------- containerd
+
+
+def test_containerd_runtime_of_containerd_1_6_default_config() -> None:
+    """``containerd config default`` of Debian's containerd 1.6.20 (version 2, runc the only
+    runtime and the default): no NVIDIA runtime, and not the default."""
+    text = (FIXTURES / "containers" / "containerd-config-default-1.6.20-debian12.toml").read_text()
+    assert containers.containerd_runtime(text) == containers.EngineRuntime(False, None, False)
 
 
 def test_torch_info_of_the_current_probe_and_a_python_without_torch() -> None:
