@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,24 @@ def envelope(schema: str, *, inventory: str, inventory_digest: str, duration_s: 
             "duration_s": round(duration_s, 3), "summary": summary, **body}
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float inside it made null: JSON has no such
+    numbers, and a ``NaN`` token breaks strict readers (jq, JSON Schema validators)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
 def write_json(path: str | Path, document: dict[str, Any]) -> None:
-    """Write ``document`` as indented JSON to ``path`` atomically."""
-    local_put(str(path), (json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
-              .encode())
+    """Write ``document`` as indented JSON to ``path`` atomically, a NaN or infinite
+    figure as null."""
+    text = json.dumps(finite(document), indent=2, sort_keys=False, default=str,
+                      allow_nan=False)
+    local_put(str(path), (text + "\n").encode())
 
 
 class BadJson(GpufleetError):

@@ -1,9 +1,10 @@
 """The outputs of a conformance run in the order that keeps a failed node out of service:
 the machine-read outputs (JSON, JUnit, Prometheus) and the drain first (the drain before
 the textfile, which waits for its lock), the HTML page last; a node's figure that is NaN,
-infinite or of the wrong type costs that figure only, and a page that cannot be rendered
-is one warning, never the run's failure. An acceptance that measured nothing on a node is
-NOT MEASURED, never ACCEPTED, on the page, in the JSON and in the exit code."""
+infinite or of the wrong type costs that figure only (null in the JSON), and a page that
+cannot be rendered is one warning, never the run's failure. An acceptance that measured
+nothing on a node is NOT MEASURED, never ACCEPTED, on the page, in the JSON and in the exit
+code."""
 
 from __future__ import annotations
 
@@ -84,7 +85,16 @@ def test_non_finite_figures_and_a_number_for_a_list_cost_those_figures_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, drained, out = run(tmp_path, monkeypatch, hostile_report())
     assert code == 1 and drained == ["gpu02"]
-    assert json.loads((out / "c.json").read_text())["summary"]["fail"] == 1
+    def strict(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+
+    document = json.loads((out / "c.json").read_text(), parse_constant=strict)
+    assert document["summary"]["fail"] == 1
+    [gpu02] = [r for r in document["results"] if r["host"] == "gpu02"
+               and r["suite"] == "allreduce"]
+    assert gpu02["properties"]["busbw_gbps"] is None  # NaN is null in JSON
+    assert gpu02["properties"]["verdicts"]["allreduce.busbw.8589934592"]["remeasured"] \
+        == [None, 1.0]
     assert "gpu02" in (out / "c.xml").read_text()
     found = samples((out / "c.prom").read_text())
     median = ("gpufleet_conformance_allreduce_busbw_bytes_per_second",
