@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

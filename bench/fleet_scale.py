@@ -39,7 +39,8 @@ from common import (
 )
 
 from gpufleet import app
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 
 
 def scale_lab() -> LabConfig:

@@ -27,7 +27,8 @@ from typing import Any
 from common import ROOT, log
 
 from gpufleet import app
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 
 LAB = LabConfig(name="gfsteps", root=Path("/srv/gpufleet-lab-steps"), subnet="10.142.0",

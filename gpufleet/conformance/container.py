@@ -18,14 +18,12 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts.catalog import NO_SMI, Fact, needs
+from gpufleet.facts.gather import Facts
 from gpufleet.provision.role import SAFE_PATH, RoleVars, Var
-
-if TYPE_CHECKING:
-    from gpufleet.conformance.session import Node
 
 ENGINES = ("docker", "podman")
 PULL = ("missing", "never", "always")
@@ -64,13 +62,31 @@ GPU_BRAND = Fact("gpu_brand", needs("nvidia-smi", NO_SMI) + "nvidia-smi -q | hea
                  parse_brand, "nvidia-smi")
 
 
-def image(node: Node) -> str | None:
+class ImageNode(Protocol):
+    """What a container's command line reads of a node: the session's ``Node``, named here so
+    that this module, which the suite registry imports, does not import the session."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def facts(self) -> Facts | None: ...
+
+    @property
+    def settings(self) -> RoleVars: ...
+
+    def var(self, key: str) -> Any: ...
+
+    def flag(self, key: str) -> bool | None: ...
+
+
+def image(node: ImageNode) -> str | None:
     """The image the node's probes run in, None when they run on the host."""
     value = node.var("container_image")
     return None if value is None else str(value)
 
 
-def engine(node: Node) -> str:
+def engine(node: ImageNode) -> str:
     return str(node.var("container_engine"))
 
 
@@ -133,7 +149,7 @@ def mounts_of(v: RoleVars) -> list[str]:
     return [str(e["path"]) for e in declared or [] if isinstance(e, Mapping) and "path" in e]
 
 
-def run_argv(node: Node, rundir: str, command: Sequence[str],
+def run_argv(node: ImageNode, rundir: str, command: Sequence[str],
              env: Mapping[str, str]) -> list[str]:
     """The engine's command line that runs ``command`` in a container of the node's image."""
     reference = image(node)
@@ -153,7 +169,7 @@ def run_argv(node: Node, rundir: str, command: Sequence[str],
     return [*argv, reference, *command]
 
 
-def removal(node: Node, rundir: str) -> str:
+def removal(node: ImageNode, rundir: str) -> str:
     """The shell command that removes the run's container (nothing when there is none)."""
     return (f"{shlex.quote(engine(node))} rm -f {shlex.quote(container_name(rundir))} "
             ">/dev/null 2>&1")
@@ -172,7 +188,7 @@ class ImageInfo:
     labels: dict[str, str]
 
 
-def inspect_command(node: Node) -> str:
+def inspect_command(node: ImageNode) -> str:
     reference = image(node) or ""
     return (f"{shlex.quote(engine(node))} image inspect --format '{{{{json .}}}}' "
             f"{shlex.quote(reference)}")

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 
 
 def main(argv: list[str] | None = None) -> int:

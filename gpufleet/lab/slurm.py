@@ -20,14 +20,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpufleet.errors import LabError
 from gpufleet.lab import localcmd
+from gpufleet.lab.model import LabConfig, Node
 from gpufleet.slurm.client import Slurm, SlurmError, SlurmNode
-
-if TYPE_CHECKING:
-    from gpufleet.lab.cluster import LabConfig, Node
 
 TOOLS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "unshare")
 INSTALL_HINT = "install them with: apt-get install slurmctld slurmd slurm-client munge"

@@ -34,14 +34,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import IO, Protocol
 
 from gpufleet.connect.connection import Unreachable
-
-if TYPE_CHECKING:
-    from gpufleet.slurm.launcher import Allocation
+from gpufleet.slurm.client import Slurm, SlurmNode
 
 WINDOW_S = 0.15
 STDIN_MAX = 256 * 1024
@@ -189,10 +187,24 @@ def _decoded(lines: list[str]) -> bytes:
         return b""
 
 
+class StepAllocation(Protocol):
+    """What a combined step needs of the run's allocation (the launcher's ``Allocation``,
+    which holds the fan-out: named here so that neither module imports the other)."""
+
+    @property
+    def slurm(self) -> Slurm: ...
+
+    @property
+    def job_id(self) -> str | None: ...
+
+    @property
+    def nodes(self) -> Mapping[str, SlurmNode]: ...
+
+
 class StepFanout:
     """Gathers the node-local commands of an allocation's nodes into combined steps."""
 
-    def __init__(self, allocation: Allocation, path: str, window_s: float = WINDOW_S
+    def __init__(self, allocation: StepAllocation, path: str, window_s: float = WINDOW_S
                  ) -> None:
         self.allocation = allocation
         self.path = path

@@ -22,7 +22,8 @@ from gpufleet import app
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.ssh import SSHConnection
 from gpufleet.inventory.model import Host, Inventory, load_inventory
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 from gpufleet.report import jsonfile
 from gpufleet.report.schemas import SchemaError, validate
 from tests.conftest import ROOT

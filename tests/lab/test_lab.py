@@ -13,7 +13,8 @@ import pytest
 
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import load_inventory
-from gpufleet.lab.cluster import Lab, LabConfig
+from gpufleet.lab.cluster import Lab
+from gpufleet.lab.model import LabConfig
 from gpufleet.lab.repo import KEYRING
 from tests.conftest import ROOT
 from tests.lab.conftest import lab_config_for, node_sh

@@ -8,7 +8,8 @@ import ipaddress
 import pytest
 
 from gpufleet.errors import LabError
-from gpufleet.lab.cluster import MAX_NODES, LabConfig
+from gpufleet.lab.cluster import MAX_NODES
+from gpufleet.lab.model import LabConfig
 
 
 def test_the_first_239_nodes_keep_their_addresses() -> None:
