@@ -54,7 +54,7 @@ from gpufleet.conformance.session import ConformanceSession, Node, RecordPropert
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers
+from gpufleet.facts.parsers import nccl_tests
 
 
 def _record(run: ProbeRun, record_property: RecordProperty) -> None:
@@ -213,7 +213,7 @@ def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,
                       f"{shlex.quote(str(node.var('nccl_tests_max_size')))} -f 2 "
                       f"-g {gpus}", timeout=timeout_of(node))
     try:
-        rows = parsers.nccl_tests(result.stdout)
+        rows = nccl_tests.nccl_tests(result.stdout)
     except ParseError as exc:
         pytest.fail(f"unknown: all_reduce_perf output could not be read: {exc}")
     conformance.add_report("allreduce", f"nccl-tests {node.name}", rows)

@@ -43,8 +43,8 @@ from gpufleet.conformance.session import ConformanceSession, Node, RecordPropert
 from gpufleet.conformance.torch_probe import imported_torch
 from gpufleet.drift.compare import consistency_groups
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.parsers import dcgm, xid
 from gpufleet.roles import training_python
 
 
@@ -174,7 +174,7 @@ def test_no_critical_xid_since_boot(node: Node, record_property: RecordProperty)
         pytest.fail(f"unknown: neither dmesg nor journalctl could read the kernel log: "
                     f"{log.stdout.strip()[-200:]}")
     try:
-        events = parsers.xid_events(log.stdout)
+        events = xid.xid_events(log.stdout)
     except ParseError as exc:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
     try:
@@ -218,7 +218,7 @@ def test_dcgm_diagnostics(node: Node, record_property: RecordProperty) -> None:
         pytest.skip("DCGM is not installed (no dcgmi)")
     result = node.run(f"dcgmi diag -r {level} -j", timeout=DCGM_TIMEOUTS[level])
     try:
-        diag = parsers.dcgm_diag(result.stdout)
+        diag = dcgm.dcgm_diag(result.stdout)
     except ParseError as exc:
         pytest.fail(f"unknown: dcgmi diag -r {level}: {exc}")
     record_property("dcgm", [{k: t[k] for k in ("gpu", "name", "status")}

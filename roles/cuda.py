@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from gpufleet.errors import VarError
-from gpufleet.facts import parsers
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.parsers import packages
 from gpufleet.provision import apt
 from gpufleet.provision.managed import link_change
 from gpufleet.provision.plan import Change, Fail, Run
@@ -134,7 +134,7 @@ class CudaRole(RoleBase):
         for name in self.wanted(v):
             record = facts.package(name)
             if record is not None:
-                versions.add(parsers.nvidia_version_from_package(record["version"]))
+                versions.add(packages.nvidia_version_from_package(record["version"]))
         return versions.pop() if len(versions) == 1 else None
 
     def _component_changes(self, facts: Facts, v: RoleVars) -> list[Change]:

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from gpufleet.errors import VarError
-from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.parsers import packages, system
 from gpufleet.provision import apt
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change, Fail
@@ -68,17 +68,17 @@ def driver_version(v: RoleVars) -> str:
 MODULE_FLAVOR = Fact(
     "nvidia_module_flavor",
     "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version; else "
-    "echo 'no NVIDIA kernel module loaded'; exit 127; fi", parsers.proc_driver_flavor)
+    "echo 'no NVIDIA kernel module loaded'; exit 127; fi", system.proc_driver_flavor)
 GPU_OPERATOR = Fact(
     "gpu_operator",
     f"if [ -x {OPERATOR_ROOT}/usr/bin/nvidia-smi ] || "
     "[ -e /run/nvidia/validations/.driver-ctr-ready ] || "
     "[ -e /run/nvidia/validations/driver-ready ]; then echo operator; else echo none; fi",
-    parsers.gpu_operator)
+    system.gpu_operator)
 SECURE_BOOT = Fact(
     "secure_boot",
     "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
-    "else echo 'mokutil not found'; exit 127; fi", parsers.secure_boot)
+    "else echo 'mokutil not found'; exit 127; fi", system.secure_boot)
 
 
 class DriverRole(RoleBase):
@@ -268,7 +268,7 @@ def driver_standin(name: str, version: str, flavor: str, *, depends: str = "",
     """A driver package as the lab serves it: it provides the driver of its upstream
     version (which fabricmanager of that exact version depends on), conflicts with any
     other driver, and carries the module line the lab "loads" at boot."""
-    upstream = parsers.nvidia_version_from_package(version)
+    upstream = packages.nvidia_version_from_package(version)
     branch = upstream.split(".")[0]
     return Standin(
         name, version, f"NVIDIA driver {upstream} ({flavor}) metapackage",

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet.facts import parsers
 from gpufleet.facts.catalog import NO_SYSTEMD, Fact
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.parsers import packages
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
@@ -31,7 +31,7 @@ FM_VERSION = Fact(
     "fabricmanager",
     "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' 'nvidia-fabricmanager-*' "
     "2>/dev/null | awk 'substr($1, 2, 1) == \"i\" {print $2}' | head -n1",
-    lambda text: parsers.nvidia_version_from_package(text) if text.strip() else None)
+    lambda text: packages.nvidia_version_from_package(text) if text.strip() else None)
 SERVICE_STATE = Fact(
     "fabricmanager_service",
     f"{NO_SYSTEMD}echo \"$(systemctl is-enabled {SERVICE} 2>&1) "
@@ -135,7 +135,7 @@ def fabricmanager_standin(version: str) -> Standin:
     """nvidia-fabricmanager-<branch> depending on the driver of exactly its version (the
     shape of Ubuntu's nvidia-fabricmanager-580, which depends on
     nvidia-kernel-common-580-server-<version>)."""
-    upstream = parsers.nvidia_version_from_package(version)
+    upstream = packages.nvidia_version_from_package(version)
     branch = upstream.split(".")[0]
     return Standin(f"nvidia-fabricmanager-{branch}", version,
                    f"Fabric Manager {upstream} for NVSwitch based systems",

@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar
 
-from gpufleet.facts import parsers
 from gpufleet.facts.catalog import Fact
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.parsers import packages
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
@@ -18,7 +18,7 @@ from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 _VERSION = re.compile(r"[0-9][0-9A-Za-z.-]*\Z")
 OFED_INFO = Fact("ofed", "command -v ofed_info >/dev/null 2>&1 || { echo 'ofed_info not found "
                  "(no OFED / DOCA-OFED on this host)'; exit 127; }; ofed_info -s",
-                 parsers.ofed_version, "ofed_info")
+                 packages.ofed_version, "ofed_info")
 
 
 class OfedRole(RoleBase):

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import parsers
 from gpufleet.facts.catalog import TORCH_PROBE
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.facts.parsers import cuda
 from gpufleet.inventory.secrets import redact
 from gpufleet.provision.plan import ApplyContext, Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
@@ -76,7 +76,7 @@ class PipInstall:
             tail = redact(result.stderr or result.stdout).strip().splitlines()[-3:]
             raise GpufleetError(f"pip install torch=={self.version} failed: {' | '.join(tail)}")
         probe = ctx.conn.run(shlex.join([self.python, "-c", TORCH_PROBE]), timeout=300)
-        info = parsers.torch_info(probe.stdout if probe.ok else probe.stderr)
+        info = cuda.torch_info(probe.stdout if probe.ok else probe.stderr)
         problems = verify(info, self.version, self.cuda, self.nccl)
         if problems:
             raise GpufleetError("after install, " + "; ".join(problems))

@@ -42,7 +42,8 @@ from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError, ParseError
-from gpufleet.facts import parsers, script
+from gpufleet.facts import script
+from gpufleet.facts.parsers import network
 
 KINDS = ("drops", "errors", "pause", "ecn", "retransmits")
 GATED = ("drops", "errors")
@@ -159,7 +160,7 @@ def ethtool_sections(text: str, nonce: str) -> dict[str, str]:
 def _interfaces(section: script.Section | None) -> dict[str, dict[str, Any]]:
     """Interfaces from the ``net`` section: speed, state and statistics."""
     interfaces: dict[str, dict[str, Any]] = {}
-    for path, value in (parsers.sysfs_values(section.text) if section else {}).items():
+    for path, value in (network.sysfs_values(section.text) if section else {}).items():
         match = _IFACE_FILE.match(path)
         if not match or match["port"] == "lo":
             continue
@@ -183,7 +184,7 @@ def _ethtool(section: script.Section | None, nonce: str,
         return
     for name, text in ethtool_sections(section.text, nonce).items():
         try:
-            stats = parsers.ethtool_stats(text)
+            stats = network.ethtool_stats(text)
         except ParseError:
             unknown.append(f"ethtool -S {name}: {text.strip()[:80] or 'no output'}")
             continue
@@ -194,14 +195,14 @@ def _ethtool(section: script.Section | None, nonce: str,
 def _rdma(section: script.Section | None, unknown: list[str]) -> dict[str, Port]:
     """RDMA ports from the ``rdma`` section: rate, state, counters and hw_counters."""
     found: dict[str, dict[str, Any]] = {}
-    for path, value in (parsers.sysfs_values(section.text) if section else {}).items():
+    for path, value in (network.sysfs_values(section.text) if section else {}).items():
         match = _RDMA_FILE.match(path)
         if not match:
             continue
         entry = found.setdefault(f"{match['dev']}/{match['port']}", {"counters": {}})
         if match["file"] == "rate":
             try:
-                entry["rate"] = parsers.rdma_port_rate(value)
+                entry["rate"] = network.rdma_port_rate(value)
             except ParseError as exc:
                 unknown.append(f"{path}: {exc}")
         elif match["file"] == "state":
@@ -241,7 +242,7 @@ def parse_sample(sections: Mapping[str, script.Section], nonce: str, taken: floa
     snmp = sections.get("snmp")
     tcp: dict[str, int] = {}
     try:
-        tcp = parsers.proc_net_snmp(snmp.text if snmp else "")
+        tcp = network.proc_net_snmp(snmp.text if snmp else "")
     except ParseError as exc:
         unknown.append(str(exc))
     peer = sections.get("peer")

@@ -9,7 +9,9 @@ from typing import Any
 
 from gpufleet.conformance.session import Node
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers, script
+from gpufleet.facts import script
+from gpufleet.facts.parsers import network
+from gpufleet.facts.parsers.qos import dcb_pfc_json, mlnx_qos
 
 
 @dataclass
@@ -47,7 +49,7 @@ def parse_state(netdev: str, sections: dict[str, script.Section]) -> RoceState:
     if qos is not None and qos.rc == 0:
         state.tool = "mlnx_qos"
         try:
-            parsed = parsers.mlnx_qos(qos.text)
+            parsed = mlnx_qos(qos.text)
             state.trust, state.pfc_enabled = parsed["trust"], parsed["pfc_enabled"]
             state.dscp2prio = parsed["dscp2prio"]
         except ParseError as exc:
@@ -55,7 +57,7 @@ def parse_state(netdev: str, sections: dict[str, script.Section]) -> RoceState:
     elif dcb is not None and dcb.rc == 0:
         state.tool = "dcb"
         try:
-            state.pfc_enabled = parsers.dcb_pfc_json(dcb.text)["prio_pfc"]
+            state.pfc_enabled = dcb_pfc_json(dcb.text)["prio_pfc"]
         except ParseError as exc:
             state.unknown.append(f"dcb output unreadable: {exc}")
         state.unknown.append("trust mode and DSCP map (mlnx_qos not installed)")
@@ -69,8 +71,8 @@ def parse_state(netdev: str, sections: dict[str, script.Section]) -> RoceState:
     counters = sections.get("ethtool")
     if counters is not None and counters.rc == 0:
         try:
-            state.counters = parsers.pause_and_discard_counters(
-                parsers.ethtool_stats(counters.text))
+            state.counters = network.pause_and_discard_counters(
+                network.ethtool_stats(counters.text))
         except ParseError:
             state.unknown.append("ethtool -S counters unreadable")
     return state

@@ -8,8 +8,8 @@ from typing import Any
 
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers
 from gpufleet.facts.catalog import TORCH_PROBE
+from gpufleet.facts.parsers import cuda
 from gpufleet.roles import training_python
 
 IMPORT_TIMEOUT_S = 300.0
@@ -23,7 +23,7 @@ def imported_torch(node: Node, conformance: ConformanceSession) -> dict[str, Any
         result = node.run(f"{shlex.quote(python)} -c {shlex.quote(TORCH_PROBE)}",
                           timeout=IMPORT_TIMEOUT_S)
         try:
-            return parsers.torch_info(result.stdout if result.ok else result.stderr)
+            return cuda.torch_info(result.stdout if result.ok else result.stderr)
         except ParseError as exc:
             return f"importing torch under {python} failed: {exc}"
 

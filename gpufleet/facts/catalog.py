@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.facts import formats, parsers
+from gpufleet.facts import formats
+from gpufleet.facts.parsers import cuda, network, nvidia_smi, packages, system
 
 
 @dataclass(frozen=True)
@@ -124,17 +125,17 @@ def _headers(text: str) -> bool:
 def _interfaces(text: str) -> list[dict[str, Any]]:
     stripped = text.lstrip()
     if stripped.startswith("["):
-        return parsers.ip_addr_json(text)
-    return parsers.sys_class_net(text)
+        return network.ip_addr_json(text)
+    return network.sys_class_net(text)
 
 
 BASE_FACTS: list[Fact] = [
     Fact("hostname", "hostname", _first_line),
-    Fact("os_release", "cat /etc/os-release", parsers.os_release),
+    Fact("os_release", "cat /etc/os-release", system.os_release),
     Fact("kernel", "uname -r", _first_line),
     Fact("arch", "uname -m", _first_line),
     Fact("cpus", "nproc", _int),
-    Fact("meminfo", "cat /proc/meminfo", parsers.meminfo),
+    Fact("meminfo", "cat /proc/meminfo", system.meminfo),
     Fact("boot_id", "cat /proc/sys/kernel/random/boot_id", _first_line),
     Fact("uptime_s", "cut -d' ' -f1 /proc/uptime", _float),
     Fact("clock", "date +%s.%N", _float),
@@ -145,36 +146,36 @@ BASE_FACTS: list[Fact] = [
     Fact("kernel_headers", "if [ -d \"/lib/modules/$(uname -r)/build\" ]; then echo yes; "
          "else echo no; fi", _headers),
     Fact("gpus", needs("nvidia-smi", NO_SMI)
-         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", parsers.nvidia_smi_query,
+         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", nvidia_smi.nvidia_smi_query,
          "nvidia-smi"),
-    Fact("gpu_list", needs("nvidia-smi", NO_SMI) + "nvidia-smi -L", parsers.nvidia_smi_list,
+    Fact("gpu_list", needs("nvidia-smi", NO_SMI) + "nvidia-smi -L", nvidia_smi.nvidia_smi_list,
          "nvidia-smi"),
     Fact("gpu_topology", needs("nvidia-smi", NO_SMI) + "nvidia-smi topo -m",
-         parsers.nvidia_topo, "nvidia-smi"),
+         nvidia_smi.nvidia_topo, "nvidia-smi"),
     Fact("nvlink", needs("nvidia-smi", NO_SMI) + "nvidia-smi nvlink --status",
-         parsers.nvlink_status, "nvidia-smi"),
+         nvidia_smi.nvlink_status, "nvidia-smi"),
     Fact("gpu_fabric", needs("nvidia-smi", NO_SMI) + "nvidia-smi -q | awk " + shlex.quote(
         "/^GPU /{print} /^    Persistence Mode/{print} /^    [A-Za-z]/{f=($0 ~ /^    Fabric/)} "
-        "/^    Fabric/{print} f && /^        (State|Status) /{print}"), parsers.nvidia_smi_q,
+        "/^    Fabric/{print} f && /^        (State|Status) /{print}"), nvidia_smi.nvidia_smi_q,
          "nvidia-smi"),
     Fact("nvidia_module", "if [ -r /proc/driver/nvidia/version ]; then "
          "cat /proc/driver/nvidia/version; else echo 'no NVIDIA kernel module loaded'; "
-         "exit 127; fi", parsers.proc_driver_version),
+         "exit 127; fi", system.proc_driver_version),
     Fact("pci_gpus", "for d in /sys/bus/pci/devices/*; do "
          "[ \"$(cat \"$d/vendor\" 2>/dev/null)\" = 0x10de ] || continue; "
          "echo \"${d##*/} $(cat \"$d/class\") $(cat \"$d/device\") "
          "$(cat \"$d/current_link_speed\" 2>/dev/null) x$(cat \"$d/current_link_width\" "
          "2>/dev/null) numa=$(cat \"$d/numa_node\" 2>/dev/null)\"; done",
-         parsers.sys_pci_gpus),
+         system.sys_pci_gpus),
     Fact("cuda_version_json", "if [ -r /usr/local/cuda/version.json ]; then "
          "cat /usr/local/cuda/version.json; else echo 'no /usr/local/cuda/version.json'; "
-         "exit 127; fi", parsers.cuda_version_json),
+         "exit 127; fi", cuda.cuda_version_json),
     Fact("nvcc", "n=/usr/local/cuda/bin/nvcc; [ -x \"$n\" ] || n=$(command -v nvcc) || "
-         "{ echo 'nvcc not found'; exit 127; }; \"$n\" --version", parsers.nvcc_version),
+         "{ echo 'nvcc not found'; exit 127; }; \"$n\" --version", cuda.nvcc_version),
     Fact("interfaces", "if command -v ip >/dev/null 2>&1; then ip -j addr; else "
          "for i in /sys/class/net/*; do echo \"${i##*/} $(cat \"$i/mtu\") "
          "$(cat \"$i/operstate\") $(cat \"$i/address\")\"; done; fi", _interfaces),
-    Fact("port_range", "cat /proc/sys/net/ipv4/ip_local_port_range", parsers.port_range),
+    Fact("port_range", "cat /proc/sys/net/ipv4/ip_local_port_range", network.port_range),
     Fact("firewall",
          "if command -v nft >/dev/null 2>&1; then "
          "echo \"nft $(nft list tables 2>/dev/null | awk '{print $2\":\"$3}' | paste -sd, -)\"; "
@@ -203,7 +204,7 @@ def packages_fact(names: list[str]) -> Fact:
     args = " ".join(shlex.quote(n) for n in sorted(names))
     return Fact("packages", needs("dpkg-query", "no dpkg on this host (not Debian/Ubuntu)")
                 + "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n' " + args
-                + " 2>/dev/null; true", parsers.dpkg_query)
+                + " 2>/dev/null; true", packages.dpkg_query)
 
 
 def file_fact(path: str) -> Fact:
@@ -261,7 +262,7 @@ def sysctl_fact(key: str) -> Fact:
     """A sysctl's current value, read from /proc/sys (sysctl's convention: a '/' in the key
     stands for a '.' inside a name, e.g. the VLAN interface eth0.100)."""
     path = "/proc/sys/" + key.translate(str.maketrans("./", "/."))
-    return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", parsers.sysctl_value)
+    return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", network.sysctl_value)
 
 
 def json_safe(value: Any) -> Any:

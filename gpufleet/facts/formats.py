@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers
+from gpufleet.facts.parsers.cuda import torch_info
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def torch_files(text: str) -> dict[str, Any]:
     """torch's version, CUDA and bundled NCCL from the files of a virtual environment
     (``@venv``/``@nccl`` lines, then torch/version.py), or the probe's JSON otherwise."""
     if not text.startswith("@venv"):
-        return parsers.torch_info(text)
+        return torch_info(text)
     head, nccl_line, body = [*text.split("\n", 2), "", ""][:3]
     version = _TORCH_VERSION.search(body)
     cuda = _TORCH_CUDA.search(body)

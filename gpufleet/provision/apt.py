@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.errors import GpufleetError, VarError
-from gpufleet.facts import parsers
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.parsers import packages
 from gpufleet.provision import debversion
 from gpufleet.provision.managed import HEADER, file_change
 from gpufleet.provision.plan import ApplyContext, Change, Run
@@ -78,7 +78,7 @@ def resolve(name: str, wanted: str, offered: list[str]) -> str:
         raise PackageUnavailable(
             f"no version of {name} matching {wanted} is available from the host's apt "
             f"repositories (available: {', '.join(offered) if offered else 'none'})")
-    upstreams = {parsers.nvidia_version_from_package(v) for v in found}
+    upstreams = {packages.nvidia_version_from_package(v) for v in found}
     if len(upstreams) > 1 and not wanted.endswith("-*"):
         raise PackageUnavailable(
             f"{name}: {wanted} is ambiguous, the repositories offer {', '.join(found)}; "
@@ -170,7 +170,7 @@ class AptInstall:
     def _resolve(self, ctx: ApplyContext) -> dict[str, str]:
         names = " ".join(shlex.quote(n) for n in self.packages)
         result = ctx.conn.run(f"apt-cache madison {names}", timeout=120)
-        available = parsers.apt_madison(result.stdout)
+        available = packages.apt_madison(result.stdout)
         return {name: resolve(name, version, available.get(name, []))
                 for name, version in self.packages.items()}
 

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gpufleet.facts import parsers
+from gpufleet.facts.parsers import nvidia_smi
 from gpufleet.lab.cluster import Lab
 from tests.conftest import ROOT
 from tests.lab.conftest import node_sh
@@ -54,7 +54,7 @@ def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = Fa
                           flags=re.MULTILINE)
         commands.append(f"printf '%s' {shlex.quote(text)} > {STATE}/{name}")
     listing = "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n"
-                      for g in parsers.nvidia_smi_query((CAPTURES / REPLAYED["query"])
+                      for g in nvidia_smi.nvidia_smi_query((CAPTURES / REPLAYED["query"])
                                                         .read_text()))
     commands.append(f"printf '%s' {shlex.quote(listing)} > {STATE}/list")
     if hang:

@@ -10,7 +10,8 @@ from gpufleet.conformance import rdma
 from gpufleet.conformance.checks import gpu, host_sizing
 from gpufleet.conformance.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import parsers, script, xids
+from gpufleet.facts import script, xids
+from gpufleet.facts.parsers import nvidia_smi, xid
 from tests.conftest import FIXTURES
 
 H200 = FIXTURES / "h200x2"
@@ -73,18 +74,18 @@ def test_rdma_with_dcb_only_reads_pfc_and_says_trust_is_unknown() -> None:
 
 
 def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
-    gpus = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+    gpus = nvidia_smi.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
     assert gpu.health_problems(gpus, 85, 5, 16, True) == []
-    topo = parsers.nvidia_topo((H200 / "topo_m.txt").read_text())
+    topo = nvidia_smi.nvidia_topo((H200 / "topo_m.txt").read_text())
     assert gpu.topology_problems(topo, True) == []
-    assert gpu.nvlink_problems(parsers.nvlink_status(
+    assert gpu.nvlink_problems(nvidia_smi.nvlink_status(
         (H200 / "nvlink_status.txt").read_text())) == []
-    assert gpu.xid_verdict(parsers.xid_events((H200 / "dmesg_xid.txt").read_text()),
+    assert gpu.xid_verdict(xid.xid_events((H200 / "dmesg_xid.txt").read_text()),
                            xids.XID_POLICY) == ([], [])
 
 
 def test_gpu_health_problems() -> None:
-    gpus = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+    gpus = nvidia_smi.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
     bad = dict(gpus[1], **{"ecc.errors.uncorrected.volatile.total": 2,
                            "remapped_rows.pending": True,
                            "clocks_event_reasons.hw_thermal_slowdown": True,
@@ -114,7 +115,7 @@ def test_gpu_topology_with_a_pair_on_sys() -> None:
 def test_critical_xids_from_a_kernel_log(tmp_path: Path) -> None:
     log = ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 79, pid=123, name=python, GPU has fallen off "
            "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n")
-    events = parsers.xid_events(log)
+    events = xid.xid_events(log)
     assert [e["at"] for e in events] == [12.3, 13.0]
     assert gpu.xid_verdict(events, xids.XID_POLICY) == (
         ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."],

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import VarError
-from gpufleet.facts import containers, parsers
+from gpufleet.facts import containers
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.parsers import nvidia_smi, system
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
@@ -76,7 +77,7 @@ def node(gpus: list[dict[str, Any]], driver: str | None, **files: FileState) -> 
 
 def h200_gpus() -> list[dict[str, Any]]:
     return [{"index": g["index"], "name": g["name"], "uuid": g["uuid"]}
-            for g in parsers.nvidia_smi_query(H200_LIST.read_text())]
+            for g in nvidia_smi.nvidia_smi_query(H200_LIST.read_text())]
 
 
 def lab_ctk(tmp_path: Path, driver: str, gpus: list[dict[str, Any]]) -> Path:
@@ -401,8 +402,8 @@ def test_the_spec_a_real_h200_node_needs(tmp_path: Path) -> None:
     nvidia-ctk, fed the node's real nvidia-smi -L and module line, writes a spec the role
     then finds current."""
     real = ROOT / "tests" / "fixtures" / "h200x1"
-    gpus = parsers.nvidia_smi_list((real / "nvidia_smi_L.txt").read_text())
-    driver = parsers.proc_driver_version((real / "proc_nvidia_version.txt").read_text())
+    gpus = nvidia_smi.nvidia_smi_list((real / "nvidia_smi_L.txt").read_text())
+    driver = system.proc_driver_version((real / "proc_nvidia_version.txt").read_text())
     assert (driver, len(gpus)) == ("580.159.04", 1)
     [change] = plan(inventory(tmp_path, PODMAN), node(gpus, driver))
     assert (change.before, change.after) == ("absent", "driver 580.159.04, 1 GPU(s)")

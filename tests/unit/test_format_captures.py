@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet.errors import ParseError
 from gpufleet.facts.formats import disk_free, time_sync
-from gpufleet.facts.parsers import ParseError
 from tests.conftest import ROOT
 
 PUBLISHED = ROOT / "tests" / "fixtures" / "published"

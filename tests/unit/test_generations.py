@@ -20,14 +20,14 @@ from gpufleet.conformance.checks.generations import (
     unsupported,
 )
 from gpufleet.errors import ParseError
-from gpufleet.facts import parsers
+from gpufleet.facts.parsers import cuda, nvidia_smi
 from tests.conftest import ROOT
 
 H200 = ROOT / "tests" / "fixtures" / "h200x1"
-GPUS = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+GPUS = nvidia_smi.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
 TORCH = json.loads((H200 / "torch_probe.json").read_text())
 DRIVER = parse_driver_cuda((H200 / "nvidia_smi_q.txt").read_text())
-TOOLKIT = parsers.nvcc_version((H200 / "nvcc_version.txt").read_text())
+TOOLKIT = cuda.nvcc_version((H200 / "nvcc_version.txt").read_text())
 
 
 def test_the_real_h200_stack_supports_its_gpu() -> None:

@@ -42,8 +42,9 @@ from gpufleet.conformance.nic_counters import (
 from gpufleet.conformance.nic_counters import Path as CountedPath
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
-from gpufleet.facts import parsers, script
+from gpufleet.facts import script
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.parsers import network
 from gpufleet.inventory.model import load_inventory
 from gpufleet.suites.probes import probe_common
 from tests.conftest import ROOT, stand_in
@@ -76,7 +77,7 @@ def _sample(ports: dict[str, Port], retrans: int = 0, out: int = 1000,
 
 @pytest.mark.parametrize("path", ETHTOOL, ids=[p.name for p in ETHTOOL])
 def test_every_captured_ethtool_output_parses_and_has_trouble_counters(path: Path) -> None:
-    stats = parsers.ethtool_stats(path.read_text())
+    stats = network.ethtool_stats(path.read_text())
     kinds = {k[0] for name in stats if (k := kind(name))}
     assert len(stats) > 90
     assert {"drops", "pause"} <= kinds
@@ -175,7 +176,7 @@ def test_ethtool_output_is_split_per_interface_and_joined_to_sysfs() -> None:
     eth1 = sample.ports["eth1"]
     assert (eth1.rate_gbps, eth1.state) == (100.0, "up")
     assert eth1.counters["statistics/rx_dropped"] == 12
-    assert eth1.counters["ethtool/rx_discards_phy"] == parsers.ethtool_stats(mlx5)[
+    assert eth1.counters["ethtool/rx_discards_phy"] == network.ethtool_stats(mlx5)[
         "rx_discards_phy"]
     assert sample.ports["eth2"].rate_gbps is None and "lo" not in sample.ports
     assert sample.tcp == {"RetransSegs": 3, "OutSegs": 900}

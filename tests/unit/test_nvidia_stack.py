@@ -15,9 +15,18 @@ import pytest
 from gpufleet import roles
 from gpufleet.conformance.checks.gpu import fabric_problems, fabricmanager_problem
 from gpufleet.errors import GpufleetError, VarError
-from gpufleet.facts import parsers
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.parsers.cuda import nvcc_version
+from gpufleet.facts.parsers.dcgm import dcgm_diag
+from gpufleet.facts.parsers.nvidia_smi import nvidia_smi_q, nvidia_smi_query
+from gpufleet.facts.parsers.packages import ofed_version
+from gpufleet.facts.parsers.system import (
+    gpu_operator,
+    proc_driver_flavor,
+    proc_driver_version,
+    secure_boot,
+)
 from gpufleet.inventory.model import Inventory, load_inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
@@ -111,8 +120,8 @@ PREINSTALLED = ('nvidia_driver_version: "580.159.04"\nnvidia_driver_install: pre
 
 def real_module_facts(**values: Any) -> Facts:
     text = (REAL / "real-driver-h200x2.txt").read_text()
-    facts = Facts("gpu01", values={"nvidia_module": parsers.proc_driver_version(text),
-                                   "nvidia_module_flavor": parsers.proc_driver_flavor(text),
+    facts = Facts("gpu01", values={"nvidia_module": proc_driver_version(text),
+                                   "nvidia_module_flavor": proc_driver_flavor(text),
                                    **files(driver.UNATTENDED_PATH)})
     facts.values.update(values)
     return facts
@@ -137,7 +146,7 @@ def test_a_preinstalled_driver_of_another_version_or_flavour_cannot_be_fixed(
 
 
 def test_the_gpu_operator_s_driver_is_verified_never_installed(tmp_path: Path) -> None:
-    assert parsers.gpu_operator("operator\n") and not parsers.gpu_operator("none\n")
+    assert gpu_operator("operator\n") and not gpu_operator("none\n")
     run_by_operator = real_module_facts(gpu_operator=True)
     operator = host_vars(tmp_path, PREINSTALLED.replace("preinstalled", "operator"))
     assert driver.ROLE.request(role_vars(driver.ROLE, operator)).packages == frozenset()
@@ -203,13 +212,13 @@ def test_a_blacklist_entry_cannot_change_apt_conf_syntax(tmp_path: Path, entry: 
 
 def test_module_flavour_and_secure_boot_parsers() -> None:
     real = (REAL / "real-driver-h200x2.txt").read_text()
-    assert parsers.proc_driver_flavor(real) == "open"
-    assert parsers.proc_driver_flavor((H200 / "proc_nvidia_version.txt").read_text()) == "open"
-    assert parsers.proc_driver_flavor(
+    assert proc_driver_flavor(real) == "open"
+    assert proc_driver_flavor((H200 / "proc_nvidia_version.txt").read_text()) == "open"
+    assert proc_driver_flavor(
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct 8\n") == \
         "proprietary"
-    assert parsers.secure_boot("SecureBoot enabled\n") is True
-    assert parsers.secure_boot("SecureBoot disabled\nPlatform is in Setup Mode\n") is False
+    assert secure_boot("SecureBoot enabled\n") is True
+    assert secure_boot("SecureBoot disabled\nPlatform is in Setup Mode\n") is False
 
 
 # --------------------------------------------------------------------------- cuda
@@ -261,7 +270,7 @@ def test_a_preinstalled_toolkit_is_only_verified(tmp_path: Path) -> None:
     facts = Facts("gpu01", values={
         "packages": {}, "link:/usr/local/cuda": "/usr/local/cuda-13.0",
         "link:/etc/alternatives/cuda": None,
-        "nvcc": parsers.nvcc_version((H200 / "nvcc_version.txt").read_text())})
+        "nvcc": nvcc_version((H200 / "nvcc_version.txt").read_text())})
     assert plan(cuda.ROLE, inv, facts) == []
 
 
@@ -379,7 +388,7 @@ def test_fabricmanager_on_without_a_driver_version_is_refused(tmp_path: Path) ->
 
 def test_persistence_mode(tmp_path: Path) -> None:
     inv = host_vars(tmp_path, "nvidia_persistence_mode: true\n")
-    gpus = parsers.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
+    gpus = nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
     assert plan(persistenced.ROLE, inv, Facts("gpu01", values={"gpus": gpus})) == []
     gpus[1]["persistence_mode"] = False
     [change] = plan(persistenced.ROLE, inv, Facts("gpu01", values={"gpus": gpus,
@@ -402,8 +411,8 @@ def test_ofed_version_is_drift_and_its_package_is_pinned(tmp_path: Path) -> None
                                                           "ofed")
     pinned = host_vars(tmp_path, 'ofed_version: "24.10-1.1.4.0"\nofed_package: doca-ofed\n')
     assert ofed.ROLE.wanted(role_vars(ofed.ROLE, pinned)) == {"doca-ofed": "24.10-1.1.4.0-*"}
-    assert parsers.ofed_version("MLNX_OFED_LINUX-24.10-1.1.4.0:\n") == "24.10-1.1.4.0"
-    assert parsers.ofed_version("OFED-internal-25.01-0.6.0:\n") == "25.01-0.6.0"
+    assert ofed_version("MLNX_OFED_LINUX-24.10-1.1.4.0:\n") == "24.10-1.1.4.0"
+    assert ofed_version("OFED-internal-25.01-0.6.0:\n") == "25.01-0.6.0"
 
 
 def test_dcgm_packages_follow_the_cuda_major(tmp_path: Path) -> None:
@@ -417,7 +426,7 @@ def test_dcgm_packages_follow_the_cuda_major(tmp_path: Path) -> None:
 
 
 def test_fabric_state_and_persistence_per_gpu_from_nvidia_smi_q() -> None:
-    assert parsers.nvidia_smi_q((H200 / "nvidia_smi_q.txt").read_text()) == [
+    assert nvidia_smi_q((H200 / "nvidia_smi_q.txt").read_text()) == [
         {"bus_id": "00000000:00:06.0", "persistence": "Enabled", "fabric_state": "Completed",
          "fabric_status": "Success"},
         {"bus_id": "00000000:00:07.0", "persistence": "Enabled", "fabric_state": "Completed",
@@ -432,12 +441,12 @@ def test_dcgm_diag_in_both_layouts() -> None:
     four = json.dumps({"version": "4.4.1", "tests": [{"name": "memory", "results": [
         {"entity_group": "GPU", "entity_id": 0, "status": "Pass"},
         {"entity_group": "GPU", "entity_id": 1, "status": "Skip"}]}]})
-    assert [(t["gpu"], t["status"]) for t in parsers.dcgm_diag(three)["tests"]] == [
+    assert [(t["gpu"], t["status"]) for t in dcgm_diag(three)["tests"]] == [
         ("0", "PASS"), ("1", "FAIL")]
-    assert parsers.dcgm_diag(three)["tests"][1]["info"] == "GPU 1 has uncorrectable errors"
-    assert [(t["gpu"], t["status"]) for t in parsers.dcgm_diag(four)["tests"]] == [
+    assert dcgm_diag(three)["tests"][1]["info"] == "GPU 1 has uncorrectable errors"
+    assert [(t["gpu"], t["status"]) for t in dcgm_diag(four)["tests"]] == [
         ("0", "PASS"), ("1", "SKIP")]
-    assert parsers.dcgm_diag(dcgm.diag_document())["version"] == "4.4.1"
+    assert dcgm_diag(dcgm.diag_document())["version"] == "4.4.1"
 
 
 # --------------------------------------------------------------------------- one unit each
@@ -463,7 +472,7 @@ def test_the_lab_serves_the_real_nodes_package_versions() -> None:
                  ("libnccl2", "2.28.3-1+cuda13.0"), ("libnccl-dev", "2.28.3-1+cuda13.0")]:
         assert pair in real and pair in served, pair
     nvcc = next(p for p in standins() if p.name == "cuda-nvcc-13-0")
-    assert parsers.nvcc_version(nvcc.files["/usr/local/cuda-13.0/bin/nvcc"]) == "13.0.88"
+    assert nvcc_version(nvcc.files["/usr/local/cuda-13.0/bin/nvcc"]) == "13.0.88"
     fm = next(p for p in standins() if p.name == "nvidia-fabricmanager-580"
               and p.version == "580.95.05-1")
     assert fm.depends == "nvidia-kernel-common-580-580.95.05"
@@ -472,7 +481,7 @@ def test_the_lab_serves_the_real_nodes_package_versions() -> None:
 
 
 def test_a_gpu_without_nvswitch_fabric_has_no_fabric_problem() -> None:
-    gpus = parsers.nvidia_smi_q((ROOT / "tests" / "fixtures" / "h200x1" /
+    gpus = nvidia_smi_q((ROOT / "tests" / "fixtures" / "h200x1" /
                                  "nvidia_smi_q.txt").read_text())
     assert gpus == [{"bus_id": "00000000:00:06.0", "persistence": "Enabled",
                      "fabric_state": "N/A", "fabric_status": "N/A"}]
@@ -494,5 +503,5 @@ def test_the_real_h200_node_is_clean_with_its_inventory() -> None:
     inventory = load_inventory(ROOT / "inventory" / "h200-local.yml")
     facts = json.loads((reports / "facts.json").read_text())["hosts"]["gpu-local"]["facts"]
     text = (ROOT / "tests" / "fixtures" / "h200x1" / "proc_nvidia_version.txt").read_text()
-    assert facts["nvidia_module"] == parsers.proc_driver_version(text) == "580.159.04"
+    assert facts["nvidia_module"] == proc_driver_version(text) == "580.159.04"
     assert inventory.hosts["gpu-local"].vars["nvidia_driver_install"] == "preinstalled"

@@ -1,4 +1,4 @@
-"""Properties of every parser in gpufleet/facts/parsers.py and formats.py, checked on
+"""Properties of every parser in gpufleet/facts/parsers/ and formats.py, checked on
 generated text and on mutated real captures:
 
 - any text gives a result or one ParseError, never an exception of another kind;
@@ -9,6 +9,8 @@ generated text and on mutated real captures:
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,17 @@ from hypothesis import strategies as st
 
 from gpufleet.errors import ParseError
 from gpufleet.facts import formats, parsers
+from gpufleet.facts.parsers import (
+    cuda,
+    dcgm,
+    nccl_tests,
+    network,
+    nvidia_smi,
+    packages,
+    qos,
+    system,
+    xid,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES, H200, NVIDIA = FIXTURES / "samples", FIXTURES / "h200x2", FIXTURES / "nvidia"
@@ -33,67 +46,67 @@ def _files(*paths: Path) -> list[str]:
 
 # Each parser with captures it reads (real ones where the repository has them).
 PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
-    "apt_madison": (parsers.apt_madison, _files(
+    "apt_madison": (packages.apt_madison, _files(
         SAMPLES / "synthetic_apt_madison.txt",
         PUBLISHED / "apt-cache-madison-apt-2.6.1-debian12-three-suites.txt",
         PUBLISHED / "apt-cache-madison-apt-2.6.1-debian12-sources.txt")),
-    "apt_showhold": (parsers.apt_showhold, _files(SAMPLES / "synthetic_apt_showhold.txt")),
-    "cuda_version_json": (parsers.cuda_version_json, _files(
+    "apt_showhold": (packages.apt_showhold, _files(SAMPLES / "synthetic_apt_showhold.txt")),
+    "cuda_version_json": (cuda.cuda_version_json, _files(
         SAMPLES / "synthetic_cuda_version_json.txt",
         PUBLISHED / "cuda-version-json-13.3.1-b300-xe9780.txt")),
-    "dcb_pfc": (parsers.dcb_pfc, _files(SAMPLES / "dcb_pfc_show_manpage.txt",
+    "dcb_pfc": (qos.dcb_pfc, _files(SAMPLES / "dcb_pfc_show_manpage.txt",
                                         SAMPLES / "synthetic_dcb_pfc_show_stats.txt",
                                         PUBLISHED / "dcb-pfc-show-hns3-linux-8c1671e0d13d.txt")),
-    "dcb_pfc_json": (parsers.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
-    "dcgm_diag": (parsers.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
+    "dcb_pfc_json": (qos.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
+    "dcgm_diag": (dcgm.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
                                             NVIDIA / "dcgm4_diag_8gpu_dcgm215.txt")),
-    "dpkg_query": (parsers.dpkg_query, _files(SAMPLES / "synthetic_dpkg_query_states.txt")),
-    "ethtool_stats": (parsers.ethtool_stats, _files(FIXTURES / "nic" / "mlx5-ethtool-S.txt")),
-    "gpu_operator": (parsers.gpu_operator, ["operator\n", "none\n"]),
-    "ip_addr_json": (parsers.ip_addr_json, _files(
+    "dpkg_query": (packages.dpkg_query, _files(SAMPLES / "synthetic_dpkg_query_states.txt")),
+    "ethtool_stats": (network.ethtool_stats, _files(FIXTURES / "nic" / "mlx5-ethtool-S.txt")),
+    "gpu_operator": (system.gpu_operator, ["operator\n", "none\n"]),
+    "ip_addr_json": (network.ip_addr_json, _files(
         SAMPLES / "synthetic_ip_j_addr.txt",
         PUBLISHED / "ip-j-addr-veth-bridge-macvlan-vxlan-iproute2-6.1.txt",
         PUBLISHED / "ip-j-d-p-addr-veth-bridge-macvlan-vxlan-iproute2-6.1.txt")),
-    "meminfo": (parsers.meminfo, _files(H200 / "meminfo.txt")),
-    "mlnx_qos": (parsers.mlnx_qos, _files(SAMPLES / "mlnx_qos_dscp_trust_prio3.txt",
+    "meminfo": (system.meminfo, _files(H200 / "meminfo.txt")),
+    "mlnx_qos": (qos.mlnx_qos, _files(SAMPLES / "mlnx_qos_dscp_trust_prio3.txt",
                                           SAMPLES / "mlnx_qos_blank_lines.txt")),
-    "nccl_tests": (parsers.nccl_tests,
+    "nccl_tests": (nccl_tests.nccl_tests,
                    _files(SAMPLES / "nccl_tests_all_reduce_current_format.txt")),
-    "nccl_tests_avg_busbw": (parsers.nccl_tests_avg_busbw,
+    "nccl_tests_avg_busbw": (nccl_tests.nccl_tests_avg_busbw,
                              _files(SAMPLES / "nccl_tests_all_reduce_current_format.txt")),
-    "nvcc_version": (parsers.nvcc_version, _files(H200 / "nvcc_version.txt")),
-    "nvidia_smi_list": (parsers.nvidia_smi_list, _files(NVIDIA / "a100_L_mig_telegraf5812.txt",
+    "nvcc_version": (cuda.nvcc_version, _files(H200 / "nvcc_version.txt")),
+    "nvidia_smi_list": (nvidia_smi.nvidia_smi_list, _files(NVIDIA / "a100_L_mig_telegraf5812.txt",
                                                         NVIDIA / "h200x1_L.txt")),
-    "nvidia_smi_q": (parsers.nvidia_smi_q, _files(H200 / "nvidia_smi_q.txt",
+    "nvidia_smi_q": (nvidia_smi.nvidia_smi_q, _files(H200 / "nvidia_smi_q.txt",
                                                   NVIDIA / "a10_q_gpud.txt")),
-    "nvidia_smi_query": (parsers.nvidia_smi_query, _files(
+    "nvidia_smi_query": (nvidia_smi.nvidia_smi_query, _files(
         H200 / "query_gpu_csv.txt", NVIDIA / "h200x1_query_gpu_csv_units.txt")),
-    "nvidia_topo": (parsers.nvidia_topo, _files(
+    "nvidia_topo": (nvidia_smi.nvidia_topo, _files(
         H200 / "topo_m.txt", NVIDIA / "h100x4_topo_m_spaces_nccl1617.txt",
         NVIDIA / "rtx4090x8_topo_m_tabs_gpuallocator17.txt")),
-    "nvidia_version_from_package": (parsers.nvidia_version_from_package,
+    "nvidia_version_from_package": (packages.nvidia_version_from_package,
                                     ["1:550.54.15-1\n", "580.159.04-0ubuntu1\n"]),
-    "nvlink_status": (parsers.nvlink_status, _files(
+    "nvlink_status": (nvidia_smi.nvlink_status, _files(
         H200 / "nvlink_status.txt", SAMPLES / "synthetic_nvlink_status_inactive.txt")),
-    "ofed_version": (parsers.ofed_version, ["MLNX_OFED_LINUX-24.10-1.1.4.0:\n"]),
-    "os_release": (parsers.os_release, _files(H200 / "os_release.txt")),
-    "port_range": (parsers.port_range, _files(H200 / "port_range.txt")),
-    "proc_driver_flavor": (parsers.proc_driver_flavor, _files(
+    "ofed_version": (packages.ofed_version, ["MLNX_OFED_LINUX-24.10-1.1.4.0:\n"]),
+    "os_release": (system.os_release, _files(H200 / "os_release.txt")),
+    "port_range": (network.port_range, _files(H200 / "port_range.txt")),
+    "proc_driver_flavor": (system.proc_driver_flavor, _files(
         NVIDIA / "proc_version_384_neofetch876.txt", NVIDIA / "h200x1_proc_version.txt")),
-    "proc_driver_version": (parsers.proc_driver_version, _files(
+    "proc_driver_version": (system.proc_driver_version, _files(
         NVIDIA / "proc_version_565_open_nixgl186.txt", H200 / "proc_nvidia_version.txt")),
-    "proc_net_snmp": (parsers.proc_net_snmp, [
+    "proc_net_snmp": (network.proc_net_snmp, [
         "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens\nTcp: 1 200 120000 -1 5\n"]),
-    "rdma_port_rate": (parsers.rdma_port_rate, ["400 Gb/sec (4X NDR)\n"]),
-    "secure_boot": (parsers.secure_boot, ["SecureBoot enabled\n"]),
-    "sys_class_net": (parsers.sys_class_net, _files(SAMPLES / "synthetic_sys_class_net.txt")),
-    "sys_pci_gpus": (parsers.sys_pci_gpus, _files(H200 / "sys_pci_nvidia.txt")),
-    "sysctl_value": (parsers.sysctl_value, ["4096\t87380\t6291456\n"]),
-    "sysfs_values": (parsers.sysfs_values, ["eth0/statistics/rx_dropped:0\n"
+    "rdma_port_rate": (network.rdma_port_rate, ["400 Gb/sec (4X NDR)\n"]),
+    "secure_boot": (system.secure_boot, ["SecureBoot enabled\n"]),
+    "sys_class_net": (network.sys_class_net, _files(SAMPLES / "synthetic_sys_class_net.txt")),
+    "sys_pci_gpus": (system.sys_pci_gpus, _files(H200 / "sys_pci_nvidia.txt")),
+    "sysctl_value": (network.sysctl_value, ["4096\t87380\t6291456\n"]),
+    "sysfs_values": (network.sysfs_values, ["eth0/statistics/rx_dropped:0\n"
                                             "eth0/statistics/tx_dropped:3\n"]),
-    "torch_info": (parsers.torch_info, _files(H200 / "torch_versions.txt",
+    "torch_info": (cuda.torch_info, _files(H200 / "torch_versions.txt",
                                               FIXTURES / "h200x1" / "torch_probe.json")),
-    "xid_events": (parsers.xid_events, _files(NVIDIA / "a800_dmesg_xid13_vllm5901.txt",
+    "xid_events": (xid.xid_events, _files(NVIDIA / "a800_dmesg_xid13_vllm5901.txt",
                                               NVIDIA / "dmesg_T_xid_akash244.txt")),
     "disk_free": (formats.disk_free, _files(H200 / "df.txt",
                                             PUBLISHED / "df-Pk-coreutils-9.1-debian12.txt")),
@@ -203,7 +216,9 @@ def test_a_garbled_line_is_read_or_refused_never_dropped(name: str,
 
 
 def test_the_properties_cover_every_parser() -> None:
-    public = {name for module in (parsers, formats) for name in dir(module)
+    tools = [importlib.import_module(f"{parsers.__name__}.{found.name}")
+             for found in pkgutil.iter_modules(parsers.__path__) if not found.name.startswith("_")]
+    public = {name for module in (*tools, formats) for name in dir(module)
               if callable(getattr(module, name)) and not name.startswith("_")
               and getattr(getattr(module, name), "__module__", "") == module.__name__}
     not_text = {"pause_and_discard_counters", "FileState", "FileDigest", "ParseError"}
@@ -215,7 +230,7 @@ def test_the_properties_cover_every_parser() -> None:
 @EXAMPLES
 @given(stats=st.dictionaries(st.text(max_size=30), st.integers()))
 def test_pause_and_discard_counters_keeps_only_those_names(stats: dict[str, int]) -> None:
-    picked = parsers.pause_and_discard_counters(stats)
+    picked = network.pause_and_discard_counters(stats)
     assert picked == {k: v for k, v in stats.items()
                       if "pause" in k.lower() or "discard" in k.lower()}
 

@@ -9,7 +9,17 @@ import pytest
 
 from gpufleet import errors
 from gpufleet.facts import parsers
-from gpufleet.facts.parsers import ParseError
+from gpufleet.facts.parsers import (
+    ParseError,
+    cuda,
+    nccl_tests,
+    network,
+    nvidia_smi,
+    packages,
+    qos,
+    system,
+    xid,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -32,12 +42,12 @@ MLNX_QOS_REAL = "mlnx_qos_dscp_trust_prio3.txt"
 
 
 def test_mlnx_qos_real_dscp_trust() -> None:
-    qos = parsers.mlnx_qos(sample(MLNX_QOS_REAL))
-    assert qos["trust"] == "dscp"
-    assert qos["pfc_enabled"] == [3]
-    assert qos["dscp2prio"] == {dscp: dscp >> 3 for dscp in range(64)}
-    assert qos["dscp2prio"][26] == 3
-    assert qos["tc"] == {
+    report = qos.mlnx_qos(sample(MLNX_QOS_REAL))
+    assert report["trust"] == "dscp"
+    assert report["pfc_enabled"] == [3]
+    assert report["dscp2prio"] == {dscp: dscp >> 3 for dscp in range(64)}
+    assert report["dscp2prio"][26] == 3
+    assert report["tc"] == {
         0: {"tsa": "vendor", "bw": None, "priorities": [1]},
         1: {"tsa": "vendor", "bw": None, "priorities": [0]},
         **{tc: {"tsa": "vendor", "bw": None, "priorities": [tc]} for tc in range(2, 8)},
@@ -47,36 +57,36 @@ def test_mlnx_qos_real_dscp_trust() -> None:
 def test_mlnx_qos_with_blank_lines_between_a_tc_and_its_priorities() -> None:
     """The layout ConnectX NICs print (Mellanox's published mlnx_qos sample): every tc keeps
     its priorities, so the ETS checks judge the real map, not an empty one."""
-    qos = parsers.mlnx_qos(sample("mlnx_qos_blank_lines.txt"))
-    assert (qos["trust"], qos["pfc_enabled"]) == ("dscp", [0, 2, 6, 7])
-    assert {tc: entry["priorities"] for tc, entry in qos["tc"].items()} == {
+    report = qos.mlnx_qos(sample("mlnx_qos_blank_lines.txt"))
+    assert (report["trust"], report["pfc_enabled"]) == ("dscp", [0, 2, 6, 7])
+    assert {tc: entry["priorities"] for tc, entry in report["tc"].items()} == {
         0: [1], 1: [0], 2: [2], 3: [3], 4: [4], 5: [5], 6: [6], 7: [7]}
-    assert qos["tc"][6] == {"tsa": "strict", "bw": None, "priorities": [6]}
-    assert [qos["tc"][tc]["bw"] for tc in range(8)] == [10, 10, 10, 10, 10, 10, None, 40]
+    assert report["tc"][6] == {"tsa": "strict", "bw": None, "priorities": [6]}
+    assert [report["tc"][tc]["bw"] for tc in range(8)] == [10, 10, 10, 10, 10, 10, None, 40]
 
 
 def test_mlnx_qos_last_report_wins() -> None:
     text = sample(MLNX_QOS_REAL)
     head, sep, tail = text.rpartition("enabled     0   0   0   1")
-    qos = parsers.mlnx_qos(head + sep.replace("0   0   0   1", "0   0   1   1") + tail)
-    assert qos["pfc_enabled"] == [2, 3]
+    report = qos.mlnx_qos(head + sep.replace("0   0   0   1", "0   0   1   1") + tail)
+    assert report["pfc_enabled"] == [2, 3]
 
 
 def test_mlnx_qos_current_layout_with_buffers_and_ets() -> None:
-    qos = parsers.mlnx_qos(sample("synthetic_mlnx_qos_buffers_ets.txt"))
-    assert qos["trust"] == "dscp"
-    assert qos["pfc_enabled"] == [3]
+    report = qos.mlnx_qos(sample("synthetic_mlnx_qos_buffers_ets.txt"))
+    assert report["trust"] == "dscp"
+    assert report["pfc_enabled"] == [3]
     expected_map = {dscp: dscp >> 3 for dscp in range(64)}
     expected_map[46] = 3
-    assert qos["dscp2prio"] == expected_map
-    assert qos["tc"][0] == {"tsa": "ets", "bw": 13, "priorities": [1]}
-    assert qos["tc"][1] == {"tsa": "ets", "bw": 13, "priorities": [0]}
-    assert [qos["tc"][tc]["bw"] for tc in range(8)] == [13, 13, 13, 13, 12, 12, 12, 12]
+    assert report["dscp2prio"] == expected_map
+    assert report["tc"][0] == {"tsa": "ets", "bw": 13, "priorities": [1]}
+    assert report["tc"][1] == {"tsa": "ets", "bw": 13, "priorities": [0]}
+    assert [report["tc"][tc]["bw"] for tc in range(8)] == [13, 13, 13, 13, 12, 12, 12, 12]
 
 
 def test_mlnx_qos_pcp_trust_with_default_priority_and_empty_tcs() -> None:
-    qos = parsers.mlnx_qos(sample("synthetic_mlnx_qos_pcp_trust.txt"))
-    assert qos == {
+    report = qos.mlnx_qos(sample("synthetic_mlnx_qos_pcp_trust.txt"))
+    assert report == {
         "trust": "pcp",
         "pfc_enabled": [3, 4],
         "dscp2prio": {},
@@ -96,13 +106,13 @@ def test_mlnx_qos_pcp_trust_with_default_priority_and_empty_tcs() -> None:
 def test_mlnx_qos_tc_line_without_ratelimit() -> None:
     text = "Priority trust state: pcp\n\tenabled     0   0   0   0   0   0   0   0\n"
     text += "tc: 0 tsa: ets, bw: 100%\n\t priority:  0\n"
-    assert parsers.mlnx_qos(text)["tc"] == {0: {"tsa": "ets", "bw": 100, "priorities": [0]}}
+    assert qos.mlnx_qos(text)["tc"] == {0: {"tsa": "ets", "bw": 100, "priorities": [0]}}
 
 
 def test_mlnx_qos_missing_enabled_row_is_an_error() -> None:
     text = "\n".join(line for line in sample(MLNX_QOS_REAL).splitlines() if "enabled" not in line)
     with pytest.raises(ParseError, match=r"expected a PFC 'enabled' row, got 'DCBX mode"):
-        parsers.mlnx_qos(text)
+        qos.mlnx_qos(text)
 
 
 @pytest.mark.parametrize(
@@ -114,13 +124,13 @@ def test_mlnx_qos_garbled_enabled_row_is_an_error(row: str) -> None:
         "enabled     0   0   0   1   1   0   0   0", row
     )
     with pytest.raises(ParseError, match=re.escape(repr(row))):
-        parsers.mlnx_qos(text)
+        qos.mlnx_qos(text)
 
 
 def test_mlnx_qos_missing_trust_line_is_an_error() -> None:
     text = sample(MLNX_QOS_REAL).replace("Priority trust state: dscp", "")
     with pytest.raises(ParseError, match="Priority trust state"):
-        parsers.mlnx_qos(text)
+        qos.mlnx_qos(text)
 
 
 def test_mlnx_qos_unsupported_trust_is_an_error() -> None:
@@ -128,13 +138,13 @@ def test_mlnx_qos_unsupported_trust_is_an_error() -> None:
         "Priority trust state: pcp", "Priority trust state: none"
     )
     with pytest.raises(ParseError, match=r"'pcp' or 'dscp', got 'Priority trust state: none'"):
-        parsers.mlnx_qos(text)
+        qos.mlnx_qos(text)
 
 
 def test_mlnx_qos_dscp_on_two_priorities_is_an_error() -> None:
     text = sample("synthetic_mlnx_qos_buffers_ets.txt").replace("dscp:47,45", "dscp:47,46,45")
     with pytest.raises(ParseError, match="dscp 46 mapped to a single priority"):
-        parsers.mlnx_qos(text)
+        qos.mlnx_qos(text)
 
 
 @pytest.mark.parametrize(
@@ -154,19 +164,19 @@ def test_mlnx_qos_garbled_map_or_tc_line_is_an_error(line: str, garbled: str) ->
     text = sample(MLNX_QOS_REAL)
     head, sep, tail = text.rpartition(line)
     with pytest.raises(ParseError, match=re.escape(f"got '{garbled}")):
-        parsers.mlnx_qos(head + sep.replace(line, garbled) + tail)
+        qos.mlnx_qos(head + sep.replace(line, garbled) + tail)
 
 
 def test_mlnx_qos_error_output() -> None:
     with pytest.raises(ParseError, match="'Interface name is required'"):
-        parsers.mlnx_qos("Interface name is required\nUsage: mlnx_qos -i <interface> [options]\n")
+        qos.mlnx_qos("Interface name is required\nUsage: mlnx_qos -i <interface> [options]\n")
 
 
 # --------------------------------------------------------------------------- dcb pfc
 
 
 def test_dcb_pfc_man_page_example() -> None:
-    assert parsers.dcb_pfc(sample("dcb_pfc_show_manpage.txt")) == {
+    assert qos.dcb_pfc(sample("dcb_pfc_show_manpage.txt")) == {
         "pfc_cap": 8,
         "macsec_bypass": False,
         "delay": 4096,
@@ -185,12 +195,12 @@ STATS_EXPECTED = {
 
 
 def test_dcb_pfc_with_statistics() -> None:
-    assert parsers.dcb_pfc(sample("synthetic_dcb_pfc_show_stats.txt")) == STATS_EXPECTED
+    assert qos.dcb_pfc(sample("synthetic_dcb_pfc_show_stats.txt")) == STATS_EXPECTED
 
 
 def test_dcb_pfc_without_macsec_bypass() -> None:
     text = "pfc-cap 8 delay 0 \nprio-pfc 0:on 1:off 2:off 3:on 4:off 5:off 6:off 7:off \n"
-    assert parsers.dcb_pfc(text) == {"pfc_cap": 8, "delay": 0, "prio_pfc": [0, 3]}
+    assert qos.dcb_pfc(text) == {"pfc_cap": 8, "delay": 0, "prio_pfc": [0, 3]}
 
 
 @pytest.mark.parametrize(
@@ -203,7 +213,7 @@ def test_dcb_pfc_without_macsec_bypass() -> None:
 )
 def test_dcb_pfc_missing_fields(text: str, quoted: str) -> None:
     with pytest.raises(ParseError, match=r"dcb pfc: expected fields .*got " + re.escape(quoted)):
-        parsers.dcb_pfc(text)
+        qos.dcb_pfc(text)
 
 
 @pytest.mark.parametrize(
@@ -221,11 +231,11 @@ def test_dcb_pfc_garbled_lines(bad_line: str) -> None:
     first = "prio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off "
     target = first if bad_line.startswith("prio-pfc") else "pfc-cap 8 macsec-bypass off delay 0 "
     with pytest.raises(ParseError, match=re.escape(repr(bad_line))):
-        parsers.dcb_pfc(good.replace(target, bad_line))
+        qos.dcb_pfc(good.replace(target, bad_line))
 
 
 def test_dcb_pfc_json_matches_text_output() -> None:
-    assert parsers.dcb_pfc_json(sample("synthetic_dcb_pfc_json.txt")) == STATS_EXPECTED
+    assert qos.dcb_pfc_json(sample("synthetic_dcb_pfc_json.txt")) == STATS_EXPECTED
 
 
 def test_dcb_pfc_json_pretty_and_alternative_prio_forms() -> None:
@@ -238,7 +248,7 @@ def test_dcb_pfc_json_pretty_and_alternative_prio_forms() -> None:
     "requests": {"0": 0, "1": 0, "2": 0, "3": 0, "4": 0, "5": 0, "6": 12, "7": 0}
 }
 """
-    assert parsers.dcb_pfc_json(pretty) == {
+    assert qos.dcb_pfc_json(pretty) == {
         "pfc_cap": 8,
         "macsec_bypass": True,
         "delay": 4096,
@@ -250,7 +260,7 @@ def test_dcb_pfc_json_pretty_and_alternative_prio_forms() -> None:
 def test_dcb_pfc_json_object_keyed_by_priority() -> None:
     text = '{"pfc_cap":8,"delay":0,"prio_pfc":{"0":"off","1":"off","2":"off","3":"on",'
     text += '"4":"off","5":"off","6":"off","7":"off"}}'
-    assert parsers.dcb_pfc_json(text) == {"pfc_cap": 8, "delay": 0, "prio_pfc": [3]}
+    assert qos.dcb_pfc_json(text) == {"pfc_cap": 8, "delay": 0, "prio_pfc": [3]}
 
 
 @pytest.mark.parametrize(
@@ -269,7 +279,7 @@ def test_dcb_pfc_json_object_keyed_by_priority() -> None:
 )
 def test_dcb_pfc_json_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=expected):
-        parsers.dcb_pfc_json(text)
+        qos.dcb_pfc_json(text)
 
 
 # --------------------------------------------------------------------------- nccl-tests
@@ -278,7 +288,7 @@ NCCL_REAL = "nccl_tests_all_reduce_current_format.txt"
 
 
 def test_nccl_tests_current_format() -> None:
-    rows = parsers.nccl_tests(sample(NCCL_REAL))
+    rows = nccl_tests.nccl_tests(sample(NCCL_REAL))
     assert [row["size"] for row in rows] == [2097152, 4194304, 8388608, 16777216, 33554432]
     assert rows[0] == {
         "size": 2097152,
@@ -290,7 +300,7 @@ def test_nccl_tests_current_format() -> None:
         "in_place": {"time_us": 93.35, "algbw": 22.46, "busbw": 22.46, "wrong": 0},
     }
     assert rows[-1]["in_place"]["busbw"] == 41.52
-    assert parsers.nccl_tests_avg_busbw(sample(NCCL_REAL)) is None
+    assert nccl_tests.nccl_tests_avg_busbw(sample(NCCL_REAL)) is None
 
 
 def nccl(name: str) -> str:
@@ -302,25 +312,25 @@ def test_nccl_tests_mpirun_tag_output() -> None:
     ``[1,R]<stdout>:`` and the NCCL INFO lines of other ranks fall between the header and
     the rows."""
     text = nccl("nccl-tests-all-reduce-tag-output-p4d-efa.txt")
-    rows = parsers.nccl_tests(text)
+    rows = nccl_tests.nccl_tests(text)
     assert [row["size"] for row in rows] == [2**k for k in range(3, 33)]
     assert {(row["type"], row["redop"], row["root"]) for row in rows} == {("float", "sum", None)}
     assert rows[0]["out_of_place"] == {
         "time_us": 179.1, "algbw": 0.0, "busbw": 0.0, "wrong": None, "error": 2e-07}
     assert rows[-1]["in_place"]["busbw"] == 43.72
-    assert parsers.nccl_tests_avg_busbw(text) == 11.2432
+    assert nccl_tests.nccl_tests_avg_busbw(text) == 11.2432
 
 
 def test_nccl_tests_tag_output_behind_a_launcher_prefix() -> None:
     """SkyPilot prints its own ``(head, rank=0, pid=N)`` before mpirun's tag (current layout,
     all_gather on 16 H200)."""
     text = nccl("nccl-tests-all-gather-skypilot-h200-gke.txt")
-    rows = parsers.nccl_tests(text)
+    rows = nccl_tests.nccl_tests(text)
     assert [row["size"] for row in rows] == [1024, 2048, 1048576, 16777216, 2**32, 2**33]
     assert {(row["redop"], row["root"]) for row in rows} == {("none", -1)}
     assert rows[-1]["in_place"] == {"time_us": 24214.0, "algbw": 354.75, "busbw": 332.58,
                                     "wrong": 0}
-    assert parsers.nccl_tests_avg_busbw(text) == 122.073
+    assert nccl_tests.nccl_tests_avg_busbw(text) == 122.073
 
 
 @pytest.mark.parametrize(
@@ -340,23 +350,23 @@ def test_nccl_tests_older_layouts_without_redop_or_root(
     broadcast ``root`` alone, all_reduce ``redop`` alone."""
     runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")[1:]
     text = next(run for run in runs if f"./build/{test} " in run)
-    rows = parsers.nccl_tests(text)
+    rows = nccl_tests.nccl_tests(text)
     assert len(rows) == 31
     assert {(row["redop"], row["root"]) for row in rows} == {(redop, root)}
     assert rows[-1]["size"] in (8589934592, 8589934560)
-    assert parsers.nccl_tests_avg_busbw(text) == avg
+    assert nccl_tests.nccl_tests_avg_busbw(text) == avg
 
 
 def test_nccl_tests_older_all_gather_reports_its_errors() -> None:
     runs = nccl("nccl-tests-dgx2-v100-five-collectives.txt").split("Running: ")
-    rows = parsers.nccl_tests(runs[1])
+    rows = nccl_tests.nccl_tests(runs[1])
     assert rows[-1]["out_of_place"] == {
         "time_us": 106773.0, "algbw": 73.75, "busbw": 73.75, "wrong": None, "error": 1.0}
 
 
 def test_nccl_tests_legacy_error_column() -> None:
     text = sample("synthetic_nccl_tests_legacy_error_column.txt")
-    rows = parsers.nccl_tests(text)
+    rows = nccl_tests.nccl_tests(text)
     assert len(rows) == 8
     assert rows[0] == {
         "size": 1048576,
@@ -382,12 +392,12 @@ def test_nccl_tests_legacy_error_column() -> None:
     assert rows[-1]["size"] == 134217728
     assert rows[-1]["out_of_place"]["time_us"] == 3571.6
     assert rows[-1]["in_place"]["error"] == 2e-07
-    assert parsers.nccl_tests_avg_busbw(text) == 51.689
+    assert nccl_tests.nccl_tests_avg_busbw(text) == 51.689
 
 
 def test_nccl_tests_broadcast_without_validation() -> None:
     text = sample("synthetic_nccl_tests_broadcast_no_check.txt")
-    rows = parsers.nccl_tests(text)
+    rows = nccl_tests.nccl_tests(text)
     assert [row["size"] for row in rows] == [4**k * 1048576 for k in range(6)]
     assert {(row["redop"], row["root"]) for row in rows} == {("none", 0)}
     assert rows[-1]["out_of_place"] == {
@@ -396,14 +406,14 @@ def test_nccl_tests_broadcast_without_validation() -> None:
         "busbw": 275.09,
         "wrong": None,
     }
-    assert parsers.nccl_tests_avg_busbw(text) == 170.72
+    assert nccl_tests.nccl_tests_avg_busbw(text) == 170.72
 
 
 def test_nccl_tests_wrong_count_in_g_format() -> None:
     text = sample(NCCL_REAL).replace(
         "  113.2   18.53   18.53      0", "  113.2   18.53   18.53  1.2e+06"
     )
-    assert parsers.nccl_tests(text)[0]["out_of_place"]["wrong"] == 1200000
+    assert nccl_tests.nccl_tests(text)[0]["out_of_place"]["wrong"] == 1200000
 
 
 def test_nccl_tests_timestamp_column_is_ignored() -> None:
@@ -411,28 +421,28 @@ def test_nccl_tests_timestamp_column_is_ignored() -> None:
     header += "     time   algbw   busbw #wrong timestamp\n"
     row = "     2097152        524288     float     sum      -1    113.2   18.53   18.53      0"
     row += "    93.35   22.46   22.46      0 2025-11-30 03:24:31\n"
-    assert parsers.nccl_tests(header + row)[0]["in_place"]["wrong"] == 0
+    assert nccl_tests.nccl_tests(header + row)[0]["in_place"]["wrong"] == 0
 
 
 def test_nccl_tests_without_rows_is_an_error() -> None:
     text = "\n".join(sample(NCCL_REAL).splitlines()[:8])
     with pytest.raises(ParseError, match="at least one result row"):
-        parsers.nccl_tests(text)
+        nccl_tests.nccl_tests(text)
     with pytest.raises(ParseError, match="NCCL WARN"):
-        parsers.nccl_tests("node1:123:456 [0] NCCL WARN NET/IB : Got async event : port error\n")
+        nccl_tests.nccl_tests("node1:123:456 [0] NCCL WARN NET/IB : Got async event : port error\n")
 
 
 def test_nccl_tests_row_before_header_is_an_error() -> None:
     rows_only = [line for line in sample(NCCL_REAL).splitlines() if not line.startswith("#")]
     with pytest.raises(ParseError, match=r"header before data, got '2097152"):
-        parsers.nccl_tests("\n".join(rows_only))
+        nccl_tests.nccl_tests("\n".join(rows_only))
 
 
 def test_nccl_tests_truncated_row_is_an_error() -> None:
     truncated = "    67108864      16777216     float     sum      -1\n"
     text = sample(NCCL_REAL).rstrip("\n") + "\n" + truncated
     with pytest.raises(ParseError, match=r"13 columns, got '67108864"):
-        parsers.nccl_tests(text)
+        nccl_tests.nccl_tests(text)
 
 
 @pytest.mark.parametrize(
@@ -447,25 +457,25 @@ def test_nccl_tests_row_with_garbled_size_or_count_is_an_error(row: str, garbled
     not reached that size."""
     text = sample(NCCL_REAL).replace(row, garbled)
     with pytest.raises(ParseError, match="expected an integer"):
-        parsers.nccl_tests(text)
+        nccl_tests.nccl_tests(text)
 
 
 def test_nccl_tests_unknown_header_is_an_error() -> None:
     text = sample(NCCL_REAL).replace("#wrong     time", "#oops     time")
     with pytest.raises(ParseError, match=re.escape("#wrong|error for both halves")):
-        parsers.nccl_tests(text)
+        nccl_tests.nccl_tests(text)
 
 
 def test_nccl_tests_avg_busbw_garbled() -> None:
     with pytest.raises(ParseError, match="a number"):
-        parsers.nccl_tests_avg_busbw("# Avg bus bandwidth    : fast\n")
+        nccl_tests.nccl_tests_avg_busbw("# Avg bus bandwidth    : fast\n")
 
 
 # --------------------------------------------------------------------------- nvidia-smi
 
 
 def test_nvidia_smi_query_h200() -> None:
-    rows = parsers.nvidia_smi_query(h200("query_gpu_csv.txt"))
+    rows = nvidia_smi.nvidia_smi_query(h200("query_gpu_csv.txt"))
     assert len(rows) == 2
     assert rows[0] == {
         "index": 0,
@@ -502,14 +512,14 @@ def test_nvidia_smi_query_h200() -> None:
 
 
 def test_nvidia_smi_query_throttle_subset() -> None:
-    assert parsers.nvidia_smi_query(h200("query_gpu_throttle.txt")) == [
+    assert nvidia_smi.nvidia_smi_query(h200("query_gpu_throttle.txt")) == [
         {"index": 0, "clocks_event_reasons.active": 1, "clocks_event_reasons.hw_slowdown": False},
         {"index": 1, "clocks_event_reasons.active": 1, "clocks_event_reasons.hw_slowdown": False},
     ]
 
 
 def test_nvidia_smi_query_legacy_throttle_names_and_not_available() -> None:
-    rows = parsers.nvidia_smi_query(sample("synthetic_query_gpu_legacy_throttle_na.txt"))
+    rows = nvidia_smi.nvidia_smi_query(sample("synthetic_query_gpu_legacy_throttle_na.txt"))
     assert rows[1] == {
         "index": 1,
         "name": "Tesla T4",
@@ -529,17 +539,17 @@ def test_nvidia_smi_query_legacy_throttle_names_and_not_available() -> None:
 
 def test_nvidia_smi_query_not_supported_and_no_devices() -> None:
     text = "index, pcie.link.gen.gpucurrent, retired_pages.pending\n0, [Not Supported], Yes\n"
-    assert parsers.nvidia_smi_query(text) == [
+    assert nvidia_smi.nvidia_smi_query(text) == [
         {"index": 0, "pcie.link.gen.gpucurrent": None, "retired_pages.pending": True}
     ]
-    assert parsers.nvidia_smi_query("No devices were found\n") == []
-    assert parsers.nvidia_smi_list("No devices were found\n") == []
-    assert parsers.nvidia_smi_query("index, name\n") == []
+    assert nvidia_smi.nvidia_smi_query("No devices were found\n") == []
+    assert nvidia_smi.nvidia_smi_list("No devices were found\n") == []
+    assert nvidia_smi.nvidia_smi_query("index, name\n") == []
 
 
 def test_nvidia_smi_query_without_header_is_an_error() -> None:
     with pytest.raises(ParseError, match=r"header line of field names, got '0, NVIDIA H200"):
-        parsers.nvidia_smi_query(h200("query_gpu_csv_noheader.txt"))
+        nvidia_smi.nvidia_smi_query(h200("query_gpu_csv_noheader.txt"))
 
 
 def test_nvidia_smi_query_driver_failure() -> None:
@@ -548,19 +558,19 @@ def test_nvidia_smi_query_driver_failure() -> None:
         "Make sure that the latest NVIDIA driver is installed and running.\n\n"
     )
     with pytest.raises(ParseError, match='got "NVIDIA-SMI has failed because'):
-        parsers.nvidia_smi_query(text)
+        nvidia_smi.nvidia_smi_query(text)
     with pytest.raises(ParseError, match="a CSV header line, got empty output"):
-        parsers.nvidia_smi_query("")
+        nvidia_smi.nvidia_smi_query("")
 
 
 def test_nvidia_smi_query_column_mismatch() -> None:
     text = h200("query_gpu_throttle.txt").replace("0, 0x0000000000000001, Not Active", "0, 0x1")
     with pytest.raises(ParseError, match=r"3 comma-separated values, got '0, 0x1'"):
-        parsers.nvidia_smi_query(text)
+        nvidia_smi.nvidia_smi_query(text)
 
 
 def test_nvidia_topo_h200() -> None:
-    assert parsers.nvidia_topo(h200("topo_m.txt")) == {
+    assert nvidia_smi.nvidia_topo(h200("topo_m.txt")) == {
         "gpus": ["GPU0", "GPU1"],
         "matrix": {"GPU0": {"GPU0": "X", "GPU1": "NV18"}, "GPU1": {"GPU0": "NV18", "GPU1": "X"}},
         "cpu_affinity": {"GPU0": "0-31", "GPU1": "0-31"},
@@ -571,11 +581,11 @@ def test_nvidia_topo_h200() -> None:
 
 def test_nvidia_topo_without_ansi_codes() -> None:
     plain = re.sub(r"\x1b\[[0-9;]*m", "", h200("topo_m.txt"))
-    assert parsers.nvidia_topo(plain) == parsers.nvidia_topo(h200("topo_m.txt"))
+    assert nvidia_smi.nvidia_topo(plain) == nvidia_smi.nvidia_topo(h200("topo_m.txt"))
 
 
 def test_nvidia_topo_eight_gpus_with_nics() -> None:
-    topo = parsers.nvidia_topo(sample("synthetic_topo_m_8gpu_nics.txt"))
+    topo = nvidia_smi.nvidia_topo(sample("synthetic_topo_m_8gpu_nics.txt"))
     gpus = [f"GPU{i}" for i in range(8)]
     nics = [f"NIC{i}" for i in range(10)]
     assert topo["gpus"] == gpus
@@ -598,7 +608,7 @@ def test_nvidia_topo_eight_gpus_with_nics() -> None:
 
 def test_nvidia_topo_not_applicable_affinity() -> None:
     text = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \tN/A\tN/A\t\tN/A\n"
-    topo = parsers.nvidia_topo(text)
+    topo = nvidia_smi.nvidia_topo(text)
     assert topo["cpu_affinity"] == {"GPU0": None}
     assert topo["numa_affinity"] == {"GPU0": None}
 
@@ -618,18 +628,18 @@ def test_nvidia_topo_not_applicable_affinity() -> None:
 )
 def test_nvidia_topo_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=expected):
-        parsers.nvidia_topo(text)
+        nvidia_smi.nvidia_topo(text)
 
 
 def test_nvlink_status_h200() -> None:
-    assert parsers.nvlink_status(h200("nvlink_status.txt")) == {
+    assert nvidia_smi.nvlink_status(h200("nvlink_status.txt")) == {
         0: [26.562] * 18,
         1: [26.562] * 18,
     }
 
 
 def test_nvlink_status_inactive_links() -> None:
-    links = parsers.nvlink_status(sample("synthetic_nvlink_status_inactive.txt"))
+    links = nvidia_smi.nvlink_status(sample("synthetic_nvlink_status_inactive.txt"))
     assert links[0] == [None if i in (3, 11) else 26.562 for i in range(18)]
     assert links[1] == [26.562] * 18
     assert links[2] == []
@@ -646,26 +656,26 @@ def test_nvlink_status_inactive_links() -> None:
 )
 def test_nvlink_status_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=re.escape(expected)):
-        parsers.nvlink_status(text)
+        nvidia_smi.nvlink_status(text)
 
 
 # --------------------------------------------------------------------------- versions
 
 
 def test_proc_driver_version_open_and_proprietary() -> None:
-    assert parsers.proc_driver_version(h200("proc_nvidia_version.txt")) == "580.159.04"
+    assert system.proc_driver_version(h200("proc_nvidia_version.txt")) == "580.159.04"
     text = sample("synthetic_proc_driver_version_proprietary.txt")
-    assert parsers.proc_driver_version(text) == "550.127.05"
+    assert system.proc_driver_version(text) == "550.127.05"
 
 
 def test_proc_driver_version_missing_module() -> None:
     text = "cat: /proc/driver/nvidia/version: No such file or directory\n"
     with pytest.raises(ParseError, match="'cat: /proc/driver/nvidia/version"):
-        parsers.proc_driver_version(text)
+        system.proc_driver_version(text)
 
 
 def test_cuda_version_json() -> None:
-    assert parsers.cuda_version_json(sample("synthetic_cuda_version_json.txt")) == "12.4.1"
+    assert cuda.cuda_version_json(sample("synthetic_cuda_version_json.txt")) == "12.4.1"
 
 
 @pytest.mark.parametrize(
@@ -678,13 +688,13 @@ def test_cuda_version_json() -> None:
 )
 def test_cuda_version_json_errors(text: str) -> None:
     with pytest.raises(ParseError, match=re.escape("cuda version.json: expected")):
-        parsers.cuda_version_json(text)
+        cuda.cuda_version_json(text)
 
 
 def test_nvcc_version() -> None:
-    assert parsers.nvcc_version(h200("nvcc_version.txt")) == "13.0.88"
+    assert cuda.nvcc_version(h200("nvcc_version.txt")) == "13.0.88"
     with pytest.raises(ParseError, match="'bash: nvcc: command not found'"):
-        parsers.nvcc_version("bash: nvcc: command not found\n")
+        cuda.nvcc_version("bash: nvcc: command not found\n")
 
 
 @pytest.mark.parametrize(
@@ -700,7 +710,7 @@ def test_nvcc_version() -> None:
 def test_nvcc_version_published_toolkits(name: str, version: str) -> None:
     """CUDA 7.5 to 12.5: with and without the ``Build cuda_...`` line, and behind a
     ``$ nvcc --version`` prompt (published/README.md)."""
-    assert parsers.nvcc_version(published(name)) == version
+    assert cuda.nvcc_version(published(name)) == version
 
 
 @pytest.mark.parametrize(
@@ -715,17 +725,17 @@ def test_nvcc_version_published_toolkits(name: str, version: str) -> None:
     ],
 )
 def test_nvidia_version_from_package(version: str, expected: str) -> None:
-    assert parsers.nvidia_version_from_package(version) == expected
+    assert packages.nvidia_version_from_package(version) == expected
 
 
 @pytest.mark.parametrize("version", ["", "none", "v550", "550"])
 def test_nvidia_version_from_package_errors(version: str) -> None:
     with pytest.raises(ParseError, match="package version: expected"):
-        parsers.nvidia_version_from_package(version)
+        packages.nvidia_version_from_package(version)
 
 
 def test_torch_info_h200() -> None:
-    assert parsers.torch_info(h200("torch_versions.txt")) == {
+    assert cuda.torch_info(h200("torch_versions.txt")) == {
         "python": "3.12.3",
         "torch": "2.11.0+cu130",
         "cuda": "13.0",
@@ -738,21 +748,21 @@ def test_torch_info_h200() -> None:
 
 def test_torch_info_after_warning_lines() -> None:
     text = "[W1130 03:24:31.000000000 socket.cpp:755] [c10d] warning\n" + h200("torch_versions.txt")
-    assert parsers.torch_info(text)["torch"] == "2.11.0+cu130"
+    assert cuda.torch_info(text)["torch"] == "2.11.0+cu130"
 
 
 def test_torch_info_traceback() -> None:
     with pytest.raises(ParseError, match="ModuleNotFoundError: No module named 'torch'"):
-        parsers.torch_info(sample("synthetic_torch_missing.txt"))
+        cuda.torch_info(sample("synthetic_torch_missing.txt"))
     with pytest.raises(ParseError, match="'torch' key"):
-        parsers.torch_info('{"python": "3.12.3"}\n')
+        cuda.torch_info('{"python": "3.12.3"}\n')
 
 
 # --------------------------------------------------------------------------- OS facts
 
 
 def test_os_release_h200() -> None:
-    release = parsers.os_release(h200("os_release.txt"))
+    release = system.os_release(h200("os_release.txt"))
     assert release["PRETTY_NAME"] == "Ubuntu 24.04.3 LTS"
     assert release["VERSION_ID"] == "24.04"
     assert release["VERSION"] == "24.04.3 LTS (Noble Numbat)"
@@ -778,7 +788,7 @@ def published(name: str) -> str:
 def test_os_release_published_distributions(name: str, expected: tuple[str, str, str | None]
                                             ) -> None:
     """Real os-release files of Debian, Ubuntu, RHEL (a blank line inside) and Amazon Linux."""
-    release = parsers.os_release(published(name))
+    release = system.os_release(published(name))
     assert (release["ID"], release["VERSION_ID"], release.get("VERSION_CODENAME")) == expected
     assert '"' not in release["PRETTY_NAME"]
 
@@ -791,12 +801,12 @@ def test_os_release_published_distributions(name: str, expected: tuple[str, str,
     ],
 )
 def test_ofed_version_published_hosts(name: str, version: str) -> None:
-    assert parsers.ofed_version(published(name)) == version
+    assert packages.ofed_version(published(name)) == version
 
 
 def test_os_release_quoting_and_comments() -> None:
     text = '# generated\nNAME=\'Rocky Linux\'\nVARIANT="Cloud \\"edition\\" \\$1"\n\nID=rocky\n'
-    assert parsers.os_release(text) == {
+    assert system.os_release(text) == {
         "NAME": "Rocky Linux",
         "VARIANT": 'Cloud "edition" $1',
         "ID": "rocky",
@@ -805,13 +815,13 @@ def test_os_release_quoting_and_comments() -> None:
 
 def test_os_release_errors() -> None:
     with pytest.raises(ParseError, match="'cat: /etc/os-release: No such file"):
-        parsers.os_release("cat: /etc/os-release: No such file or directory\n")
+        system.os_release("cat: /etc/os-release: No such file or directory\n")
     with pytest.raises(ParseError, match="empty output"):
-        parsers.os_release("")
+        system.os_release("")
 
 
 def test_meminfo_h200() -> None:
-    info = parsers.meminfo(h200("meminfo.txt"))
+    info = system.meminfo(h200("meminfo.txt"))
     assert info["MemTotal"] == 263998500 * 1024
     assert info["Active(anon)"] == 48 * 1024
     assert info["Hugepagesize"] == 2048 * 1024
@@ -831,7 +841,7 @@ def test_meminfo_published_kernels(name: str, fields: int, total_kb: int,
                                    available_kb: int | None) -> None:
     """Kernels with and without MemAvailable (3.14+ and older), and an OpenVZ container that
     shows only 21 fields (published/README.md)."""
-    info = parsers.meminfo(published(name))
+    info = system.meminfo(published(name))
     assert len(info) == fields
     assert info["MemTotal"] == total_kb * 1024
     assert info.get("MemAvailable") == (available_kb * 1024 if available_kb else None)
@@ -839,13 +849,13 @@ def test_meminfo_published_kernels(name: str, fields: int, total_kb: int,
 
 def test_meminfo_errors() -> None:
     with pytest.raises(ParseError, match="'MemTotal 12 GB'"):
-        parsers.meminfo("MemTotal 12 GB\n")
+        system.meminfo("MemTotal 12 GB\n")
     with pytest.raises(ParseError, match="a MemTotal line"):
-        parsers.meminfo("MemFree:  10 kB\n")
+        system.meminfo("MemFree:  10 kB\n")
 
 
 def test_ip_addr_json() -> None:
-    assert parsers.ip_addr_json(sample("synthetic_ip_j_addr.txt")) == [
+    assert network.ip_addr_json(sample("synthetic_ip_j_addr.txt")) == [
         {
             "name": "lo",
             "mtu": 65536,
@@ -888,13 +898,13 @@ def test_ip_addr_json() -> None:
 )
 def test_ip_addr_json_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=expected):
-        parsers.ip_addr_json(text)
+        network.ip_addr_json(text)
 
 
 def test_ip_addr_json_ipoib_links_with_20_byte_addresses() -> None:
     """Eight IPoIB ports of a GPU node as iproute2 prints them (link_type infiniband, MTU 2044,
     a 20-byte hardware address, no addr_info): each is kept, with no address."""
-    links = parsers.ip_addr_json(published("ip-j-link-ipoib-8x-gcm.txt"))
+    links = network.ip_addr_json(published("ip-j-link-ipoib-8x-gcm.txt"))
     assert [link["name"] for link in links] == [
         "ibp12s0", "ibp18s0", "ibp75s0", "ibp84s0", "ibp141s0", "ibp148s0", "ibp186s0",
         "ibp204s0"]
@@ -903,7 +913,7 @@ def test_ip_addr_json_ipoib_links_with_20_byte_addresses() -> None:
 
 
 def test_sys_class_net_fallback() -> None:
-    interfaces = parsers.sys_class_net(sample("synthetic_sys_class_net.txt"))
+    interfaces = network.sys_class_net(sample("synthetic_sys_class_net.txt"))
     assert [item["name"] for item in interfaces] == ["docker0", "eno1", "ens1np0", "lo", "tun0"]
     assert interfaces[2] == {
         "name": "ens1np0",
@@ -923,131 +933,131 @@ def test_sys_class_net_fallback() -> None:
 
 def test_sys_class_net_errors() -> None:
     with pytest.raises(ParseError, match="'eno1 up 1500'"):
-        parsers.sys_class_net("eno1 up 1500\n")
+        network.sys_class_net("eno1 up 1500\n")
 
 
 def test_sysctl_value() -> None:
-    assert parsers.sysctl_value("32768\t60999\n") == "32768 60999"
-    assert parsers.sysctl_value("4096 \t 131072\t6291456\n") == "4096 131072 6291456"
-    assert parsers.sysctl_value("1\n") == "1"
+    assert network.sysctl_value("32768\t60999\n") == "32768 60999"
+    assert network.sysctl_value("4096 \t 131072\t6291456\n") == "4096 131072 6291456"
+    assert network.sysctl_value("1\n") == "1"
     with pytest.raises(ParseError, match="'sysctl: cannot stat /proc/sys/net/ipv4/nope"):
-        parsers.sysctl_value("sysctl: cannot stat /proc/sys/net/ipv4/nope: No such file\n")
+        network.sysctl_value("sysctl: cannot stat /proc/sys/net/ipv4/nope: No such file\n")
     with pytest.raises(ParseError, match="'cat: /proc/sys/net/ipv4/nope: No such file"):
-        parsers.sysctl_value("cat: /proc/sys/net/ipv4/nope: No such file or directory\n")
+        network.sysctl_value("cat: /proc/sys/net/ipv4/nope: No such file or directory\n")
 
 
 def test_port_range() -> None:
-    assert parsers.port_range(h200("port_range.txt")) == (32768, 60999)
-    assert parsers.port_range("32768\t60999\n") == (32768, 60999)
-    assert parsers.port_range("net.ipv4.ip_local_port_range=1024 65000") == (1024, 65000)
+    assert network.port_range(h200("port_range.txt")) == (32768, 60999)
+    assert network.port_range("32768\t60999\n") == (32768, 60999)
+    assert network.port_range("net.ipv4.ip_local_port_range=1024 65000") == (1024, 65000)
 
 
 @pytest.mark.parametrize("text", ["", "32768\n", "60999 32768\n", "0 100\n", "1024 70000\n"])
 def test_port_range_errors(text: str) -> None:
     with pytest.raises(ParseError, match="ip_local_port_range: expected"):
-        parsers.port_range(text)
+        network.port_range(text)
 
 
 # --------------------------------------------------------------------------- packages
 
 
 def test_dpkg_query_h200() -> None:
-    packages = parsers.dpkg_query(h200("dpkg_nv.txt"))
-    assert len(packages) == 38
-    assert packages["libnccl2"] == {
+    listed = packages.dpkg_query(h200("dpkg_nv.txt"))
+    assert len(listed) == 38
+    assert listed["libnccl2"] == {
         "version": "2.28.3-1+cuda13.0",
         "status": "hold ok installed",
         "installed": True,
         "hold": True,
     }
-    assert packages["cuda-nvcc-13-0"] == {
+    assert listed["cuda-nvcc-13-0"] == {
         "version": "13.0.88-1",
         "status": "install ok installed",
         "installed": True,
         "hold": False,
     }
-    held = {name for name, info in packages.items() if info["hold"]}
+    held = {name for name, info in listed.items() if info["hold"]}
     assert held == {"libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
-    assert packages["openssh-client"]["version"] == "1:9.6p1-3ubuntu13.20"
+    assert listed["openssh-client"]["version"] == "1:9.6p1-3ubuntu13.20"
 
 
 def test_dpkg_query_states() -> None:
-    packages = parsers.dpkg_query(sample("synthetic_dpkg_query_states.txt"))
-    assert set(packages) == {
+    listed = packages.dpkg_query(sample("synthetic_dpkg_query_states.txt"))
+    assert set(listed) == {
         "nvidia-driver-550",
         "nvidia-driver-535",
         "libnvidia-compute-550:amd64",
         "nvidia-fabricmanager-550",
         "cuda-drivers",
     }
-    assert packages["nvidia-driver-535"] == {
+    assert listed["nvidia-driver-535"] == {
         "version": "535.183.01-0ubuntu0.22.04.1",
         "status": "deinstall ok config-files",
         "installed": False,
         "hold": False,
     }
-    assert packages["cuda-drivers"] == {
+    assert listed["cuda-drivers"] == {
         "version": None,
         "status": "unknown ok not-installed",
         "installed": False,
         "hold": False,
     }
-    assert packages["nvidia-fabricmanager-550"]["hold"] is True
+    assert listed["nvidia-fabricmanager-550"]["hold"] is True
 
 
 def test_dpkg_query_on_a_h200_machine_with_holds_and_absent_names() -> None:
     """The gatherer's dpkg-query over globs on a real H200 machine: notices for globs that
     match nothing, ``unknown ok not-installed`` rows without a version, and three holds."""
-    packages = parsers.dpkg_query(published("dpkg-query-h200-vm-holds.txt"))
-    assert len(packages) == 21
-    assert {name for name, info in packages.items() if info["hold"]} == {
+    listed = packages.dpkg_query(published("dpkg-query-h200-vm-holds.txt"))
+    assert len(listed) == 21
+    assert {name for name, info in listed.items() if info["hold"]} == {
         "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
-    assert packages["cuda-nvcc-13"] == {"version": None, "status": "unknown ok not-installed",
+    assert listed["cuda-nvcc-13"] == {"version": None, "status": "unknown ok not-installed",
                                         "installed": False, "hold": False}
-    assert packages["cuda-nvcc-13-0"]["version"] == "13.0.88-1"
-    assert packages["python3"]["installed"] is True
+    assert listed["cuda-nvcc-13-0"]["version"] == "13.0.88-1"
+    assert listed["python3"]["installed"] is True
 
 
 def test_dpkg_query_errors() -> None:
     with pytest.raises(ParseError, match="'dpkg-query: error: --show needs"):
-        parsers.dpkg_query("dpkg-query: error: --show needs a valid format\n")
+        packages.dpkg_query("dpkg-query: error: --show needs a valid format\n")
     with pytest.raises(ParseError, match=re.escape("'libnccl2 2.28.3-1 install ok installed'")):
-        parsers.dpkg_query("libnccl2 2.28.3-1 install ok installed\n")
+        packages.dpkg_query("libnccl2 2.28.3-1 install ok installed\n")
 
 
 def test_apt_showhold() -> None:
-    assert parsers.apt_showhold(sample("synthetic_apt_showhold.txt")) == {
+    assert packages.apt_showhold(sample("synthetic_apt_showhold.txt")) == {
         "libcudnn9-cuda-13",
         "libnccl-dev",
         "libnccl2",
         "nvidia-driver-550",
     }
-    assert parsers.apt_showhold("") == set()
+    assert packages.apt_showhold("") == set()
     with pytest.raises(ParseError, match="'E: Could not open lock file"):
-        parsers.apt_showhold("E: Could not open lock file /var/lib/dpkg/lock-frontend\n")
+        packages.apt_showhold("E: Could not open lock file /var/lib/dpkg/lock-frontend\n")
 
 
 def test_apt_showhold_on_a_h200_machine_and_an_armbian_board() -> None:
-    assert parsers.apt_showhold(published("apt-mark-showhold-h200-vm.txt")) == {
+    assert packages.apt_showhold(published("apt-mark-showhold-h200-vm.txt")) == {
         "libcublas-13-0", "libcublas-dev-13-0", "libcudnn9-cuda-13", "libnccl-dev", "libnccl2"}
-    assert parsers.apt_showhold(published("apt-mark-showhold-armbian-connectbox-218.txt")) == {
+    assert packages.apt_showhold(published("apt-mark-showhold-armbian-connectbox-218.txt")) == {
         "linux-dtb-dev-sun8i", "linux-image-dev-sun8i", "linux-u-boot-nanopineo-dev"}
 
 
 def test_apt_madison_of_debian_8_with_a_sources_line() -> None:
     """Debian 8 with deb-src enabled: madison adds the source package's line (``... Sources``),
     here of the same version, which is listed once."""
-    assert parsers.apt_madison(published("apt-cache-madison-debian8-vpenso-scripts-2.txt")) == {
+    assert packages.apt_madison(published("apt-cache-madison-debian8-vpenso-scripts-2.txt")) == {
         "bash": ["4.3-11+deb8u1"]}
 
 
 def test_apt_madison() -> None:
-    assert parsers.apt_madison(sample("synthetic_apt_madison.txt")) == {
+    assert packages.apt_madison(sample("synthetic_apt_madison.txt")) == {
         "cuda-drivers": ["580.95.05-0ubuntu1", "580.82.07-0ubuntu1", "575.57.08-0ubuntu1"],
         "libnccl2": ["2.28.3-1+cuda13.0", "2.28.3-1+cuda12.9", "2.27.7-1+cuda13.0"],
     }
     with pytest.raises(ParseError, match="'E: The package lists or status file"):
-        parsers.apt_madison("E: The package lists or status file could not be parsed or opened.\n")
+        packages.apt_madison("E: The package lists or status file could not be parsed or opened.\n")
 
 
 # --------------------------------------------------------------------------- health
@@ -1069,17 +1079,17 @@ def test_proc_net_snmp_published_kernels(name: str, tcp: dict[str, int], udp_fie
     """Tcp and Udp rows of three kernels: without InCsumErrors (a CentOS 6 era server), with
     it, and 6.18's IgnoredMulti/MemErrors; MaxConn is -1 in all (published/README.md)."""
     text = published(name)
-    counters = parsers.proc_net_snmp(text)
+    counters = network.proc_net_snmp(text)
     assert {key: counters[key] for key in tcp} == tcp
-    assert len(parsers.proc_net_snmp(text, "Udp")) == udp_fields
+    assert len(network.proc_net_snmp(text, "Udp")) == udp_fields
 
 
 def test_xid_events_none_in_real_log() -> None:
-    assert parsers.xid_events(h200("dmesg_xid.txt")) == []
+    assert xid.xid_events(h200("dmesg_xid.txt")) == []
 
 
 def test_xid_events_synthetic_log() -> None:
-    events = parsers.xid_events(sample("synthetic_dmesg_xid.txt"))
+    events = xid.xid_events(sample("synthetic_dmesg_xid.txt"))
     assert [event["xid"] for event in events] == [13, 13, 31, 48, 63, 94, 64, 74, 95, 79, 79]
     assert events[0] == {
         "pci": "0000:18:00",
@@ -1102,15 +1112,15 @@ def test_xid_events_synthetic_log() -> None:
 
 def test_xid_events_unreadable_log() -> None:
     with pytest.raises(ParseError, match="'dmesg: read kernel buffer failed"):
-        parsers.xid_events("dmesg: read kernel buffer failed: Operation not permitted\n")
+        xid.xid_events("dmesg: read kernel buffer failed: Operation not permitted\n")
 
 
 def test_ethtool_stats_and_pause_discard_counters() -> None:
-    stats = parsers.ethtool_stats(sample("synthetic_ethtool_S_mlx5.txt"))
+    stats = network.ethtool_stats(sample("synthetic_ethtool_S_mlx5.txt"))
     assert len(stats) == 34
     assert stats["rx_packets"] == 982364123
     assert stats["rx_prio3_bytes"] == 3870022115520
-    assert parsers.pause_and_discard_counters(stats) == {
+    assert network.pause_and_discard_counters(stats) == {
         "rx_discards_phy": 12,
         "tx_discards_phy": 0,
         "rx_pause_ctrl_phy": 88214,
@@ -1129,13 +1139,13 @@ def test_ethtool_stats_and_pause_discard_counters() -> None:
 
 def test_ethtool_stats_per_queue_prefix() -> None:
     text = "NIC statistics:\n     [0]: rx_ucast_packets: 5\n     [1]: rx_ucast_packets: 7\n"
-    assert parsers.ethtool_stats(text) == {"[0]: rx_ucast_packets": 5, "[1]: rx_ucast_packets": 7}
+    assert network.ethtool_stats(text) == {"[0]: rx_ucast_packets": 5, "[1]: rx_ucast_packets": 7}
 
 
 def test_ethtool_stats_ena_without_a_header() -> None:
     """Amazon ENA 1.2.0k, as ethq keeps it: no ``NIC statistics:`` line, no indentation,
     per-queue counters only (published/README.md)."""
-    stats = parsers.ethtool_stats(published("ethtool-S-ena-1.2.0k.txt"))
+    stats = network.ethtool_stats(published("ethtool-S-ena-1.2.0k.txt"))
     assert len(stats) == 104
     assert stats["queue_0_rx_bytes"] == 64430725908
     assert stats["queue_3_rx_rx_copybreak_pkt"] == 169576
@@ -1143,11 +1153,11 @@ def test_ethtool_stats_ena_without_a_header() -> None:
 
 
 def test_ethtool_stats_solarflare_queue_names_with_dots() -> None:
-    stats = parsers.ethtool_stats((FIXTURES / "nic" / "sfc-ethtool-S.txt").read_text())
+    stats = network.ethtool_stats((FIXTURES / "nic" / "sfc-ethtool-S.txt").read_text())
     assert len(stats) == 152
     assert stats["port_rx_dp_di_dropped_packets"] == 27
     assert stats["tx-xdp-cpu-23.tx_packets"] == 0
-    assert parsers.pause_and_discard_counters(stats)["port_tx_pause"] == 0
+    assert network.pause_and_discard_counters(stats)["port_tx_pause"] == 0
 
 
 @pytest.mark.parametrize(
@@ -1160,11 +1170,11 @@ def test_ethtool_stats_solarflare_queue_names_with_dots() -> None:
 )
 def test_ethtool_stats_errors(text: str, expected: str) -> None:
     with pytest.raises(ParseError, match=expected):
-        parsers.ethtool_stats(text)
+        network.ethtool_stats(text)
 
 
 def test_sys_pci_gpus_h200() -> None:
-    assert parsers.sys_pci_gpus(h200("sys_pci_nvidia.txt")) == [
+    assert system.sys_pci_gpus(h200("sys_pci_nvidia.txt")) == [
         {
             "address": "0000:00:06.0",
             "class": "0x030200",
@@ -1192,7 +1202,7 @@ def test_sys_pci_gpus_filters_other_classes() -> None:
         "0000:c1:00.1 0x040300 0x22ba 16.0 GT/s PCIe x16 numa=1\n"
         "0000:c2:00.4 0x030200 0x2335  x numa=\n"
     )
-    gpus = parsers.sys_pci_gpus(text)
+    gpus = system.sys_pci_gpus(text)
     assert [gpu["address"] for gpu in gpus] == ["0000:18:00.0", "0000:c1:00.0", "0000:c2:00.4"]
     assert (gpus[0]["link_speed"], gpus[0]["width"], gpus[0]["numa"]) == (16.0, 16, 0)
     assert (gpus[1]["link_speed"], gpus[1]["width"], gpus[1]["numa"]) == (None, 16, 1)
@@ -1201,4 +1211,4 @@ def test_sys_pci_gpus_filters_other_classes() -> None:
 
 def test_sys_pci_gpus_errors() -> None:
     with pytest.raises(ParseError, match="got \"ls: cannot access '/sys/bus"):
-        parsers.sys_pci_gpus("ls: cannot access '/sys/bus/pci/devices/*': No such file\n")
+        system.sys_pci_gpus("ls: cannot access '/sys/bus/pci/devices/*': No such file\n")

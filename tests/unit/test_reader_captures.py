@@ -9,7 +9,12 @@ from collections.abc import Callable
 import pytest
 
 from gpufleet.errors import ParseError
+<<<<<<< HEAD
 from gpufleet.facts import containers, formats, parsers
+=======
+from gpufleet.facts import formats
+from gpufleet.facts.parsers import cuda, network, packages, qos
+>>>>>>> 97a5ac1 (facts/parsers.py split into a package by tool (work in progress))
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -43,7 +48,7 @@ def test_ip_j_addr_of_a_namespace_compact_and_pretty_with_details(name: str) -> 
     """iproute2 6.1 on one namespace, once as one line and once ``-d -p`` (indented, with
     each link's ``linkinfo``): the same links, states and addresses in printed order, a
     bridge port's link-local address, two addresses on the macvlan, a link without any."""
-    links = parsers.ip_addr_json(published(name))
+    links = network.ip_addr_json(published(name))
     assert [(link["name"], link["mtu"], link["state"], link["addresses"]) for link in links] == [
         (name, mtu, state, addresses) for name, mtu, state, _, addresses in NETNS]
     macs = {link["name"]: link["mac"] for link in links}
@@ -67,7 +72,7 @@ def test_apt_madison_of_debian_12_with_three_suites() -> None:
     """apt 2.6.1: the security, main and updates suites each list their own version, in
     printed order; a name wider than madison's column pushes its bars right."""
     text = published("apt-cache-madison-apt-2.6.1-debian12-three-suites.txt")
-    assert parsers.apt_madison(text) == {
+    assert packages.apt_madison(text) == {
         "openssl": ["3.0.22-1~deb12u2", "3.0.20-1~deb12u2", "3.0.17-1~deb12u2"],
         "chrony": ["4.3-2+deb12u3"],
         "linux-image-amd64": ["6.1.192-3", "6.1.176-1"],
@@ -77,7 +82,7 @@ def test_apt_madison_of_debian_12_with_three_suites() -> None:
 def test_apt_madison_leaves_out_source_packages() -> None:
     """With deb-src lines madison also prints the source package (``openssh`` for
     ``openssh-server``): no version of it can be installed, so it is not available."""
-    assert parsers.apt_madison(published("apt-cache-madison-apt-2.6.1-debian12-sources.txt")) == {
+    assert packages.apt_madison(published("apt-cache-madison-apt-2.6.1-debian12-sources.txt")) == {
         "openssh-server": ["1:9.2p1-2+deb12u10", "1:9.2p1-2+deb12u9"],
         "rdma-core": ["44.0-2"],
     }
@@ -91,14 +96,14 @@ def test_dcb_pfc_of_a_hns3_port_before_and_after_a_set() -> None:
     second report is the one read."""
     text = published("dcb-pfc-show-hns3-linux-8c1671e0d13d.txt")
     before, _ = text.split("$ dcb pfc set")
-    assert parsers.dcb_pfc(before) == {
+    assert qos.dcb_pfc(before) == {
         "pfc_cap": 4, "macsec_bypass": False, "delay": 0, "prio_pfc": []}
-    assert parsers.dcb_pfc(text)["prio_pfc"] == list(range(8))
+    assert qos.dcb_pfc(text)["prio_pfc"] == list(range(8))
 
 
 @pytest.mark.parametrize(("name", "parse"), [
-    ("dcb-pfc-show-veth-iproute2-6.1.txt", parsers.dcb_pfc),
-    ("dcb-j-pfc-show-veth-iproute2-6.1.txt", parsers.dcb_pfc_json),
+    ("dcb-pfc-show-veth-iproute2-6.1.txt", qos.dcb_pfc),
+    ("dcb-j-pfc-show-veth-iproute2-6.1.txt", qos.dcb_pfc_json),
 ])
 def test_dcb_pfc_of_a_netdev_without_dcb_is_a_parse_error(
         name: str, parse: Callable[[str], object]) -> None:
@@ -113,7 +118,7 @@ def test_dcb_pfc_of_a_netdev_without_dcb_is_a_parse_error(
 def test_cuda_version_json_of_cuda_13_3() -> None:
     """The whole file as ``cat`` printed it behind its prompt, 35 components (B300 host)."""
     text = published("cuda-version-json-13.3.1-b300-xe9780.txt")
-    assert parsers.cuda_version_json(text) == "13.3.1"
+    assert cuda.cuda_version_json(text) == "13.3.1"
 
 
 @pytest.mark.parametrize(("name", "version"), [
@@ -155,9 +160,9 @@ def test_containerd_runtime_of_containerd_1_6_default_config() -> None:
 def test_torch_info_of_the_current_probe_and_a_python_without_torch() -> None:
     """The probe's JSON with the arch list and backends (torch 2.11, H200), and what the
     same probe prints under a python that has no torch: the traceback's last line."""
-    info = parsers.torch_info((FIXTURES / "h200x1" / "torch_probe.json").read_text())
+    info = cuda.torch_info((FIXTURES / "h200x1" / "torch_probe.json").read_text())
     assert (info["torch"], info["cuda"], info["nccl"], info["device_count"]) == (
         "2.11.0+cu130", "13.0", "2.28.9", 1)
     assert info["arch_list"][-1] == "sm_120" and info["nccl_available"] is True
     with pytest.raises(ParseError, match="No module named 'torch'"):
-        parsers.torch_info(published("torch-probe-without-torch-h200-vm.txt"))
+        cuda.torch_info(published("torch-probe-without-torch-h200-vm.txt"))
