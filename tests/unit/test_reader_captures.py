@@ -9,12 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from gpufleet.errors import ParseError
-<<<<<<< HEAD
-from gpufleet.facts import containers, formats, parsers
-=======
-from gpufleet.facts import formats
+from gpufleet.facts import containers, formats
 from gpufleet.facts.parsers import cuda, network, packages, qos
->>>>>>> 97a5ac1 (facts/parsers.py split into a package by tool (work in progress))
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -128,7 +124,7 @@ def test_cuda_version_json_of_cuda_13_3() -> None:
 def test_cuda_version_json_of_windows_toolkits(name: str, version: str) -> None:
     """The file as the Windows installer leaves it (``NVIDIA Windows Driver``, Nsight VSE;
     12.9.0 with CRLF line ends): the SDK's version, not a component's (cuBLAS 12.9.0.13)."""
-    assert parsers.cuda_version_json(published(name)) == version
+    assert cuda.cuda_version_json(published(name)) == version
 
 
 # --------------------------------------------------------------------------- apt-mark, ofed_info
@@ -136,7 +132,7 @@ def test_cuda_version_json_of_windows_toolkits(name: str, version: str) -> None:
 
 def test_apt_showhold_of_apt_2_6_on_debian_12() -> None:
     """apt 2.6.1 lists its holds sorted, names with ``+`` and ``.`` among them."""
-    assert parsers.apt_showhold(published("apt-mark-showhold-apt-2.6.1-debian12.txt")) == {
+    assert packages.apt_showhold(published("apt-mark-showhold-apt-2.6.1-debian12.txt")) == {
         "libssl3", "libstdc++6", "openssl", "python3.11"}
 
 
@@ -144,7 +140,7 @@ def test_ofed_version_of_a_host_without_mlnx_ofed_is_a_parse_error() -> None:
     """A host on the distribution's rdma-core has no ofed_info: the shell's complaint is
     no version, and not "no OFED" either."""
     with pytest.raises(ParseError, match="ofed_info -s: expected 'MLNX_OFED_LINUX"):
-        parsers.ofed_version(published("ofed-info-s-not-installed-ompi-9957.txt"))
+        packages.ofed_version(published("ofed-info-s-not-installed-ompi-9957.txt"))
 
 
 # --------------------------------------------------------------------------- containerd
