@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from gpufleet.errors import ParseError
-from gpufleet.facts.parsers._common import _error, _json_document
+from gpufleet.facts.parsers._capture import _error, _json_document
 
 _NVCC_VERSION = re.compile(r"Cuda compilation tools, release [\d.]+, V(\d+(?:\.\d+)+)")
 

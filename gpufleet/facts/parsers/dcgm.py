@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _json_document
+from gpufleet.facts.parsers._capture import _error, _json_document
 
 
 def dcgm_diag(text: str) -> dict[str, Any]:

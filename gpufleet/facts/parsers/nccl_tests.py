@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _float, _int, _lines
+from gpufleet.facts.parsers._capture import _error, _float, _int, _lines
 
 _NCCL_LEAD = ["size", "count", "type"]
 _NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _int, _json_document, _output_lines
+from gpufleet.facts.parsers._capture import _error, _int, _json_document, _output_lines
 
 
 def ip_addr_json(text: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _is_capture_note, _lines, _output_lines
+from gpufleet.facts.parsers._capture import _error, _is_capture_note, _lines, _output_lines
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

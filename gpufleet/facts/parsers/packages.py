@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _output_lines
+from gpufleet.facts.parsers._capture import _error, _output_lines
 
 _PACKAGE_VERSION = re.compile(r"^(?:\d+:)?(\d+(?:\.\d+)+)(?:[-~+].*)?$")
 

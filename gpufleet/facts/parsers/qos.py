@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _int, _json_document, _lines, _output_lines
+from gpufleet.facts.parsers._capture import _error, _int, _json_document, _lines, _output_lines
 
 _PRIORITIES = range(8)
 

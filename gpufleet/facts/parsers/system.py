@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _output_lines
+from gpufleet.facts.parsers._capture import _error, _output_lines
 
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 

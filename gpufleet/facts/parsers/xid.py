@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.parsers._common import _error, _lines
+from gpufleet.facts.parsers._capture import _error, _lines
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):"

@@ -1,5 +1,6 @@
-"""What every parser of the package shares: the lines of a capture without its annotations,
-and the one ``ParseError`` message, naming the tool, what was expected and a short quote."""
+"""Reading a captured text, for every parser of the package: its lines without annotations,
+its numbers, its JSON document, and the ``ParseError`` naming the tool, what was expected and
+a short quote."""
 
 from __future__ import annotations
 
