@@ -85,8 +85,9 @@ def test_the_installed_package_renders_the_html_reports(installed: Path, tmp_pat
                                                         ) -> None:
     """Its templates and ClusterShell (from the wheelhouse) are there: a report renders."""
     script = ("import json, sys; from gpufleet.report import html; "
+              "from gpufleet.report.html.page import fold; "
               "doc = json.load(open(sys.argv[1])); "
-              "print(len(html.render_conformance(doc)), html.fold(['n1', 'n2', 'n3']))")
+              "print(len(html.render_conformance(doc)), fold(['n1', 'n2', 'n3']))")
     done = _run([str(installed / "bin" / "python"), "-c", script,
                  str(ROOT / "tests" / "fixtures" / "h200x2" / "gpufleet" / "conformance.json")],
                 cwd=tmp_path)

@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from gpufleet.report import html
+from gpufleet.report.html.conformance import counter_rows, rack_rows, results_of
+from gpufleet.report.html.page import Row, fold, natural
+from gpufleet.report.html.verdict import ACCEPTANCE
 from tests.conftest import ROOT
 from tests.report_docs import (
     HOSTILE,
@@ -96,13 +99,13 @@ def test_failing_hosts_come_first_and_passing_hosts_fold(fleet: dict[str, Any]) 
 
 
 def test_hosts_fold_in_clustershell_notation_and_odd_names_stay_as_they_are() -> None:
-    assert html.fold(host_names(998)) == "node[0001-0998]"
-    assert html.fold(["gpu7", "node2", "node10", "node3"]) == "gpu7,node[2-3,10]"
-    assert html.fold(["rack1-node01", "rack1-node02", "rack2-node01"]) == \
+    assert fold(host_names(998)) == "node[0001-0998]"
+    assert fold(["gpu7", "node2", "node10", "node3"]) == "gpu7,node[2-3,10]"
+    assert fold(["rack1-node01", "rack1-node02", "rack2-node01"]) == \
         "rack1-node[01-02],rack2-node01"
-    assert html.fold(["node1", "a,b", "c[1-2]", "<x>"]) == "node1,<x>,a,b,c[1-2]"
-    assert sorted(host_names(12), key=html.natural) == host_names(12)
-    assert sorted(["n10", "n9", "n1"], key=html.natural) == ["n1", "n9", "n10"]
+    assert fold(["node1", "a,b", "c[1-2]", "<x>"]) == "node1,<x>,a,b,c[1-2]"
+    assert sorted(host_names(12), key=natural) == host_names(12)
+    assert sorted(["n10", "n9", "n1"], key=natural) == ["n1", "n9", "n10"]
 
 
 def test_hostile_host_names_and_messages_stay_text() -> None:
@@ -220,7 +223,7 @@ def test_the_acceptance_report_has_the_four_figures_the_checks_and_the_versions(
                            "driver": "580.95.05", "kernel": "6.8.0-45-generic"}}}}]}
     page = Page(html.render_acceptance([doc], bootstrap=[boot]))
     words = "\n".join(page.text)
-    for column in html.ACCEPTANCE:
+    for column in ACCEPTANCE:
         assert column in words
     rows = {a["data-host"] for t, a in page.tags if t == "tr" and "data-host" in a}
     assert {f"node{i:04d}" for i in range(1, 32)} <= rows
@@ -262,9 +265,9 @@ def test_the_counters_that_moved_and_the_line_rate_are_on_the_page() -> None:
     assert moved in text and "AllReduce, all nodes" in text
     assert "reachability connects" in text and "3 TCP retransmits" in text
     assert "AllReduce, pairs" not in text
-    assert [r for r in html.counter_rows(html.results_of(doc))] == [
-        html.Row("gpu0002", "AllReduce, all nodes", moved, "fail"),
-        html.Row("gpu0003", "reachability connects", "3 TCP retransmits", "pass")]
+    assert [r for r in counter_rows(results_of(doc))] == [
+        Row("gpu0002", "AllReduce, all nodes", moved, "fail"),
+        Row("gpu0003", "reachability connects", "3 TCP retransmits", "pass")]
 
 
 def test_each_rack_s_budget_use_is_on_the_page() -> None:
@@ -273,13 +276,13 @@ def test_each_rack_s_budget_use_is_on_the_page() -> None:
     page = Page(html.render_conformance(doc))
     text = " ".join(page.text)
     assert "Rack power budgets (measured peaks)" in text
-    [row] = html.rack_rows(doc, html.results_of(doc))
+    [row] = rack_rows(doc, results_of(doc))
     assert (row.host, row.name, row.css) == ("rack-h200", "air cooled", "pass")
     assert row.message == "694.1 W of 6400 W (11%): 0.8 x the 8000 W supply, 1 node"
     assert row.message in text
     doc["data"]["racks"]["budgets"]["rack-h200"].update(used_w=7000.0, nodes={
         "gpu-local": 694.1, "gpu-other": None})
-    [over] = html.rack_rows(doc, html.results_of(doc))
+    [over] = rack_rows(doc, results_of(doc))
     assert over.css == "fail" and over.message.endswith("; no measured peak for gpu-other")
 
 
