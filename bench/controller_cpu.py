@@ -34,7 +34,8 @@ from gpufleet.connect.connection import Connection, ConnectOptions
 from gpufleet.connect.fleet import FleetOptions, TaskResult, run_fleet
 from gpufleet.facts import catalog, script
 from gpufleet.facts.gather import parse_sections, snippet_timeout
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 from gpufleet.roles import consistency_request
 

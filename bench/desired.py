@@ -32,7 +32,8 @@ from gpufleet import roles as role_registry
 from gpufleet.facts.catalog import NFT_DIGEST, TORCH_FACT_PROBE
 from gpufleet.facts.formats import FileState, file_digest
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.apt import AptInstall
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 from gpufleet.provision.plan import Change, Put, Run

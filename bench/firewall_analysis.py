@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gpufleet.facts.gather import Facts
 from gpufleet.firewall_analysis import analyse, parse_nft
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles.firewall import ROLE
 

@@ -24,7 +24,8 @@ from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.ssh import SSHConnection
 from gpufleet.facts import catalog, script
 from gpufleet.facts.gather import gather_facts, parse_sections
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 
 TABLE = f"{BENCH_LAB.name}_delay"

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Inventory, load_inventory, resolve_inventory
+from gpufleet.inventory.load import load_inventory, resolve_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.inventory.target import Target
 from gpufleet.slurm import inventory as slurm_inventory
 

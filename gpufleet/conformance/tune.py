@@ -34,7 +34,8 @@ from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.session import Node
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.inventory.templating import HostVars
 from gpufleet.provision.role import RoleVars, Var
 

@@ -23,7 +23,8 @@ from gpufleet.connect.hostkeys import (
     trust_known,
 )
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, parse_jump, ssh_option
+from gpufleet.inventory.model import Host
+from gpufleet.inventory.variables import parse_jump, ssh_option
 
 _R = TypeVar("_R")
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.slurm.client import Slurm, SlurmNode
 
 PREFIX = "slurm:"

@@ -21,7 +21,8 @@ import pytest
 from gpufleet import app
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.ssh import SSHConnection
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.model import LabConfig
 from gpufleet.report import jsonfile

@@ -16,7 +16,7 @@ from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
 from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.junit_schema import check_junit
 from tests.lab.conftest import PROVISIONED, node_processes, node_sh

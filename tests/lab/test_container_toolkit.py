@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpufleet import app
 from gpufleet.facts import containers
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.lab import fakegpu
 from tests.lab.conftest import node_sh

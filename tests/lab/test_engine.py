@@ -17,7 +17,8 @@ from gpufleet.connect.fleet import FleetOptions, TaskResult, run_fleet
 from gpufleet.connect.hostkeys import HostKeyError
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import gather_facts
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from gpufleet.lab.cluster import Lab
 from tests.lab.conftest import SUBNET, node_processes, node_sh, ssh
 

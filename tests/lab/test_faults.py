@@ -244,7 +244,7 @@ _RUN_AS_ROOT = """
 import sys
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.open import connect
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 inventory = load_inventory(sys.argv[1])
 conn = connect(inventory.hosts[sys.argv[2]], ConnectOptions(known_hosts_base=inventory.base))
 print(conn.run("sleep 4; id -un").stdout.strip())

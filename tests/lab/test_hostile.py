@@ -29,7 +29,8 @@ from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.hostkeys import HostKeyError, fingerprint
 from gpufleet.connect.ssh import SSHConnection
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 from gpufleet.lab.cluster import Lab
 from gpufleet.provision.plan import ApplyContext, ApplyOptions
 from gpufleet.roles import pytorch

@@ -12,7 +12,7 @@ import paramiko
 import pytest
 
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.model import LabConfig
 from gpufleet.lab.repo import KEYRING

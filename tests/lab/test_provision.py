@@ -17,7 +17,7 @@ import yaml
 from gpufleet import app, roles
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions, Outcome
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.provision.engine import HostRun, RunOptions, provision
 from gpufleet.provision.plan import ApplyOptions

@@ -17,7 +17,7 @@ from gpufleet.conformance.reachability import PortSpec, run_matrix, source_band
 from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from tests.conftest import FIXTURES
 from tests.lab.conftest import LAB_NODES, node_sh

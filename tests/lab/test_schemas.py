@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import app
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.report.schemas import validate
 from tests.lab.conftest import PROVISIONED, node_sh

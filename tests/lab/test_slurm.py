@@ -22,7 +22,7 @@ import pytest
 from gpufleet import app
 from gpufleet.conformance import plugin
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 from gpufleet.provision.engine import RunOptions, provision

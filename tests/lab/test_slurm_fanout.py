@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpufleet.connect.connection import CommandResult, Unreachable, node_local
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 from gpufleet.lab.cluster import Lab
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 from gpufleet.slurm.launcher import Allocation

@@ -20,7 +20,7 @@ from gpufleet.conformance.reachability import Matrix
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 
 
 def nodes(tmp_path: Path, count: int, extra: str = "") -> list[Node]:

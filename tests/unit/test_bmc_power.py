@@ -29,7 +29,8 @@ from gpufleet.conformance.checks.power import (
     thermal_from_subsystem,
 )
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 from tests.conftest import ROOT
 
 MOCKUP = ROOT / "tests" / "fixtures" / "redfish" / "public-rackmount1"

@@ -17,7 +17,8 @@ from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
 from tests.unit.test_cli import LOCAL, gpufleet, one_line
 

@@ -18,7 +18,8 @@ from gpufleet.facts import containers
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
 from gpufleet.facts.parsers import nvidia_smi, system
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail, Put, Run

@@ -25,7 +25,8 @@ from gpufleet.facts.catalog import file_digest_fact
 from gpufleet.facts.formats import FileDigest, FileState
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.firewall_analysis.live import LIVE_RULESET, parse_live
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.provision.managed import render
 from gpufleet.provision.plan import Change, Put, Run
 from gpufleet.provision.role import PlanContext, RoleVars

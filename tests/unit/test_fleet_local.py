@@ -15,7 +15,8 @@ from gpufleet.connect.connection import Connection, Unreachable
 from gpufleet.connect.fleet import FleetOptions, Outcome, TaskResult, batches, run_fleet, summarize
 from gpufleet.connect.local import LocalConnection
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host, Inventory
 
 
 def local_inventory(tmp_path: Path, count: int) -> Inventory:

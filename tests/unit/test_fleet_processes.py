@@ -22,7 +22,8 @@ from gpufleet.connect.fleet import (
     worker_processes,
 )
 from gpufleet.errors import GpufleetError
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 
 
 def hosts(tmp_path: Path, count: int) -> list[Host]:

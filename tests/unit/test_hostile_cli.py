@@ -11,7 +11,7 @@ from gpufleet.connect.connection import Connection
 from gpufleet.drift.run import history_dir
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.target import Target
 
 

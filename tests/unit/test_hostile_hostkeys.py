@@ -18,7 +18,7 @@ import pytest
 from gpufleet.connect import hostkeys
 from gpufleet.connect.hostkeys import HostKeyError, VerifyPolicy, fingerprint, lookup, record_key
 from gpufleet.connect.ssh import known_hosts_files
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
                                 reason="ssh-keygen is not installed")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import Inventory, load_inventory, resolve_inventory
+from gpufleet.inventory.load import load_inventory, resolve_inventory
+from gpufleet.inventory.model import Inventory
 
 FAST_S = 2.0
 

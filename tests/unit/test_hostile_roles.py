@@ -16,7 +16,8 @@ from gpufleet import app, roles
 from gpufleet.bootstrap import bootstrap_vars, preflight_problems
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import FactMissing, FactRequest, Facts
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.provision.engine import BadVariables, validate
 from gpufleet.provision.role import PlanContext, Role, RoleVars
 

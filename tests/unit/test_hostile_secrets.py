@@ -11,7 +11,7 @@ import pytest
 from gpufleet.drift import schedule
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory import listing
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.secrets import is_secret_name, redact
 from gpufleet.provision.managed import unified_diff
 from gpufleet.provision.role import RoleVars

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 from gpufleet.inventory.secrets import redact
 from gpufleet.inventory.templating import TemplateError
 
@@ -256,7 +257,7 @@ def test_refusals_allocate_nothing_like_their_result(tmp_path: Path) -> None:
                     + textwrap.indent(body, "  "))
     code = (
         "import sys\n"
-        "from gpufleet.inventory.model import load_inventory\n"
+        "from gpufleet.inventory.load import load_inventory\n"
         "from gpufleet.inventory.templating import TemplateError\n"
         "host = load_inventory(sys.argv[1]).hosts['n1']\n"
         f"for i in range({len(BOUND_CASES) - 1}):\n"

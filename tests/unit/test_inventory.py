@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import Host, Inventory, load_inventory, resolve_inventory
+from gpufleet.inventory.load import load_inventory, resolve_inventory
+from gpufleet.inventory.model import Host, Inventory
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "inventories"
 ATLAS = FIXTURES / "atlas"

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import InventoryError
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.inventory.read_yaml import Unsafe
 from gpufleet.inventory.templating import HostVars, TemplateError
 

@@ -17,7 +17,8 @@ import pytest
 from gpufleet.errors import InventoryError
 from gpufleet.inventory import listing, read_yaml, secrets, templating
 from gpufleet.inventory.files import Where, limits
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.inventory.read_yaml import Mapping, Vaulted, parse_yaml
 from gpufleet.inventory.templating import HostVars
 

@@ -24,7 +24,7 @@ import pytest
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.hostkeys import HostKeyError, fingerprint, lookup
 from gpufleet.connect.ssh import SSHConnection
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 
 TOOLS = ("sshd", "ssh", "ssh-keyscan", "ssh-keygen", "unshare")
 pytestmark = [

@@ -22,7 +22,7 @@ from gpufleet.conformance.results import ConformanceReport, Result
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import DriftItem, HostDrift
 from gpufleet.drift.run import DriftRun
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.provision.engine import BadVariables, validate
 from gpufleet.report import prometheus
 from gpufleet.report.prometheus import MetricsError, Textfile

@@ -28,7 +28,7 @@ from gpufleet.conformance.launch import ProbeRun, _command, _parse
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.provision.engine import BadVariables
 from gpufleet.suites.probes.allreduce import build_parser, nccl_log_environment
 from tests.conftest import ROOT

@@ -45,7 +45,7 @@ from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts import script
 from gpufleet.facts.gather import Facts
 from gpufleet.facts.parsers import network
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.suites.probes import probe_common
 from tests.conftest import ROOT, stand_in
 

@@ -27,7 +27,8 @@ from gpufleet.facts.parsers.system import (
     proc_driver_version,
     secure_boot,
 )
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.lab.repo import standins
 from gpufleet.provision import apt
 from gpufleet.provision.plan import Change, Fail, Run

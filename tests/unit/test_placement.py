@@ -23,7 +23,7 @@ from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from tests.conftest import FIXTURES
 
 PING = FIXTURES / "ping"

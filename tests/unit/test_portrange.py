@@ -10,7 +10,7 @@ import pytest
 from gpufleet.conformance.checks.portrange import opened_ports
 from gpufleet.errors import ParseError
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.ports import closed_within, describe, merge
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import firewall

@@ -15,7 +15,8 @@ import pytest
 from gpufleet.errors import VarError
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.provision import apt
 from gpufleet.provision.engine import active_roles, fact_request, plan_host
 from gpufleet.provision.plan import Change, Run

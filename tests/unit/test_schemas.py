@@ -32,7 +32,8 @@ from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import Inconsistency
 from gpufleet.drift.run import DriftOptions, check_fleet
 from gpufleet.facts.gather import gather_facts
-from gpufleet.inventory.model import Inventory, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Inventory
 from gpufleet.inventory.target import Target
 from gpufleet.report import schemas
 from gpufleet.report.schemas import SchemaError, load, validate

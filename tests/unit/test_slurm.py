@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.bootstrap import Bootstrap, StepResult, mark
 from gpufleet.errors import ParseError
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.slurm.client import (
     RunFindings,
     Slurm,

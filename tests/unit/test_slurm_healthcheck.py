@@ -28,7 +28,7 @@ from gpufleet.errors import VarError
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.node import healthcheck as program
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import slurm_healthcheck

@@ -26,7 +26,7 @@ from gpufleet.conformance.tune import (
 )
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts
-from gpufleet.inventory.model import load_inventory
+from gpufleet.inventory.load import load_inventory
 from gpufleet.provision.role import VarError
 
 

@@ -20,7 +20,8 @@ from gpufleet.conformance.verdict import (
     spread,
 )
 from gpufleet.errors import VarError
-from gpufleet.inventory.model import Host, load_inventory
+from gpufleet.inventory.load import load_inventory
+from gpufleet.inventory.model import Host
 
 EFFICIENCY = Figure("ddp.efficiency", "", 0.85)
 # The DDP check on one healthy 2x H200 node, four runs in a row (and a fifth like them).
