@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import os
 import re
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
@@ -29,11 +26,21 @@ import yaml
 
 from gpufleet.errors import LabError
 from gpufleet.lab import localcmd
+from gpufleet.lab.boot import OVERLAID, boot_script
 from gpufleet.lab.model import PREFIX, LabConfig, Node
+from gpufleet.lab.namespaces import (
+    cmdline,
+    kill_all,
+    link_exists,
+    mounted,
+    netns_exists,
+    ns_inode,
+    pid_alive,
+    pids_in_namespaces,
+)
 from gpufleet.lab.repo import KEYRING, build_repo, repo_dir
 from gpufleet.lab.slurm import LabSlurm, SlurmSettings
 
-OVERLAID = ("etc", "var", "opt", "usr", "root")
 MAX_NODES = 1000
 # The kernel's neighbour table is shared by every namespace: a lab of N nodes that all talk
 # to each other needs about N*N entries (the default hard limit is 1024).
@@ -58,89 +65,6 @@ class NodeStatus:
     @property
     def up(self) -> bool:
         return self.netns and self.mounted and self.sshd_pid is not None
-
-
-def _mounted(path: Path) -> bool:
-    target = str(path)
-    with open("/proc/self/mountinfo") as fh:
-        return any(line.split()[4] == target for line in fh)
-
-
-def _pid_alive(pidfile: Path) -> int | None:
-    """The pid in ``pidfile`` if that process runs (a zombie, dead but not reaped, does not)."""
-    try:
-        pid = int(pidfile.read_text().strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return None
-    return None if _zombie(pid) else pid
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
-    except OSError:
-        return []
-
-
-def _ns_inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
-def _inside(pid: int, inodes: set[int]) -> bool:
-    """Whether the process's net or mount namespace is one of ``inodes``."""
-    for kind in ("net", "mnt"):
-        try:
-            link = os.readlink(f"/proc/{pid}/ns/{kind}")
-        except OSError:
-            continue
-        match = re.search(r"\[(\d+)\]", link)
-        if match and int(match.group(1)) in inodes:
-            return True
-    return False
-
-
-def _pids_in_namespaces(inodes: set[int]) -> list[int]:
-    """Every process whose net or mount namespace is one of ``inodes``."""
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _inside(int(e), inodes)]
-
-
-def _kill_all(pids: Iterable[int], inodes: set[int] | None = None) -> None:
-    """SIGTERM, then SIGKILL after 3 s; with ``inodes``, each process is checked to still be
-    in those namespaces right before it is signalled (a reused PID is never hit)."""
-    pids = [p for p in pids if p != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            if inodes is not None and not _inside(pid, inodes):
-                continue
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                continue
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
-            if not pids:
-                return
-            time.sleep(0.05)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
-
-
-def _netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -224,9 +148,9 @@ class Lab:
             NodeStatus(
                 name=n.name,
                 address=n.address,
-                netns=_netns_exists(n.netns),
-                mounted=_mounted(n.mnt_ns),
-                sshd_pid=_pid_alive(n.sshd_pidfile),
+                netns=netns_exists(n.netns),
+                mounted=mounted(n.mnt_ns),
+                sshd_pid=pid_alive(n.sshd_pidfile),
                 in_known_hosts=n.address in known_addrs,
             )
             for n in self.nodes()
@@ -310,7 +234,7 @@ class Lab:
         cfg = self.config
         for path in (cfg.root, cfg.nodes_dir, cfg.nsdir):
             path.mkdir(parents=True, exist_ok=True)
-        if not _mounted(cfg.nsdir):
+        if not mounted(cfg.nsdir):
             localcmd.run(["mount", "--bind", str(cfg.nsdir), str(cfg.nsdir)])
             localcmd.run(["mount", "--make-private", str(cfg.nsdir)])
         if not cfg.key.exists():
@@ -319,7 +243,7 @@ class Lab:
         build_repo(cfg.repo)
         prepare_wheelhouse(cfg.wheelhouse, cfg.torch_requirement)
         self._ensure_anchor()
-        if not _link_exists(cfg.bridge):
+        if not link_exists(cfg.bridge):
             self._check_subnet_free()
             localcmd.run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
             localcmd.run(["ip", "addr", "add", f"{cfg.controller_address}/{PREFIX}", "dev",
@@ -328,8 +252,8 @@ class Lab:
 
     def _ensure_anchor(self) -> None:
         pidfile = self.config.anchor_pidfile
-        pid = _pid_alive(pidfile)
-        if pid is not None and _cmdline(pid) == ["sleep", "infinity"]:
+        pid = pid_alive(pidfile)
+        if pid is not None and cmdline(pid) == ["sleep", "infinity"]:
             return
         proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -368,7 +292,7 @@ class Lab:
         nftables rules and net sysctls stay as they were."""
         if self._node_running(node):
             return
-        if _netns_exists(node.netns) and _link_exists(node.veth) and node.dir.is_dir():
+        if netns_exists(node.netns) and link_exists(node.veth) and node.dir.is_dir():
             self._stop_node(node)
             self._boot(node)
             return
@@ -377,8 +301,8 @@ class Lab:
         self._boot(node)
 
     def _node_running(self, node: Node) -> bool:
-        return (_netns_exists(node.netns) and _mounted(node.mnt_ns)
-                and _pid_alive(node.sshd_pidfile) is not None and node.host_key_pub.exists())
+        return (netns_exists(node.netns) and mounted(node.mnt_ns)
+                and pid_alive(node.sshd_pidfile) is not None and node.host_key_pub.exists())
 
     def _create_netns(self, node: Node) -> None:
         cfg = self.config
@@ -398,85 +322,16 @@ class Lab:
         (node.dir / "tmp").chmod(0o1777)
         for ns_file in (node.mnt_ns, node.uts_ns):
             ns_file.touch()
-        script = self._boot_script(node)
+        script = boot_script(self.config, node)
         localcmd.run(["nsenter", f"--net=/run/netns/{node.netns}", "unshare",
                       f"--mount={node.mnt_ns}", f"--uts={node.uts_ns}", "--propagation",
                       "private", "sh", "-ec", script], timeout=60)
         deadline = time.monotonic() + 10
-        while _pid_alive(node.sshd_pidfile) is None:
+        while pid_alive(node.sshd_pidfile) is None:
             if time.monotonic() > deadline:
                 raise LabError(f"{node.name}: sshd did not start (see {node.dir}/sshd.log)")
             time.sleep(0.05)
         LabSlurm(self.config).node_booted(node)
-
-    def _boot_script(self, node: Node) -> str:
-        d = node.dir
-        q = shlex.quote
-        mounts = [
-            f"mount -t overlay overlay -o lowerdir=/{sub},upperdir={q(str(d / 'upper' / sub))},"
-            f"workdir={q(str(d / 'work' / sub))} /{sub}"
-            for sub in OVERLAID
-        ]
-        return "\n".join([
-            *mounts,
-            f"mount --bind {q(str(d / 'tmp'))} /tmp",
-            "mount -t sysfs sysfs /sys",
-            "mount -t tmpfs -o mode=0755 tmpfs /run",
-            "mkdir -p /run/sshd /run/lock",
-            "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
-            "mount -t tmpfs -o mode=0555 tmpfs /proc/driver",
-            f"cat /proc/sys/kernel/random/uuid > {q(str(d / 'boot_id'))}",
-            f"mount --bind {q(str(d / 'boot_id'))} /proc/sys/kernel/random/boot_id",
-            f"hostname {q(node.name)}",
-            self._first_boot_script(node),
-            _module_load_script(),
-            f"/usr/sbin/sshd -o ListenAddress={q(node.address)}"
-            f" -o PidFile={q(str(node.sshd_pidfile))}"
-            " -o HostKey=/etc/ssh/ssh_host_ed25519_key -o PasswordAuthentication=no"
-            " -o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password"
-            " -o UseDNS=no -o MaxStartups=200:30:400 -o MaxSessions=64"
-            f" -E {q(str(d / 'sshd.log'))}",
-        ])
-
-    def _first_boot_script(self, node: Node) -> str:
-        q = shlex.quote
-        pub = q(str(self.config.key) + ".pub")
-        return "\n".join([
-            "if [ ! -f /etc/gpufleet-lab/node ]; then",
-            "  rm -f /etc/ssh/ssh_host_*",
-            "  ssh-keygen -q -t ed25519 -N '' -C '' -f /etc/ssh/ssh_host_ed25519_key",
-            f"  echo {q(node.name)} > /etc/hostname",
-            f"  printf '127.0.0.1 localhost\\n127.0.1.1 %s\\n' {q(node.name)} > /etc/hosts",
-            "  mkdir -p /root/.ssh && chmod 700 /root/.ssh",
-            f"  cp {pub} /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
-            "  rm -f /root/.ssh/known_hosts",
-            "  rm -rf /root/.bashrc /root/.profile /root/.bash_profile",
-            "  for f in .bashrc .profile; do [ ! -f /etc/skel/$f ] || cp /etc/skel/$f /root/; done",
-            "  rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*",
-            "  rm -rf /var/lib/apt/lists/* && mkdir -p /var/lib/apt/lists/partial",
-            "  mkdir -p /etc/gpufleet-lab /usr/local/sbin",
-            f"  echo {q(node.name)} > /etc/gpufleet-lab/node",
-            f"  printf '%s\\n' {q(self._reboot_standin(node))} > /usr/local/sbin/reboot",
-            "  chmod 755 /usr/local/sbin/reboot",
-            "  for cmd in reboot shutdown poweroff halt; do",
-            "    ln -sf /usr/local/sbin/reboot /usr/sbin/$cmd",
-            "  done",
-            "fi",
-        ])
-
-    def _reboot_standin(self, node: Node) -> str:
-        """/usr/local/sbin/reboot on a node: asks the controller's lab to reboot it."""
-        cfg = self.config
-        argv = [sys.executable, "-m", "gpufleet.lab", "--name", cfg.name, "--root",
-                str(cfg.root), "--subnet", cfg.subnet, "--inventory-dir",
-                str(cfg.inventory_dir.resolve()), "reboot-node", node.name]
-        return "\n".join([
-            "#!/bin/sh",
-            "# gpufleet lab stand-in for reboot: the lab stops this node and boots it again.",
-            f"setsid nsenter -t \"$(cat {shlex.quote(str(cfg.anchor_pidfile))})\" -m -u -n -i -- "
-            + shlex.join(argv)
-            + " --delay 1 </dev/null >/dev/null 2>&1 &",
-        ])
 
     # ---- tear down -------------------------------------------------------------------
 
@@ -492,13 +347,13 @@ class Lab:
             self._destroy_node(node, forget=False)
         for name in self._stray_netns():
             self._delete_netns(name)
-        if _link_exists(cfg.bridge):
+        if link_exists(cfg.bridge):
             localcmd.run(["ip", "link", "del", cfg.bridge])
-        if _mounted(cfg.nsdir):
+        if mounted(cfg.nsdir):
             localcmd.run(["umount", str(cfg.nsdir)])
-        anchor = _pid_alive(cfg.anchor_pidfile)
-        if anchor is not None and _cmdline(anchor) == ["sleep", "infinity"]:
-            _kill_all([anchor])
+        anchor = pid_alive(cfg.anchor_pidfile)
+        if anchor is not None and cmdline(anchor) == ["sleep", "infinity"]:
+            kill_all([anchor])
         cfg.anchor_pidfile.unlink(missing_ok=True)
         for path in (cfg.nodes_dir, cfg.nsdir):
             shutil.rmtree(path, ignore_errors=True)
@@ -517,19 +372,19 @@ class Lab:
     def _stop_everything(self, nodes: list[Node]) -> None:
         """End every process of every node in one pass over /proc (a large lab's tear-down
         would otherwise scan /proc twice per node)."""
-        inodes = {i for n in nodes for i in (_ns_inode(n.mnt_ns) if _mounted(n.mnt_ns) else None,
-                                             _ns_inode(Path("/run/netns", n.netns)))
+        inodes = {i for n in nodes for i in (ns_inode(n.mnt_ns) if mounted(n.mnt_ns) else None,
+                                             ns_inode(Path("/run/netns", n.netns)))
                   if i is not None}
         if inodes:
-            _kill_all(_pids_in_namespaces(inodes), inodes)
+            kill_all(pids_in_namespaces(inodes), inodes)
 
     def _stop_node(self, node: Node) -> None:
-        inodes = {i for i in (_ns_inode(node.mnt_ns) if _mounted(node.mnt_ns) else None,
-                              _ns_inode(Path("/run/netns", node.netns))) if i is not None}
+        inodes = {i for i in (ns_inode(node.mnt_ns) if mounted(node.mnt_ns) else None,
+                              ns_inode(Path("/run/netns", node.netns))) if i is not None}
         if inodes:
-            _kill_all(_pids_in_namespaces(inodes), inodes)
+            kill_all(pids_in_namespaces(inodes), inodes)
         for ns_file in (node.mnt_ns, node.uts_ns):
-            if _mounted(ns_file):
+            if mounted(ns_file):
                 localcmd.run(["umount", str(ns_file)])
         node.sshd_pidfile.unlink(missing_ok=True)
 
@@ -537,16 +392,16 @@ class Lab:
         """Stop a node and delete its namespaces and link; with ``forget``, the controller
         and the other nodes drop its MAC address (a node made again at the address must be
         reachable at once)."""
-        existed = _netns_exists(node.netns) or _link_exists(node.veth)
+        existed = netns_exists(node.netns) or link_exists(node.veth)
         self._stop_node(node)
         self._delete_netns(node.netns)
         if forget and existed:
             localcmd.run(["ip", "neigh", "flush", "to", node.address], check=False)
             for other in self.nodes():
-                if other.index != node.index and _netns_exists(other.netns):
+                if other.index != node.index and netns_exists(other.netns):
                     localcmd.run(["ip", "-n", other.netns, "neigh", "flush", "to",
                                   node.address], check=False)
-        if _link_exists(node.veth):
+        if link_exists(node.veth):
             localcmd.run(["ip", "link", "del", node.veth], check=False)
         if not keep_files:
             shutil.rmtree(node.dir, ignore_errors=True)
@@ -554,10 +409,10 @@ class Lab:
                 ns_file.unlink(missing_ok=True)
 
     def _delete_netns(self, name: str) -> None:
-        inode = _ns_inode(Path("/run/netns", name))
+        inode = ns_inode(Path("/run/netns", name))
         if inode is None:
             return
-        _kill_all(_pids_in_namespaces({inode}), {inode})
+        kill_all(pids_in_namespaces({inode}), {inode})
         localcmd.run(["ip", "netns", "del", name])
 
     # ---- side namespaces: addresses on the lab bridge that are not nodes ---------------
@@ -576,7 +431,7 @@ class Lab:
     def _side_namespace(self, name: str, veth_suffix: str, address: str) -> str:
         self._preflight()
         cfg = self.config
-        if not _netns_exists(name):
+        if not netns_exists(name):
             veth = f"{cfg.name}-{veth_suffix}"
             localcmd.run(["ip", "netns", "add", name])
             localcmd.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
@@ -592,7 +447,7 @@ class Lab:
     def exec_argv(self, name: str, command: str) -> list[str]:
         """The argv that runs ``command`` through sh inside node ``name``."""
         node = self.node(name)
-        if not _mounted(node.mnt_ns):
+        if not mounted(node.mnt_ns):
             raise LabError(f"{node.name} is not running; run `invoke lab.up`")
         return [*node.nsenter(), "sh", "-c", command]
 
@@ -610,7 +465,7 @@ class Lab:
         self._preflight()
         node = self.node(name)
         localcmd.run(["ip", "link", "set", node.veth, "up"])
-        if not _mounted(node.mnt_ns):
+        if not mounted(node.mnt_ns):
             self._boot(node)
 
     def set_link(self, name: str, up: bool) -> None:
@@ -663,14 +518,3 @@ def prepare_wheelhouse(wheelhouse: Path, requirement: str) -> None:
         stamp.write_text(requirement + "\n")
 
 
-def _module_load_script() -> str:
-    """Stand in for loading the NVIDIA kernel module at boot: publish, as
-    /proc/driver/nvidia/version, the module line of the driver package installed (each
-    driver stand-in carries the line its real module prints, open or proprietary)."""
-    return "\n".join([
-        "line=$(cat /usr/lib/gpufleet-lab/*.nvidia-module 2>/dev/null | head -n1)",
-        'if [ -n "$line" ]; then',
-        "  mkdir -p /proc/driver/nvidia",
-        '  printf "%s\\n" "$line" > /proc/driver/nvidia/version',
-        "fi",
-    ])

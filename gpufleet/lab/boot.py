@@ -1,0 +1,101 @@
+"""A lab node's boot, as shell run in its new namespaces: the copy-on-write overlays and
+private mounts, the first boot's host keys, names and reboot stand-in, the NVIDIA module's
+stand-in, and its sshd."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from gpufleet.lab.model import LabConfig, Node
+
+OVERLAID = ("etc", "var", "opt", "usr", "root")
+
+
+def boot_script(config: LabConfig, node: Node) -> str:
+    """What the node's new namespaces run at boot: its mounts, its first boot, the module
+    stand-in, then its sshd."""
+    d = node.dir
+    q = shlex.quote
+    mounts = [
+        f"mount -t overlay overlay -o lowerdir=/{sub},upperdir={q(str(d / 'upper' / sub))},"
+        f"workdir={q(str(d / 'work' / sub))} /{sub}"
+        for sub in OVERLAID
+    ]
+    return "\n".join([
+        *mounts,
+        f"mount --bind {q(str(d / 'tmp'))} /tmp",
+        "mount -t sysfs sysfs /sys",
+        "mount -t tmpfs -o mode=0755 tmpfs /run",
+        "mkdir -p /run/sshd /run/lock",
+        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
+        "mount -t tmpfs -o mode=0555 tmpfs /proc/driver",
+        f"cat /proc/sys/kernel/random/uuid > {q(str(d / 'boot_id'))}",
+        f"mount --bind {q(str(d / 'boot_id'))} /proc/sys/kernel/random/boot_id",
+        f"hostname {q(node.name)}",
+        first_boot_script(config, node),
+        module_load_script(),
+        f"/usr/sbin/sshd -o ListenAddress={q(node.address)}"
+        f" -o PidFile={q(str(node.sshd_pidfile))}"
+        " -o HostKey=/etc/ssh/ssh_host_ed25519_key -o PasswordAuthentication=no"
+        " -o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password"
+        " -o UseDNS=no -o MaxStartups=200:30:400 -o MaxSessions=64"
+        f" -E {q(str(d / 'sshd.log'))}",
+    ])
+
+
+def first_boot_script(config: LabConfig, node: Node) -> str:
+    """Once per node: its host key, names, the controller's key, no apt sources, and the
+    reboot stand-in."""
+    q = shlex.quote
+    pub = q(str(config.key) + ".pub")
+    return "\n".join([
+        "if [ ! -f /etc/gpufleet-lab/node ]; then",
+        "  rm -f /etc/ssh/ssh_host_*",
+        "  ssh-keygen -q -t ed25519 -N '' -C '' -f /etc/ssh/ssh_host_ed25519_key",
+        f"  echo {q(node.name)} > /etc/hostname",
+        f"  printf '127.0.0.1 localhost\\n127.0.1.1 %s\\n' {q(node.name)} > /etc/hosts",
+        "  mkdir -p /root/.ssh && chmod 700 /root/.ssh",
+        f"  cp {pub} /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
+        "  rm -f /root/.ssh/known_hosts",
+        "  rm -rf /root/.bashrc /root/.profile /root/.bash_profile",
+        "  for f in .bashrc .profile; do [ ! -f /etc/skel/$f ] || cp /etc/skel/$f /root/; done",
+        "  rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*",
+        "  rm -rf /var/lib/apt/lists/* && mkdir -p /var/lib/apt/lists/partial",
+        "  mkdir -p /etc/gpufleet-lab /usr/local/sbin",
+        f"  echo {q(node.name)} > /etc/gpufleet-lab/node",
+        f"  printf '%s\\n' {q(reboot_standin(config, node))} > /usr/local/sbin/reboot",
+        "  chmod 755 /usr/local/sbin/reboot",
+        "  for cmd in reboot shutdown poweroff halt; do",
+        "    ln -sf /usr/local/sbin/reboot /usr/sbin/$cmd",
+        "  done",
+        "fi",
+    ])
+
+
+def reboot_standin(config: LabConfig, node: Node) -> str:
+    """/usr/local/sbin/reboot on a node: asks the controller's lab to reboot it."""
+    cfg = config
+    argv = [sys.executable, "-m", "gpufleet.lab", "--name", cfg.name, "--root",
+            str(cfg.root), "--subnet", cfg.subnet, "--inventory-dir",
+            str(cfg.inventory_dir.resolve()), "reboot-node", node.name]
+    return "\n".join([
+        "#!/bin/sh",
+        "# gpufleet lab stand-in for reboot: the lab stops this node and boots it again.",
+        f"setsid nsenter -t \"$(cat {shlex.quote(str(cfg.anchor_pidfile))})\" -m -u -n -i -- "
+        + shlex.join(argv)
+        + " --delay 1 </dev/null >/dev/null 2>&1 &",
+    ])
+
+
+def module_load_script() -> str:
+    """Stand in for loading the NVIDIA kernel module at boot: publish, as
+    /proc/driver/nvidia/version, the module line of the driver package installed (each
+    driver stand-in carries the line its real module prints, open or proprietary)."""
+    return "\n".join([
+        "line=$(cat /usr/lib/gpufleet-lab/*.nvidia-module 2>/dev/null | head -n1)",
+        'if [ -n "$line" ]; then',
+        "  mkdir -p /proc/driver/nvidia",
+        '  printf "%s\\n" "$line" > /proc/driver/nvidia/version',
+        "fi",
+    ])
