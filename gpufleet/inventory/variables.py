@@ -30,6 +30,7 @@ _PATH_KEYS = ("gpufleet_known_hosts", "ansible_ssh_private_key_file", "ansible_p
 
 
 def parse_connection(value: Any) -> str:
+    """``ssh`` or ``local`` for an ansible_connection value (paramiko and smart are ssh)."""
     name = str(value).removeprefix("ansible.builtin.")
     if name == "local":
         return "local"
@@ -39,6 +40,7 @@ def parse_connection(value: Any) -> str:
 
 
 def parse_bool(value: Any) -> bool:
+    """A boolean as Ansible writes it (yes/no, true/false, 1/0)."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -48,6 +50,7 @@ def parse_bool(value: Any) -> bool:
 
 
 def parse_path(value: Any) -> str:
+    """A path, refused when its text cannot name a file."""
     text = str(value)
     try:
         check_path_text(text, "the path")
@@ -93,6 +96,8 @@ def parse_jump(value: str) -> tuple[str | None, str, int] | None:
 
 
 def parse_args(value: Any) -> list[str]:
+    """Extra ssh arguments split as a shell would; a ProxyJump and known hosts files in
+    them are checked."""
     try:
         args = shlex.split(str(value))
     except ValueError as exc:
@@ -122,10 +127,12 @@ _CHECKS: dict[str, Callable[[Any], object]] = {
 
 
 def invalid_setting(key: str, value: Any, reason: object) -> str:
+    """The one message of a setting that cannot be used."""
     return f"invalid {key} {value!r}: {reason}"
 
 
 def type_name(value: Any) -> str:
+    """What a YAML value is, for an error message."""
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
@@ -198,6 +205,7 @@ def yaml_entries(value: Any, where: Where, what: str) -> list[tuple[Any, Any, Wh
 
 
 def yaml_vars(value: Any, where: Where, what: str) -> Vars:
+    """Variables from a YAML mapping (None is none), names checked and no vault value in them."""
     if not isinstance(value, YamlMapping):
         yaml_entries(value, where, what)  # None is no variables; anything else is refused
         return Vars({}, where, {})
@@ -214,6 +222,7 @@ def yaml_vars(value: Any, where: Where, what: str) -> Vars:
 
 
 def load_vars_file(file: Path, bounds: Limits) -> Vars:
+    """The variables of one group_vars/ or host_vars/ file."""
     where = Where(file)
     text = read_text(file)
     if text.startswith("$ANSIBLE_VAULT"):
@@ -222,6 +231,7 @@ def load_vars_file(file: Path, bounds: Limits) -> Vars:
 
 
 def group_priority(value: Any, where: Where) -> int:
+    """``ansible_group_priority`` as an integer."""
     text = str(value).strip()
     if isinstance(value, bool) or not text.lstrip("-").isdigit():
         raise where.error(invalid_setting("ansible_group_priority", value, "expected an integer"))

@@ -41,6 +41,7 @@ def results_of(doc: Mapping[str, Any]) -> list[Result]:
 
 
 def host_status(results: Sequence[Result]) -> dict[str, str]:
+    """Each host's status: FAIL if a check failed, else PASS if one passed, else SKIP."""
     outcomes: dict[str, set[str]] = defaultdict(set)
     for r in results:
         if r.host != FLEET:
@@ -50,6 +51,7 @@ def host_status(results: Sequence[Result]) -> dict[str, str]:
 
 
 def find(results: Sequence[Result], suite: str, check: str) -> list[Result]:
+    """The results of one check of one suite."""
     return [r for r in results if r.suite == suite and r.check == check]
 
 

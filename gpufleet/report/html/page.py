@@ -138,6 +138,7 @@ def grid_and_sets(status: Mapping[str, str], *, css: Mapping[str, str], order: S
 
 
 def clip(value: Any) -> str:
+    """A message as text, cut at ``MAX_MESSAGE`` characters (the JSON keeps it whole)."""
     text = "" if value is None else str(value)
     if len(text) <= MAX_MESSAGE:
         return text
@@ -168,14 +169,17 @@ def list_of(value: Any) -> list[Any]:
 
 
 def dicts(value: Any) -> list[dict[str, Any]]:
+    """The mappings of a list a node sent; anything else in it is left out."""
     return [v for v in list_of(value) if isinstance(v, dict)]
 
 
 def mapping(value: Any) -> dict[str, Any]:
+    """A mapping a node sent, or an empty one."""
     return value if isinstance(value, dict) else {}
 
 
 def header(doc: Mapping[str, Any]) -> dict[str, str]:
+    """The page header's fields of a document, as text."""
     return {k: str(doc.get(k) or "") for k in (
         "inventory", "inventory_digest", "generated_at", "started_at", "finished_at",
         "duration_s", "gpufleet_version")}

@@ -160,6 +160,8 @@ class Acceptance:
 
 
 def judge(rows: Sequence[NodeRow], failed: bool, ready: Iterable[bool]) -> Acceptance:
+    """The verdict of the acceptance rows, whether a check failed and whether each
+    bootstrapped node is ready."""
     unmeasured = tuple(r.host for r in rows if not any(f.css == "pass" for f in r.figures))
     if failed or not all(ready):
         return Acceptance(NOT_ACCEPTED, unmeasured)
