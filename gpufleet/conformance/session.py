@@ -29,9 +29,7 @@ from gpufleet.connect.fleet import FleetOptions, TaskResult, host_timeout, run_f
 from gpufleet.connect.open import connect
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
-from gpufleet.provision.engine import active_roles, fact_request
 from gpufleet.provision.role import RoleVars
-from gpufleet.roles import consistency_request
 
 CHECK_TIMEOUT_S = 120.0
 RecordProperty = Callable[[str, object], None]
@@ -119,8 +117,7 @@ class Node:
 def facts_request(host: Host, suites: Sequence[Suite] = ()) -> FactRequest:
     """Everything the suites read from facts: the roles' needs, the consistency values and
     what the selected suites declare."""
-    return (fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
-            | registry.facts_request(host, suites))
+    return role_registry.host_request(host) | registry.facts_request(host, suites)
 
 
 @dataclass(frozen=True)
