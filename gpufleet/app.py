@@ -1,9 +1,9 @@
 """The commands behind the ``gpufleet`` console command and the invoke tasks.
 
 Each command checks its input (inventory, variables, flags, output paths) before any host
-is contacted, calls the typed core (``provision``, ``check_fleet``, ``run_suites``,
-``bootstrap``), prints its report, writes its outputs and returns its exit code. Nothing
-here knows about invoke.
+is contacted, calls the typed core beside the command's own modules (``facts.report``,
+``provision``, ``run_drift``, ``run_suites``, ``tune``, ``bootstrap``), prints its report,
+writes its outputs and returns its exit code. Nothing here knows about invoke.
 """
 
 from __future__ import annotations
@@ -17,36 +17,26 @@ from typing import Any, TextIO
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
-from gpufleet.conformance import container, registry
 from gpufleet.conformance import junit as conformance_junit
 from gpufleet.conformance import metrics as conformance_metrics
-from gpufleet.conformance.runner import ConformanceOptions, run_suites
-from gpufleet.connect.connection import Connection, ConnectOptions
-from gpufleet.connect.fleet import (
-    DEFAULT_FORKS,
-    FleetOptions,
-    Outcome,
-    TaskResult,
-    run_fleet,
-)
+from gpufleet.conformance.options import ConformanceOptions
+from gpufleet.conformance.runner import run_suites
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.history import History
-from gpufleet.drift.run import DriftOptions, check_fleet, exit_code, history_dir
-from gpufleet.drift.run import remediate as remediate_drift
+from gpufleet.drift.run import DriftOptions, exit_code, history_dir, run_drift
 from gpufleet.drift.schedule import SYSTEMD_RUNNING, Schedule, install
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import report as facts_report
-from gpufleet.facts.gather import gather_facts
-from gpufleet.facts.summary import summarize_facts
 from gpufleet.inventory import listing
-from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
 from gpufleet.provision import report as provision_report
 from gpufleet.provision.engine import RunOptions, provision
 from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.report import html, junit, prometheus, terminal
-from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.report.jsonfile import write_json
 from gpufleet.report.outputs import check_writable, to_stdout
 from gpufleet.slurm import drain
 from gpufleet.sources import load_source, load_target
@@ -176,12 +166,9 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
     validate_roles(target.hosts, role_registry.ALL)
     _check_outputs(json=json_path)
 
-    def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
-        gathered = gather_facts(conn, role_registry.host_request(host))
-        return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
-
     started = time.monotonic()
-    outcomes = run_fleet(target.hosts, task, options, terminal.TerminalProgress("facts"))
+    outcomes = facts_report.gather(target.hosts, role_registry.host_request, options,
+                                   terminal.TerminalProgress("facts"))
     duration = time.monotonic() - started
     con = _console(out, json_path)
     con.print(terminal.facts_table({n: facts_report.summary_only(o)
@@ -266,12 +253,11 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
         drain.check(target.hosts, "--drain-drifted")
     label = _metrics_target(target, outputs.prometheus_path, "drift")
     history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
-    options = DriftOptions(selected, fleet.options(target, "drift"), history)
-    remediation = fleet.options(target, "provision") if remediate else None
-    run = check_fleet(target, options, terminal.TerminalProgress("drift"))
-    if remediation is not None:
-        remediate_drift(target, run, options, fleet=remediation, reboot=reboot,
-                        progress=terminal.TerminalProgress("remediate"))
+    options = DriftOptions(selected, fleet.options(target, "drift"), history,
+                           remediate=fleet.options(target, "provision") if remediate else None,
+                           reboot=reboot)
+    run = run_drift(target, options, terminal.TerminalProgress("drift"),
+                    terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
     if outputs.json_path:
@@ -326,23 +312,6 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 # ---- conformance ---------------------------------------------------------------------------
 
-def _tune_group(target: Target, group: str | None) -> str:
-    """The group whose ``nccl_env`` the winner goes to: ``group`` (it must hold every
-    selected host), else the smallest group but ``all`` that does, else ``all``."""
-    inventory, selected = target.inventory, {h.name for h in target.hosts}
-    if group is not None:
-        if group not in inventory.groups:
-            raise GpufleetError(f"--group {group!r}: no such group in {inventory.path}")
-        if not selected <= inventory.groups[group]:
-            missing = sorted(selected - inventory.groups[group])
-            raise GpufleetError(f"--group {group!r} does not hold every selected host "
-                                f"({', '.join(missing[:5])} not in it)")
-        return group
-    holding = sorted((len(members), name) for name, members in inventory.groups.items()
-                     if name not in ("all", "ungrouped") and selected <= members)
-    return holding[0][1] if holding else "all"
-
-
 @guarded
 def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | None = None,
              diff_path: str | None = None, fleet: FleetArgs | None = None,
@@ -353,55 +322,41 @@ def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | No
     could not be measured, 3 when a node was unreachable."""
     # The session brings in testinfra: only this command and conformance load it.
     from gpufleet.conformance import tune as tuning  # noqa: PLC0415
-    from gpufleet.conformance.session import (  # noqa: PLC0415
-        ConformanceSession,
-        SessionOptions,
-    )
 
     out = out or sys.stdout
     target = load_target(inventory, limit)
-    wanted = tuning.settings(target.hosts[0])
-    registry.validate(target.hosts, [registry.suite("allreduce"), registry.suite("ddp")])
-    chosen = _tune_group(target, group)
-    path = tuning.group_file(target.inventory.base, chosen)
+    plan = tuning.plan(target, group)
     _check_outputs(diff=diff_path)
     fleet = fleet or FleetArgs()
-    session = ConformanceSession.start(target.inventory, target.hosts,
-                                       SessionOptions(fleet=fleet.options(target, "tune")))
-    try:
-        unreachable = [n for n in session.nodes.values() if n.facts is None]
-        for node in unreachable:
-            print(f"{node.name}: {node.error}", file=sys.stderr)
-        nodes = session.ready()
-        if not nodes:
-            return exitcodes.UNREACHABLE
-        print(f"tune: {len(nodes)} node(s), {wanted.repeats} rounds; the current setting is "
-              f"what the nodes have (group {chosen}'s nccl_env)", file=out)
-        measured = tuning.tune(nodes, wanted, progress=lambda r, c: print(
-            f"  round {r}: {c.name}", file=sys.stderr))
-        best = tuning.winner(measured[0], measured[1:])
-        print(tuning.table(measured, best), file=out)
-        if measured[0].median() is None:
-            print(f"the current setting could not be measured: {measured[0].errors[0]}",
-                  file=out)
-            return exitcodes.FAILED
-        if best is None:
-            print("no winner: no candidate beats the current setting by more than the noise",
-                  file=out)
-        else:
-            (key, value), = best.candidate.change.items()
-            proposal = tuning.propose(target.inventory, chosen, [n.host for n in nodes],
-                                      key, value)
-            print(f"winner: {best.candidate.name} ({tuning.gain(measured[0], best):+.1%} DDP "
-                  f"samples/s); apply to {path}:", file=out)
-            for note in proposal.notes:
-                print(f"note: {terminal.plain(note)}", file=out)
-            print(proposal.patch, file=out, end="")
-            if diff_path and diff_path != "-" and proposal.patch:
-                Path(diff_path).write_text(proposal.patch)
-        return exitcodes.UNREACHABLE if unreachable else exitcodes.OK
-    finally:
-        session.close()
+
+    def started(nodes: int, unreachable: dict[str, str]) -> None:
+        for name, error in unreachable.items():
+            print(f"{name}: {error}", file=sys.stderr)
+        if nodes:
+            print(f"tune: {nodes} node(s), {plan.wanted.repeats} rounds; the current "
+                  f"setting is what the nodes have (group {plan.group}'s nccl_env)", file=out)
+
+    run = tuning.run(target, plan, fleet.options(target, "tune"), started=started,
+                     progress=lambda r, c: print(f"  round {r}: {c.name}", file=sys.stderr))
+    if not run.measured:
+        return exitcodes.UNREACHABLE
+    current = run.measured[0]
+    print(tuning.table(run.measured, run.best), file=out)
+    if current.median() is None:
+        print(f"the current setting could not be measured: {current.errors[0]}", file=out)
+        return exitcodes.FAILED
+    if run.best is None or run.proposal is None:
+        print("no winner: no candidate beats the current setting by more than the noise",
+              file=out)
+    else:
+        print(f"winner: {run.best.candidate.name} ({tuning.gain(current, run.best):+.1%} DDP "
+              f"samples/s); apply to {plan.path}:", file=out)
+        for note in run.proposal.notes:
+            print(f"note: {terminal.plain(note)}", file=out)
+        print(run.proposal.patch, file=out, end="")
+        if diff_path and diff_path != "-" and run.proposal.patch:
+            Path(diff_path).write_text(run.proposal.patch)
+    return exitcodes.UNREACHABLE if run.unreachable else exitcodes.OK
 
 
 @guarded
@@ -427,10 +382,6 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     fleet = fleet or FleetArgs()
     _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path,
                    html=html_path)
-    if image is not None:
-        container.check_reference(image, "--image")
-        for host in target.hosts:
-            host.vars["container_image"] = image
     label = _metrics_target(target, prometheus_path, "conformance")
     if drain_failed:
         drain.check(target.hosts, "--drain-failed")
@@ -442,8 +393,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         suites=tuple((suites or "conformance").split(",")), pairs=pairs,
         with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
         compare_baseline=compare_baseline, launcher=launcher, partition=partition,
-        source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
-        console=console, pytest_args=tuple(extra_args or ()))
+        image=image, source=inventory, fleet=fleet.options(target, "conformance"),
+        artifacts=artifacts, console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
     document = report.to_json()
     acceptance = bool({"acceptance", "all"} & set(options.suites))
@@ -493,9 +444,7 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     verdict = "[green]READY[/green]" if result.ready else \
         f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
     con.print(f"{terminal.markup(result.host)}: {verdict}")
-    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
-                        inventory_digest=inv.digest(), duration_s=duration,
-                        summary=result.summary(), **result.to_dict())
+    document = result.to_json(inv, duration)
     if json_path:
         write_json(json_path, document)
     if html_path:

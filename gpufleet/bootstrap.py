@@ -22,9 +22,10 @@ from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.baseline import BaselineStore
 from gpufleet.conformance.checks import power as power_checks
+from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport, Result, counts
-from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete, run_suites
+from gpufleet.conformance.runner import RunIncomplete, run_suites
 from gpufleet.connect.connection import Budget, Connection, ConnectOptions, Unreachable
 from gpufleet.connect.fleet import FleetOptions, Outcome
 from gpufleet.connect.fleet import host_timeout as fleet_host_timeout
@@ -42,7 +43,7 @@ from gpufleet.provision.engine import (
 )
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.provision.role import Role, RoleVars, Var
-from gpufleet.report.jsonfile import BadJson, opening, read_json
+from gpufleet.report.jsonfile import BadJson, envelope, opening, read_json
 from gpufleet.roles import comparable, consistency_request
 from gpufleet.slurm import drain
 from gpufleet.slurm.client import RunFindings
@@ -109,6 +110,12 @@ class Bootstrap:
         counts = {status: sum(s.status == status for s in self.steps)
                   for status in ("ok", "failed", "skipped")}
         return {"steps": len(self.steps), **counts}
+
+    def to_json(self, inventory: Inventory, duration: float) -> dict[str, Any]:
+        """The bootstrap report document (schema gpufleet.bootstrap/1)."""
+        return envelope("gpufleet.bootstrap/1", inventory=str(inventory.path),
+                        inventory_digest=inventory.digest(), duration_s=duration,
+                        summary=self.summary(), **self.to_dict())
 
     @property
     def exit_code(self) -> int:

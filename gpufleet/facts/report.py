@@ -1,17 +1,40 @@
-"""The ``facts`` report: each host's short summary for the terminal table, the facts it
-could not read grouped by reason, and the JSON document (schema gpufleet.facts/1)."""
+"""The ``facts`` command's core and report: every host's facts gathered with their short
+summary (``gather``), the summary for the terminal table, the facts a host could not read
+grouped by reason, and the JSON document (schema gpufleet.facts/1)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from gpufleet.connect.fleet import Outcome, summarize
+from gpufleet.connect.connection import Connection
+from gpufleet.connect.fleet import (
+    FleetOptions,
+    Outcome,
+    ProgressSink,
+    TaskResult,
+    run_fleet,
+    summarize,
+)
 from gpufleet.facts.catalog import json_safe
-from gpufleet.facts.gather import Facts
+from gpufleet.facts.gather import FactRequest, Facts, gather_facts
+from gpufleet.facts.summary import summarize_facts
+from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
 from gpufleet.report.jsonfile import envelope
 
 SCHEMA = "gpufleet.facts/1"
+
+
+def gather(hosts: list[Host], request: Callable[[Host], FactRequest], options: FleetOptions,
+           progress: ProgressSink | None = None) -> dict[str, Outcome[dict[str, Any]]]:
+    """Every host's facts (what ``request(host)`` asks for) in one round trip each, as
+    ``{"summary": ..., "facts": ...}``."""
+    def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
+        gathered = gather_facts(conn, request(host))
+        return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
+
+    return run_fleet(hosts, task, options, progress)
 
 
 def to_json(target: Target, outcomes: dict[str, Outcome[dict[str, Any]]],
