@@ -1,9 +1,9 @@
 """The commands behind the ``gpufleet`` console command and the invoke tasks.
 
 Each command checks its input (inventory, variables, flags, output paths) before any host
-is contacted, calls the typed core (``provision``, ``check_fleet``, ``run_suites``,
-``bootstrap``), prints its report, writes its outputs and returns its exit code. Nothing
-here knows about invoke.
+is contacted, calls the typed core beside the command's own modules (``facts.report``,
+``provision``, ``run_drift``, ``run_suites``, ``tune``, ``bootstrap``), prints its report,
+writes its outputs and returns its exit code. Nothing here knows about invoke.
 """
 
 from __future__ import annotations
@@ -17,41 +17,28 @@ from typing import Any, TextIO
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
-from gpufleet.conformance import container, registry
 from gpufleet.conformance import junit as conformance_junit
 from gpufleet.conformance import metrics as conformance_metrics
-from gpufleet.conformance.results import FLEET, ConformanceReport
-from gpufleet.conformance.runner import ConformanceOptions, run_suites
-from gpufleet.connect.connection import Connection, ConnectOptions
-from gpufleet.connect.fleet import (
-    DEFAULT_FORKS,
-    FleetOptions,
-    Outcome,
-    TaskResult,
-    run_fleet,
-    summarize,
-)
+from gpufleet.conformance.options import ConformanceOptions
+from gpufleet.conformance.runner import run_suites
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome
 from gpufleet.drift import report as drift_report
-from gpufleet.drift.compare import HostDrift
 from gpufleet.drift.history import History
-from gpufleet.drift.run import DriftOptions, DriftRun, check_fleet, exit_code, history_dir
-from gpufleet.drift.run import remediate as remediate_drift
+from gpufleet.drift.run import DriftOptions, exit_code, history_dir, run_drift
 from gpufleet.drift.schedule import SYSTEMD_RUNNING, Schedule, install
 from gpufleet.errors import GpufleetError
-from gpufleet.facts.catalog import json_safe
-from gpufleet.facts.gather import FactRequest, gather_facts
-from gpufleet.facts.summary import summarize_facts
+from gpufleet.facts import report as facts_report
 from gpufleet.inventory import listing
-from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
-from gpufleet.provision.engine import HostRun, RunOptions, active_roles, fact_request, provision
+from gpufleet.provision import report as provision_report
+from gpufleet.provision.engine import RunOptions, provision
 from gpufleet.provision.engine import validate as validate_roles
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.report import html, junit, prometheus, terminal
-from gpufleet.report.jsonfile import envelope, write_json
+from gpufleet.report.jsonfile import write_json
 from gpufleet.report.outputs import check_writable, to_stdout
-from gpufleet.slurm import drain as scheduler
-from gpufleet.slurm.client import RunFindings
+from gpufleet.slurm import drain
 from gpufleet.sources import load_source, load_target
 
 # Each command's time budget per host when neither --timeout nor the inventory's
@@ -169,12 +156,6 @@ def inventory_cmd(inventory: str | None, *, mode: str = "list", host: str | None
 
 # ---- facts ---------------------------------------------------------------------------------
 
-def facts_request(host: Host) -> FactRequest:
-    """What ``facts`` asks each host: the roles' needs, system NCCL and torch."""
-    return (fact_request(active_roles(host, role_registry.ALL))
-            | role_registry.consistency_request(host))
-
-
 @guarded
 def facts(inventory: str | None, *, limit: str | None = None, json_path: str | None = None,
           fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
@@ -185,54 +166,21 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
     validate_roles(target.hosts, role_registry.ALL)
     _check_outputs(json=json_path)
 
-    def task(host: Host, conn: Connection) -> TaskResult[dict[str, Any]]:
-        gathered = gather_facts(conn, facts_request(host))
-        return TaskResult({"summary": summarize_facts(gathered), "facts": gathered})
-
     started = time.monotonic()
-    outcomes = run_fleet(target.hosts, task, options, terminal.TerminalProgress("facts"))
+    outcomes = facts_report.gather(target.hosts, role_registry.host_request, options,
+                                   terminal.TerminalProgress("facts"))
     duration = time.monotonic() - started
     con = _console(out, json_path)
-    con.print(terminal.facts_table({n: _summary_only(o) for n, o in outcomes.items()}))
+    con.print(terminal.facts_table({n: facts_report.summary_only(o)
+                                    for n, o in outcomes.items()}))
     for name, outcome in outcomes.items():
         if outcome.value:
-            by_reason: dict[str, list[str]] = {}
-            for fact, reason in outcome.value["facts"].absent.items():
-                by_reason.setdefault(reason, []).append(fact)
-            for reason, names in by_reason.items():
+            for reason, names in facts_report.absent_by_reason(outcome.value["facts"]).items():
                 con.print(f"  [dim]{terminal.markup(name)}: unknown "
                           f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
     if json_path:
-        write_json(json_path, envelope(
-            "gpufleet.facts/1", inventory=str(target.inventory.path),
-            inventory_digest=target.inventory.digest(), duration_s=duration,
-            summary=facts_summary(outcomes),
-            hosts={n: _facts_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, facts_report.to_json(target, outcomes, duration))
     return _facts_code(outcomes)
-
-
-def facts_summary(outcomes: dict[str, Outcome[Any]]) -> dict[str, int]:
-    """The facts report's counts: hosts, and how many ended each way (``ok``: gathered)."""
-    counts = summarize(outcomes)
-    return {"hosts": len(outcomes), **{k: n for k, n in counts.items() if k != "changed"}}
-
-
-def _summary_only(outcome: Outcome[dict[str, Any]]) -> Outcome[Any]:
-    value = outcome.value["summary"] if outcome.value else None
-    return Outcome(outcome.host, outcome.status, outcome.error, outcome.duration, value,
-                   outcome.round_trips)
-
-
-def _facts_json(outcome: Outcome[dict[str, Any]]) -> dict[str, Any]:
-    doc: dict[str, Any] = {"status": outcome.status, "error": outcome.error,
-                           "duration_s": round(outcome.duration, 3),
-                           "round_trips": outcome.round_trips}
-    if outcome.value:
-        gathered = outcome.value["facts"]
-        doc["summary"] = outcome.value["summary"]
-        doc["facts"] = json_safe(gathered.values)
-        doc["absent"] = gathered.absent
-    return doc
 
 
 # ---- provision -----------------------------------------------------------------------------
@@ -258,72 +206,16 @@ def provision_cmd(inventory: str | None, *, limit: str | None = None, check: boo
                          terminal.TerminalProgress("check" if check else "provision"))
     duration = time.monotonic() - started
     con = _console(out, json_path)
-    print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
+    provision_report.print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
     notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
              if o.value and o.value.reboot_pending}
     terminal.print_recap(con, outcomes, notes)
     if json_path:
-        write_json(json_path, envelope(
-            "gpufleet.provision/1", inventory=str(target.inventory.path),
-            inventory_digest=target.inventory.digest(), duration_s=duration,
-            summary=provision_summary(outcomes), check=check,
-            hosts={n: run_json(o) for n, o in outcomes.items()}))
+        write_json(json_path, provision_report.to_json(target, outcomes, duration, check))
     code = _outcome_code(outcomes)
     if code == exitcodes.OK and notes and not check:
         return exitcodes.REBOOT_REQUIRED
     return code
-
-
-def print_plans(con: Any, outcomes: dict[str, Outcome[HostRun]], diff: bool, title: str) -> None:
-    """Each host's plan (check) or applied changes; hosts with the same are printed once,
-    as a host set."""
-    def shown(name: str) -> tuple[Any, ...]:
-        run = outcomes[name].value
-        assert run is not None and run.plan is not None
-        done = {id(c) for c in run.applied}
-        return (tuple((terminal.change_line(c), c.diff, id(c) in done)
-                      for c in run.plan.changes), bool(run.reboot_pending))
-
-    planned = [n for n, o in outcomes.items()
-               if o.value is not None and o.value.plan is not None and not o.value.plan.empty]
-    for hosts, _, members in terminal.fold(planned, shown):
-        run = outcomes[members[0]].value
-        assert run is not None and run.plan is not None
-        con.print(f"[bold]{title} {terminal.markup(hosts)}[/bold] "
-                  f"({len(run.plan.changes)} change(s))")
-        terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
-                            bool(run.reboot_pending))
-
-
-def provision_summary(outcomes: dict[str, Outcome[HostRun]]) -> dict[str, int]:
-    """The provision report's counts: hosts per outcome as the recap counts them, hosts
-    with a reboot pending, and the changes planned and applied (as the hosts' entries
-    list them)."""
-    counts = {"hosts": len(outcomes), **summarize(outcomes), "reboot_required": 0,
-              "changes": 0, "applied": 0}
-    for outcome in outcomes.values():
-        run = outcome.value
-        if run is None:
-            continue
-        counts["reboot_required"] += bool(run.reboot_pending)
-        if run.plan:
-            applied = {id(c) for c in run.applied}
-            counts["changes"] += len(run.plan.changes)
-            counts["applied"] += sum(id(c) in applied for c in run.plan.changes)
-    return counts
-
-
-def run_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
-    """One host's provisioning result for the JSON report."""
-    run = outcome.value
-    doc: dict[str, Any] = {"status": outcome.status, "error": outcome.error,
-                           "duration_s": round(outcome.duration, 3)}
-    if run and run.plan:
-        applied = {id(c) for c in run.applied}
-        doc["changes"] = [dict(c.to_dict(), applied=id(c) in applied) for c in run.plan.changes]
-        doc["reboot_required"] = run.reboot_pending
-        doc["rebooted"] = run.rebooted
-    return doc
 
 
 # ---- drift ---------------------------------------------------------------------------------
@@ -358,15 +250,14 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                    prometheus=outputs.prometheus_path, html=outputs.html_path)
     check_writable(outputs.report_dir, "--report-dir", directory=True)
     if drain_drifted:
-        scheduler.check(target.hosts, "--drain-drifted")
+        drain.check(target.hosts, "--drain-drifted")
     label = _metrics_target(target, outputs.prometheus_path, "drift")
     history = History(history_dir(Path(outputs.report_dir), target), "drift", outputs.keep)
-    options = DriftOptions(selected, fleet.options(target, "drift"), history)
-    remediation = fleet.options(target, "provision") if remediate else None
-    run = check_fleet(target, options, terminal.TerminalProgress("drift"))
-    if remediation is not None:
-        remediate_drift(target, run, options, fleet=remediation, reboot=reboot,
-                        progress=terminal.TerminalProgress("remediate"))
+    options = DriftOptions(selected, fleet.options(target, "drift"), history,
+                           remediate=fleet.options(target, "provision") if remediate else None,
+                           reboot=reboot)
+    run = run_drift(target, options, terminal.TerminalProgress("drift"),
+                    terminal.TerminalProgress("remediate"))
     document = drift_report.to_json(run)
     history.save(document)
     if outputs.json_path:
@@ -377,7 +268,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                    outputs.html_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
-        _drain_drifted(target, run, con)
+        _print_actions(con, drain.drain_drifted(target, run))
     if outputs.prometheus_path and label is not None:
         prometheus.update(outputs.prometheus_path, label, "drift", bool(limit),
                           lambda previous: drift_report.to_metrics(
@@ -396,24 +287,6 @@ def _metrics_target(target: Target, path: str | None, command: str) -> str | Non
     label = prometheus.inventory_label(target.inventory, target.hosts)
     prometheus.replaced(path, label, command)
     return label
-
-
-def _drain_drifted(target: Target, run: DriftRun, con: Any) -> None:
-    """Keep drift's findings in each host's drain reason: one per drifted role (and one for
-    a host that could not be checked); the roles checked clean clear theirs."""
-    results: list[tuple[Host, list[RunFindings]]] = []
-    for host in target.hosts:
-        entry: HostDrift = run.hosts[host.name]
-        if entry.status in ("unreachable", "error"):
-            results.append((host, [RunFindings("drift", {entry.status: str(entry.error)})]))
-            continue
-        failed: dict[str, str] = {}
-        for item in entry.items:
-            failed.setdefault(item.role, f"{item.resource}: desired {item.desired}, actual "
-                                         f"{item.actual}")
-        passed = [*run.roles_checked, "unreachable", "error"]
-        results.append((host, [RunFindings("drift", failed, passed)]))
-    _print_actions(con, scheduler.update(results))
 
 
 def _print_actions(con: Any, actions: dict[str, str]) -> None:
@@ -439,23 +312,6 @@ def schedule_cmd(schedule: Schedule, unit_dir: str | None = None,
 
 # ---- conformance ---------------------------------------------------------------------------
 
-def _tune_group(target: Target, group: str | None) -> str:
-    """The group whose ``nccl_env`` the winner goes to: ``group`` (it must hold every
-    selected host), else the smallest group but ``all`` that does, else ``all``."""
-    inventory, selected = target.inventory, {h.name for h in target.hosts}
-    if group is not None:
-        if group not in inventory.groups:
-            raise GpufleetError(f"--group {group!r}: no such group in {inventory.path}")
-        if not selected <= inventory.groups[group]:
-            missing = sorted(selected - inventory.groups[group])
-            raise GpufleetError(f"--group {group!r} does not hold every selected host "
-                                f"({', '.join(missing[:5])} not in it)")
-        return group
-    holding = sorted((len(members), name) for name, members in inventory.groups.items()
-                     if name not in ("all", "ungrouped") and selected <= members)
-    return holding[0][1] if holding else "all"
-
-
 @guarded
 def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | None = None,
              diff_path: str | None = None, fleet: FleetArgs | None = None,
@@ -466,55 +322,41 @@ def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | No
     could not be measured, 3 when a node was unreachable."""
     # The session brings in testinfra: only this command and conformance load it.
     from gpufleet.conformance import tune as tuning  # noqa: PLC0415
-    from gpufleet.conformance.session import (  # noqa: PLC0415
-        ConformanceSession,
-        SessionOptions,
-    )
 
     out = out or sys.stdout
     target = load_target(inventory, limit)
-    wanted = tuning.settings(target.hosts[0])
-    registry.validate(target.hosts, [registry.suite("allreduce"), registry.suite("ddp")])
-    chosen = _tune_group(target, group)
-    path = tuning.group_file(target.inventory.base, chosen)
+    plan = tuning.plan(target, group)
     _check_outputs(diff=diff_path)
     fleet = fleet or FleetArgs()
-    session = ConformanceSession.start(target.inventory, target.hosts,
-                                       SessionOptions(fleet=fleet.options(target, "tune")))
-    try:
-        unreachable = [n for n in session.nodes.values() if n.facts is None]
-        for node in unreachable:
-            print(f"{node.name}: {node.error}", file=sys.stderr)
-        nodes = session.ready()
-        if not nodes:
-            return exitcodes.UNREACHABLE
-        print(f"tune: {len(nodes)} node(s), {wanted.repeats} rounds; the current setting is "
-              f"what the nodes have (group {chosen}'s nccl_env)", file=out)
-        measured = tuning.tune(nodes, wanted, progress=lambda r, c: print(
-            f"  round {r}: {c.name}", file=sys.stderr))
-        best = tuning.winner(measured[0], measured[1:])
-        print(tuning.table(measured, best), file=out)
-        if measured[0].median() is None:
-            print(f"the current setting could not be measured: {measured[0].errors[0]}",
-                  file=out)
-            return exitcodes.FAILED
-        if best is None:
-            print("no winner: no candidate beats the current setting by more than the noise",
-                  file=out)
-        else:
-            (key, value), = best.candidate.change.items()
-            proposal = tuning.propose(target.inventory, chosen, [n.host for n in nodes],
-                                      key, value)
-            print(f"winner: {best.candidate.name} ({tuning.gain(measured[0], best):+.1%} DDP "
-                  f"samples/s); apply to {path}:", file=out)
-            for note in proposal.notes:
-                print(f"note: {terminal.plain(note)}", file=out)
-            print(proposal.patch, file=out, end="")
-            if diff_path and diff_path != "-" and proposal.patch:
-                Path(diff_path).write_text(proposal.patch)
-        return exitcodes.UNREACHABLE if unreachable else exitcodes.OK
-    finally:
-        session.close()
+
+    def started(nodes: int, unreachable: dict[str, str]) -> None:
+        for name, error in unreachable.items():
+            print(f"{name}: {error}", file=sys.stderr)
+        if nodes:
+            print(f"tune: {nodes} node(s), {plan.wanted.repeats} rounds; the current "
+                  f"setting is what the nodes have (group {plan.group}'s nccl_env)", file=out)
+
+    run = tuning.run(target, plan, fleet.options(target, "tune"), started=started,
+                     progress=lambda r, c: print(f"  round {r}: {c.name}", file=sys.stderr))
+    if not run.measured:
+        return exitcodes.UNREACHABLE
+    current = run.measured[0]
+    print(tuning.table(run.measured, run.best), file=out)
+    if current.median() is None:
+        print(f"the current setting could not be measured: {current.errors[0]}", file=out)
+        return exitcodes.FAILED
+    if run.best is None or run.proposal is None:
+        print("no winner: no candidate beats the current setting by more than the noise",
+              file=out)
+    else:
+        print(f"winner: {run.best.candidate.name} ({tuning.gain(current, run.best):+.1%} DDP "
+              f"samples/s); apply to {plan.path}:", file=out)
+        for note in run.proposal.notes:
+            print(f"note: {terminal.plain(note)}", file=out)
+        print(run.proposal.patch, file=out, end="")
+        if diff_path and diff_path != "-" and run.proposal.patch:
+            Path(diff_path).write_text(run.proposal.patch)
+    return exitcodes.UNREACHABLE if run.unreachable else exitcodes.OK
 
 
 @guarded
@@ -540,13 +382,9 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     fleet = fleet or FleetArgs()
     _check_outputs(json=json_path, junit=junit_path, prometheus=prometheus_path,
                    html=html_path)
-    if image is not None:
-        container.check_reference(image, "--image")
-        for host in target.hosts:
-            host.vars["container_image"] = image
     label = _metrics_target(target, prometheus_path, "conformance")
     if drain_failed:
-        scheduler.check(target.hosts, "--drain-failed")
+        drain.check(target.hosts, "--drain-failed")
     artifacts = (Path(json_path).resolve().parent / "conformance-artifacts"
                  if json_path and json_path != "-" else Path("reports/conformance-artifacts"))
     console = (out or sys.stderr) if to_stdout(json_path, junit_path, prometheus_path,
@@ -555,8 +393,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         suites=tuple((suites or "conformance").split(",")), pairs=pairs,
         with_nccl_tests=with_nccl_tests, record_baseline=record_baseline,
         compare_baseline=compare_baseline, launcher=launcher, partition=partition,
-        source=inventory, fleet=fleet.options(target, "conformance"), artifacts=artifacts,
-        console=console, pytest_args=tuple(extra_args or ()))
+        image=image, source=inventory, fleet=fleet.options(target, "conformance"),
+        artifacts=artifacts, console=console, pytest_args=tuple(extra_args or ()))
     report = run_suites(target, options)
     document = report.to_json()
     acceptance = bool({"acceptance", "all"} & set(options.suites))
@@ -567,8 +405,8 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     if junit_path:
         junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
-        drain_by_results(target, report, _console(out, json_path, junit_path, prometheus_path,
-                                                  html_path))
+        _print_actions(_console(out, json_path, junit_path, prometheus_path, html_path),
+                       drain.drain_failed(target, report))
     if prometheus_path and label is not None:
         prometheus.update(prometheus_path, label, "conformance", bool(limit),
                           lambda previous: conformance_metrics.to_metrics(
@@ -581,25 +419,6 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
     if acceptance and document["acceptance"]["verdict"] == html.NOT_MEASURED:
         return exitcodes.UNREACHABLE  # a node measured nothing: it is not accepted
     return exitcodes.OK
-
-
-def drain_by_results(target: Target, report: ConformanceReport, con: Any) -> None:
-    """Keep conformance's findings in each node's drain reason: one per failed check; the
-    checks that passed on the node now (or, run once for the fleet, passed for the fleet)
-    clear theirs."""
-    # Nodes the Slurm launcher could not allocate were not measured: their state stays.
-    hosts = [h for h in target.hosts if h.name not in report.left_out]
-    fleet_passed = {r.name for r in report.results if r.host == FLEET and r.outcome == "pass"}
-    results = []
-    for host in hosts:
-        mine = [r for r in report.results if r.host == host.name]
-        failed: dict[str, str] = {}
-        for r in mine:
-            if r.outcome == "fail":
-                failed.setdefault(r.name, r.message)
-        passed = fleet_passed | {r.name for r in mine if r.outcome == "pass"}
-        results.append((host, [RunFindings("conformance", failed, passed)]))
-    _print_actions(con, scheduler.update(results))
 
 
 # ---- bootstrap -----------------------------------------------------------------------------
@@ -625,9 +444,7 @@ def bootstrap_cmd(inventory: str | None, options: BootstrapOptions,
     verdict = "[green]READY[/green]" if result.ready else \
         f"[red]NOT READY[/red]: {terminal.markup(result.reason)}"
     con.print(f"{terminal.markup(result.host)}: {verdict}")
-    document = envelope("gpufleet.bootstrap/1", inventory=str(inv.path),
-                        inventory_digest=inv.digest(), duration_s=duration,
-                        summary=result.summary(), **result.to_dict())
+    document = result.to_json(inv, duration)
     if json_path:
         write_json(json_path, document)
     if html_path:

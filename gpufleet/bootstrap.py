@@ -22,9 +22,10 @@ from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.baseline import BaselineStore
 from gpufleet.conformance.checks import power as power_checks
+from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport, Result, counts
-from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete, run_suites
+from gpufleet.conformance.runner import RunIncomplete, run_suites
 from gpufleet.connect.connection import Budget, Connection, ConnectOptions, Unreachable
 from gpufleet.connect.fleet import FleetOptions, Outcome
 from gpufleet.connect.fleet import host_timeout as fleet_host_timeout
@@ -37,16 +38,14 @@ from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import (
     HostRun,
     RunOptions,
-    active_roles,
-    fact_request,
     provision,
     validate,
 )
 from gpufleet.provision.plan import ApplyOptions
 from gpufleet.provision.role import Role, RoleVars, Var
-from gpufleet.report.jsonfile import BadJson, opening, read_json
+from gpufleet.report.jsonfile import BadJson, envelope, opening, read_json
 from gpufleet.roles import comparable, consistency_request
-from gpufleet.slurm import drain as scheduler
+from gpufleet.slurm import drain
 from gpufleet.slurm.client import RunFindings
 
 STATE_FILE = "/etc/gpufleet/node.json"
@@ -111,6 +110,12 @@ class Bootstrap:
         counts = {status: sum(s.status == status for s in self.steps)
                   for status in ("ok", "failed", "skipped")}
         return {"steps": len(self.steps), **counts}
+
+    def to_json(self, inventory: Inventory, duration: float) -> dict[str, Any]:
+        """The bootstrap report document (schema gpufleet.bootstrap/1)."""
+        return envelope("gpufleet.bootstrap/1", inventory=str(inventory.path),
+                        inventory_digest=inventory.digest(), duration_s=duration,
+                        summary=self.summary(), **self.to_dict())
 
     @property
     def exit_code(self) -> int:
@@ -239,9 +244,8 @@ def preflight_problems(facts: Facts, host: Host, controller_clock: float) -> lis
 
 def preflight(conn: Connection, host: Host, seen: dict[str, Facts]) -> tuple[str, dict[str, Any]]:
     """One facts round trip and the checks on it; the facts are kept in ``seen``."""
-    request = fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
     before = time.time()
-    facts = gather_facts(conn, request)
+    facts = gather_facts(conn, role_registry.host_request(host))
     seen["preflight"] = facts
     controller = (before + time.time()) / 2
     problems = preflight_problems(facts, host, controller)
@@ -692,7 +696,7 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
                                      if not was_ready else "not needed (already ready)")]
         # the node converged on every role and passed every check it was certified with:
         # those findings of earlier runs clear (a health check's stay until it passes)
-        acted = scheduler.update([(host, [
+        acted = drain.update([(host, [
             RunFindings("bootstrap", {}, [s.name for s in result.steps]),
             RunFindings("drift", {}, [*(r.name for r in role_registry.ALL), "consistency",
                                       "unreachable", "error"]),
@@ -701,7 +705,7 @@ def mark(conn: Connection | None, host: Host, inventory: Inventory, result: Boot
         done = ["drain command: " + run_hook(host.vars.get("bootstrap_drain_command"), host,
                                              "not-ready", result.reason)]
         step = next((s.name for s in result.steps if s.status == "failed"), "bootstrap")
-        acted = scheduler.update([(host, [RunFindings("bootstrap",
+        acted = drain.update([(host, [RunFindings("bootstrap",
                                                        {step: str(result.reason)})])])
     if host.name in acted:
         done.append(f"scheduler: {acted[host.name]}")

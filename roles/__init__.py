@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory
+from gpufleet.provision.engine import active_roles, fact_request
 from gpufleet.provision.role import PlanContext, Role, RoleVars
 
 
@@ -69,6 +70,13 @@ def torch_pin_problems(torch: dict[str, object], host: Host) -> list[str]:
         return []
     return verify(torch, v.string("pytorch_version"), v.opt_string("pytorch_cuda"),
                   v.opt_string("pytorch_nccl"))
+
+
+def host_request(host: Host) -> FactRequest:
+    """What every command that reads a host's state asks it (``facts``, bootstrap's
+    preflight, the conformance session): its active roles' facts and the consistency
+    values."""
+    return fact_request(active_roles(host, ALL)) | consistency_request(host)
 
 
 def consistency_request(host: Host) -> FactRequest:

@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
-from gpufleet.conformance.baseline import BASELINE_FILE, BaselineStore
+from gpufleet.conformance.baseline import BASELINE_FILE
 from gpufleet.conformance.launch import cleanup_active
+from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.parallel import FleetParallel, NodeRun, replay
 from gpufleet.conformance.results import FLEET, ConformanceReport, Result, host_summary
-from gpufleet.conformance.session import ConformanceSession, Node, SessionOptions
+from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, host_timeout
 from gpufleet.errors import GpufleetError
@@ -125,11 +126,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fleet: a check that runs once for the whole selection")
 
 
-def baseline_store(record: bool, compare: bool) -> BaselineStore | None:
-    """The run's baseline store, when it records or compares baselines."""
-    return BaselineStore(record=record, compare=compare) if record or compare else None
-
-
 def _state(config: pytest.Config) -> RunState:
     """The run's state: the runner's, or one built from the command line (pytest direct)."""
     if STATE_KEY not in config.stash:
@@ -168,12 +164,13 @@ def _state_from_options(config: pytest.Config) -> RunState:
     artifacts = config.getoption("gpufleet_artifacts") or (
         str(Path(json_path).resolve().parent / "conformance-artifacts") if json_path
         else "reports/conformance-artifacts")
-    options = SessionOptions(
+    options = ConformanceOptions(
         pairs=config.getoption("gpufleet_pairs"),
         with_nccl_tests=config.getoption("gpufleet_with_nccl_tests"),
-        artifacts=Path(artifacts), fleet=fleet,
-        baseline=baseline_store(config.getoption("gpufleet_record_baseline"),
-                                config.getoption("gpufleet_compare_baseline")))
+        record_baseline=config.getoption("gpufleet_record_baseline"),
+        compare_baseline=config.getoption("gpufleet_compare_baseline"),
+        launcher=launcher, partition=config.getoption("gpufleet_partition"), source=name,
+        fleet=fleet, artifacts=Path(artifacts))
     session = ConformanceSession.start(inventory, hosts, options)
     if allocation is not None:
         describe_allocation(session, allocation)

@@ -11,15 +11,13 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from gpufleet import roles as role_registry
-from gpufleet.conformance import registry
+from gpufleet.conformance import container, registry
+from gpufleet.conformance.options import ConformanceOptions, Selection
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport
-from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import validate
@@ -31,7 +29,6 @@ if TYPE_CHECKING:
 LAUNCHERS = ("ssh", "slurm", "slurm-per-node")
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 PAIRS = ("auto", "all", "ring")
-Selection = Callable[[Suite, str], bool]
 
 
 class RunIncomplete(GpufleetError):
@@ -40,33 +37,14 @@ class RunIncomplete(GpufleetError):
     exit_code = 70
 
 
-@dataclass(frozen=True)
-class ConformanceOptions:
-    """What a conformance run checks and how.
-
-    ``only(suite, check)`` keeps a check (all when None); ``source`` is the inventory as
-    named (``slurm:gpu`` gives the launcher its partition); ``console`` receives pytest's
-    progress and the summary; ``pytest_args`` are passed on to pytest as they are.
-    """
-
-    suites: tuple[str, ...] = ("conformance",)
-    pairs: str = "auto"
-    with_nccl_tests: bool = False
-    record_baseline: bool = False
-    compare_baseline: bool = False
-    launcher: str = "ssh"
-    partition: str | None = None
-    source: str | None = None
-    fleet: FleetOptions = field(default_factory=FleetOptions)
-    artifacts: Path = Path("reports/conformance-artifacts")
-    only: Selection | None = None
-    console: TextIO | None = None
-    pytest_args: tuple[str, ...] = ()
-
-
 def check_options(target: Target, options: ConformanceOptions) -> list[Suite]:
-    """Everything the run reads, checked before any host is contacted: suites, pairs,
-    launcher, and every role and suite variable of every selected host."""
+    """Everything the run reads, checked before any host is contacted: the image (which
+    becomes every selected host's ``container_image``), suites, pairs, launcher, and every
+    role and suite variable of every selected host."""
+    if options.image is not None:
+        container.check_reference(options.image, "--image")
+        for host in target.hosts:
+            host.vars["container_image"] = options.image
     suites = registry.select(options.suites)
     if options.launcher not in LAUNCHERS:
         raise GpufleetError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got "
@@ -117,20 +95,13 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
     from gpufleet.conformance.plugin import (  # noqa: PLC0415
         RunState,
         Supplied,
-        baseline_store,
         describe_allocation,
         open_allocation,
         report_of,
     )
-    from gpufleet.conformance.session import (  # noqa: PLC0415
-        ConformanceSession,
-        SessionOptions,
-    )
+    from gpufleet.conformance.session import ConformanceSession  # noqa: PLC0415
 
     fleet = options.fleet
-    session_options = SessionOptions(
-        tuple(suites), options.pairs, options.with_nccl_tests, options.artifacts, fleet,
-        baseline_store(options.record_baseline, options.compare_baseline))
     allocation = None
     if options.launcher != "ssh":
         try:
@@ -140,7 +111,7 @@ def run_suites(target: Target, options: ConformanceOptions) -> ConformanceReport
             raise GpufleetError(f"--launcher {options.launcher}: {exc}") from None
     session: ConformanceSession | None = None
     try:
-        session = ConformanceSession.start(target.inventory, target.hosts, session_options)
+        session = ConformanceSession.start(target.inventory, target.hosts, options, suites)
         if allocation is not None:
             describe_allocation(session, allocation)
         state = RunState(session, only=_keep(suites, options.only), allocation=allocation)

@@ -7,7 +7,6 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import testinfra.backend.base
@@ -15,7 +14,7 @@ import testinfra.host
 
 from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
-from gpufleet.conformance.baseline import BaselineStore
+from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.registry import Suite
 from gpufleet.connect.connection import (
     Budget,
@@ -25,13 +24,11 @@ from gpufleet.connect.connection import (
     Connector,
     node_local,
 )
-from gpufleet.connect.fleet import FleetOptions, TaskResult, host_timeout, run_fleet
+from gpufleet.connect.fleet import TaskResult, host_timeout, run_fleet
 from gpufleet.connect.open import connect
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
-from gpufleet.provision.engine import active_roles, fact_request
 from gpufleet.provision.role import RoleVars
-from gpufleet.roles import consistency_request
 
 CHECK_TIMEOUT_S = 120.0
 RecordProperty = Callable[[str, object], None]
@@ -119,20 +116,7 @@ class Node:
 def facts_request(host: Host, suites: Sequence[Suite] = ()) -> FactRequest:
     """Everything the suites read from facts: the roles' needs, the consistency values and
     what the selected suites declare."""
-    return (fact_request(active_roles(host, role_registry.ALL)) | consistency_request(host)
-            | registry.facts_request(host, suites))
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    """What a conformance run was asked for, as the suites read it."""
-
-    suites: tuple[Suite, ...] = ()
-    pairs: str = "auto"
-    with_nccl_tests: bool = False
-    artifacts: Path = Path("reports/conformance-artifacts")
-    fleet: FleetOptions = field(default_factory=FleetOptions)
-    baseline: BaselineStore | None = None
+    return role_registry.host_request(host) | registry.facts_request(host, suites)
 
 
 @dataclass
@@ -141,20 +125,22 @@ class ConformanceSession:
 
     inventory: Inventory
     nodes: dict[str, Node]
-    options: SessionOptions = field(default_factory=SessionOptions)
+    options: ConformanceOptions = field(default_factory=ConformanceOptions)
     report: dict[str, Any] = field(default_factory=dict)
     _report_lock: threading.Lock = field(default_factory=threading.Lock)
     _once: dict[str, tuple[threading.Lock, list[Any]]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, inventory: Inventory, hosts: list[Host],
-              options: SessionOptions | None = None) -> ConformanceSession:
-        """Gather every node's facts in parallel, one round trip each."""
-        options = options or SessionOptions()
+              options: ConformanceOptions | None = None,
+              suites: Sequence[Suite] = ()) -> ConformanceSession:
+        """Gather every node's facts in parallel, one round trip each, with what the
+        selected ``suites`` declare."""
+        options = options or ConformanceOptions()
         fleet = options.fleet
         def gather(host: Host, conn: Connection) -> TaskResult[Facts]:
             with node_local():
-                return TaskResult(gather_facts(conn, facts_request(host, options.suites)))
+                return TaskResult(gather_facts(conn, facts_request(host, suites)))
 
         outcomes = run_fleet(hosts, gather, fleet)
         nodes = {}

@@ -28,14 +28,18 @@ from typing import Any
 
 import yaml
 
+from gpufleet.conformance import registry
 from gpufleet.conformance.allreduce import port_of, run_allreduce, timeout_of
 from gpufleet.conformance.allreduce import probe_args as allreduce_args
 from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun
-from gpufleet.conformance.session import Node
+from gpufleet.conformance.options import ConformanceOptions
+from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.model import Host, Inventory
+from gpufleet.inventory.target import Target
 from gpufleet.inventory.templating import HostVars
 from gpufleet.provision.role import RoleVars, Var
 
@@ -444,3 +448,76 @@ def _unreached(inventory: Inventory, written: tuple[Path, str], hosts: list[Host
         if not isinstance(env, Mapping) or str(env.get(key)) != value:
             missed.append(host)
     return missed
+
+
+def target_group(target: Target, group: str | None) -> str:
+    """The group whose ``nccl_env`` the winner goes to: ``group`` (it must hold every
+    selected host), else the smallest group but ``all`` that does, else ``all``."""
+    inventory, selected = target.inventory, {h.name for h in target.hosts}
+    if group is not None:
+        if group not in inventory.groups:
+            raise GpufleetError(f"--group {group!r}: no such group in {inventory.path}")
+        if not selected <= inventory.groups[group]:
+            missing = sorted(selected - inventory.groups[group])
+            raise GpufleetError(f"--group {group!r} does not hold every selected host "
+                                f"({', '.join(missing[:5])} not in it)")
+        return group
+    holding = sorted((len(members), name) for name, members in inventory.groups.items()
+                     if name not in ("all", "ungrouped") and selected <= members)
+    return holding[0][1] if holding else "all"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A tune run's input, checked before any host is contacted: what the nodes are asked
+    to try, and the group (and its file) the winner goes to."""
+
+    wanted: Settings
+    group: str
+    path: Path
+
+
+def plan(target: Target, group: str | None) -> Plan:
+    """The run's settings and group; the allreduce and ddp variables of every selected host
+    are checked (the probes read them)."""
+    wanted = settings(target.hosts[0])
+    registry.validate(target.hosts, [registry.suite("allreduce"), registry.suite("ddp")])
+    chosen = target_group(target, group)
+    return Plan(wanted, chosen, group_file(target.inventory.base, chosen))
+
+
+@dataclass
+class TuneRun:
+    """What a tune run measured: the current setting first, then each candidate; the
+    winner (None: none beats the noise) and its proposal; the nodes that could not be
+    reached, with why."""
+
+    unreachable: dict[str, str]
+    measured: list[Measured] = field(default_factory=list)
+    best: Measured | None = None
+    proposal: Proposal | None = None
+
+
+def run(target: Target, chosen: Plan, fleet: FleetOptions, *,
+        started: Callable[[int, dict[str, str]], None],
+        progress: Callable[[int, Candidate], None] | None = None) -> TuneRun:
+    """Reach the selected nodes, tell ``started`` how many are ready and why the others are
+    not, and measure every candidate on the ready ones (nothing when none is)."""
+    session = ConformanceSession.start(target.inventory, target.hosts,
+                                       ConformanceOptions(fleet=fleet))
+    try:
+        unreachable = {n.name: str(n.error) for n in session.nodes.values() if n.facts is None}
+        nodes = session.ready()
+        started(len(nodes), unreachable)
+        result = TuneRun(unreachable)
+        if not nodes:
+            return result
+        result.measured = tune(nodes, chosen.wanted, progress=progress)
+        result.best = winner(result.measured[0], result.measured[1:])
+        if result.best is not None:
+            (key, value), = result.best.candidate.change.items()
+            result.proposal = propose(target.inventory, chosen.group,
+                                      [n.host for n in nodes], key, value)
+        return result
+    finally:
+        session.close()

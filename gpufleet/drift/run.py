@@ -55,11 +55,15 @@ class DriftRun:
 @dataclass(frozen=True)
 class DriftOptions:
     """What a drift run checks: the roles (all when None), the fleet options, and the
-    history it compares with (None: every item counts as new)."""
+    history it compares with (None: every item counts as new). ``remediate``: the fleet
+    options of a provisioning run that applies the plan to the drifted hosts afterwards
+    (``reboot``: rebooting those whose loaded driver differs); None: read-only."""
 
     roles: Sequence[Role] | None = None
     fleet: FleetOptions = field(default_factory=FleetOptions)
     history: History | None = None
+    remediate: FleetOptions | None = None
+    reboot: bool = False
 
 
 def history_dir(report_dir: Path, target: Target) -> Path:
@@ -93,8 +97,18 @@ def check_fleet(target: Target, options: DriftOptions,
                     sorted(checked | {compare.CONSISTENCY_ROLE}))
 
 
-def remediate(target: Target, run: DriftRun, options: DriftOptions, *, fleet: FleetOptions,
-              reboot: bool, progress: ProgressSink | None = None) -> dict[str, dict[str, Any]]:
+def run_drift(target: Target, options: DriftOptions, progress: ProgressSink | None = None,
+              remediating: ProgressSink | None = None) -> DriftRun:
+    """``check_fleet``, then, when ``options.remediate`` asks, the drifted hosts
+    remediated (``remediating`` follows that run)."""
+    run = check_fleet(target, options, progress)
+    if options.remediate is not None:
+        remediate(target, run, options, options.remediate, remediating)
+    return run
+
+
+def remediate(target: Target, run: DriftRun, options: DriftOptions, fleet: FleetOptions,
+              progress: ProgressSink | None = None) -> dict[str, dict[str, Any]]:
     """Apply the plan of ``options``' roles to the drifted hosts under ``fleet`` (a
     provisioning run's budget; its serial and max-fail-percent honoured); the result per
     host is also kept in ``run.remediation``."""
@@ -103,7 +117,7 @@ def remediate(target: Target, run: DriftRun, options: DriftOptions, *, fleet: Fl
         return {}
     selected = list(options.roles) if options.roles is not None else list(role_registry.ALL)
     outcomes = provision(target.inventory, drifted, selected,
-                         RunOptions(apply=ApplyOptions(reboot=reboot), fleet=fleet,
+                         RunOptions(apply=ApplyOptions(reboot=options.reboot), fleet=fleet,
                                     command="drift --remediate"),
                          progress)
     run.remediation = {

@@ -12,8 +12,9 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance.allreduce import probe_args, run_allreduce
+from gpufleet.conformance.options import ConformanceOptions as SessionOptions
 from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
-from gpufleet.conformance.session import ConformanceSession, SessionOptions
+from gpufleet.conformance.session import ConformanceSession
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.inventory.load import load_inventory

@@ -12,8 +12,9 @@ import pytest
 from gpufleet import exitcodes
 from gpufleet.bootstrap import Certifier, certify, required_suites
 from gpufleet.conformance import registry
+from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.results import ConformanceReport, Result
-from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete
+from gpufleet.conformance.runner import RunIncomplete
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import Facts

@@ -10,6 +10,7 @@ from gpufleet import app, exitcodes
 from gpufleet.connect.connection import Connection
 from gpufleet.drift.run import history_dir
 from gpufleet.errors import GpufleetError
+from gpufleet.facts import report as facts_report
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.target import Target
@@ -42,7 +43,7 @@ def test_facts_exits_3_when_a_host_failed(tmp_path: Path, monkeypatch: pytest.Mo
             raise GpufleetError("facts script failed (exit 2): no shell")
         return Facts(host="gpu01")
 
-    monkeypatch.setattr(app, "gather_facts", gather)
+    monkeypatch.setattr(facts_report, "gather_facts", gather)
     assert app.facts(str(inventory)) == code
 
 

@@ -17,6 +17,7 @@ from gpufleet.connect.connection import Connection
 from gpufleet.connect.fleet import Outcome
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import DriftItem, HostDrift, Inconsistency
+from gpufleet.facts import report as facts_report
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.provision.plan import Change, Plan
 from gpufleet.report import junit, terminal
@@ -119,7 +120,7 @@ def test_facts_survives_hostile_fact_output(tmp_path: Path, monkeypatch: pytest.
         return Facts(host=HOSTILE, values={"os_release": {"PRETTY_NAME": HOSTILE}},
                      absent={"gpus": f"exit 1: {HOSTILE}"})
 
-    monkeypatch.setattr(app, "gather_facts", gather)
+    monkeypatch.setattr(facts_report, "gather_facts", gather)
     report = tmp_path / "facts.json"
     stream = io.StringIO()
     code = app.facts(str(inventory), json_path=str(report), out=stream)

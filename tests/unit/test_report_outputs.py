@@ -72,7 +72,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: ConformanceRepo
         return {}
 
     monkeypatch.setattr(app, "run_suites", lambda target, options: report)
-    monkeypatch.setattr(app.scheduler, "update", update)
+    monkeypatch.setattr(app.drain, "update", update)
     out = tmp_path / "out"
     code = app.conformance_cmd(
         str(tmp_path / "hosts.yml"), suites=suites, drain_failed=True,
