@@ -1,8 +1,8 @@
 """The mlnx_qos, dcb -j pfc and CDI spec readers held to further real captures: two current
 mlnx_qos layouts (receive buffers, a ``buffer`` row, ETS and strict TCs, firmware DCBX), what
-``dcb -j pfc show`` prints for a netdev that does not exist, and a CDI spec of NVIDIA
-Container Toolkit 1.20 (sources in tests/fixtures/published/README.md and
-tests/fixtures/cdi/README.md)."""
+``dcb -j pfc show`` prints for a netdev that does not exist, and the CDI specs of NVIDIA
+Container Toolkit 1.20 on a T4 and of nvidia-ctk on WSL2 (sources in
+tests/fixtures/published/README.md and tests/fixtures/cdi/README.md)."""
 
 from __future__ import annotations
 
@@ -96,3 +96,12 @@ def test_cdi_spec_of_toolkit_1_20_with_device_node_modes_and_hook_env() -> None:
         driver="615.71.09")
     without_hook = text.replace("--host-driver-version=615.71.09", "--folder")
     assert containers.cdi_spec(without_hook).driver == "615.71.09"
+
+
+def test_cdi_spec_of_wsl2_names_no_driver() -> None:
+    """nvidia-ctk's spec on WSL2: one ``all`` device on /dev/dxg and the Windows driver
+    store's ``libcuda.so.1.1``, whose suffix is the library's SONAME, not a driver version;
+    the spec names no driver, so a check of it must not read one."""
+    text = (FIXTURES / "cdi" / "nvidia-wsl2-nvidia-ctk-cdiversion-0.3.0.yaml").read_text()
+    assert containers.cdi_spec(text) == containers.CdiSpec(
+        kind="nvidia.com/gpu", devices=["all"], uuids=[], driver=None)
