@@ -25,7 +25,9 @@ else:  # pragma: no cover - Python 3.10 reads TOML with tomli, the same parser
 
 RUNTIME_BINARY = "nvidia-container-runtime"
 _HOOK_DRIVER = re.compile(r"^--host-driver-version=(\d+(?:\.\d+)+)$")
-_LIBCUDA = re.compile(r"/libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+# a driver's own libcuda (libcuda.so.570.133.20); WSL2 mounts the Windows driver store's
+# libcuda.so.1.1, whose suffix is the SONAME, not a driver version
+_LIBCUDA = re.compile(r"/libcuda\.so\.(\d{3,}\.\d+(?:\.\d+)?)$")
 _GPU_UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
 
