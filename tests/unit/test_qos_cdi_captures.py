@@ -10,7 +10,8 @@ import pytest
 
 from gpufleet.conformance import rdma
 from gpufleet.errors import ParseError
-from gpufleet.facts import containers, parsers, script
+from gpufleet.facts import containers, script
+from gpufleet.facts.parsers import qos as qos_parsers
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -31,7 +32,8 @@ def test_mlnx_qos_of_a_connectx7_with_ets_and_strict_tcs_and_pfc_on_priority_5()
     """MLNX_OFED 23.10 on a ConnectX-7: an empty ``default priority:``, receive buffers with
     their maximum, a ``buffer`` row under the PFC flags, four ETS TCs whose shares add to 100
     and four strict ones."""
-    qos = parsers.mlnx_qos(published("mlnx-qos-i-connectx7-mlnx-ofed-23.10-ets-strict-pfc5.txt"))
+    qos = qos_parsers.mlnx_qos(
+        published("mlnx-qos-i-connectx7-mlnx-ofed-23.10-ets-strict-pfc5.txt"))
     assert (qos["trust"], qos["pfc_enabled"]) == ("dscp", [5])
     assert qos["dscp2prio"] == DEFAULT_DSCP2PRIO
     assert qos["tc"] == {
@@ -59,7 +61,7 @@ def test_rdma_verdict_on_the_connectx7_capture_matches_its_own_roce_tos() -> Non
 def test_mlnx_qos_of_a_connectx5_under_firmware_dcbx_with_six_priorities_on_tc0() -> None:
     """DOCA 3.2's mlnx_qos on a ConnectX-5 whose switch set PFC and ETS by DCBX: only TCs 0, 3
     and 6 are listed, tc 0 carries six priorities, and tc 6 is the vendor TC."""
-    qos = parsers.mlnx_qos(published("mlnx-qos-i-connectx5-firmware-dcbx-doca-3.2.txt"))
+    qos = qos_parsers.mlnx_qos(published("mlnx-qos-i-connectx5-firmware-dcbx-doca-3.2.txt"))
     assert (qos["trust"], qos["pfc_enabled"]) == ("dscp", [3])
     assert qos["dscp2prio"] == DEFAULT_DSCP2PRIO
     assert qos["tc"] == {
@@ -76,7 +78,7 @@ def test_dcb_j_pfc_of_a_missing_netdev_is_a_parse_error() -> None:
     """iproute2 6.1's ``dcb -j pfc show dev`` of a name that is no netdev: an error on stderr
     and an empty line on stdout, never an empty PFC map."""
     with pytest.raises(ParseError, match="'Attribute read: No such device'"):
-        parsers.dcb_pfc_json(published("dcb-j-pfc-show-missing-dev-iproute2-6.1.txt"))
+        qos_parsers.dcb_pfc_json(published("dcb-j-pfc-show-missing-dev-iproute2-6.1.txt"))
 
 
 # --------------------------------------------------------------------------- CDI spec
