@@ -12,13 +12,16 @@ from here.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
@@ -30,6 +33,62 @@ ALL = "all"
 DECLARATIONS = "gpufleet.conformance.suites"
 
 Predicate = Callable[[Host, "Facts | None"], bool]
+S = TypeVar("S", bound="Settings")
+_VAR = "gpufleet.var"
+_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool",
+          "list": "list", "mapping": "dict"}
+
+
+def setting(default: Any, kind: str, help: str) -> Any:
+    """A field of a suite's settings: the inventory variable of its name, its default, its
+    kind (a :data:`gpufleet.provision.role.KINDS` name) and what it means."""
+    return declared(Var(default, kind, help))
+
+
+def declared(var: Var) -> Any:
+    """A field of a suite's settings declared by a :class:`Var` (one shared with a role or
+    another suite)."""
+    if isinstance(var.default, list | dict):
+        return dataclasses.field(default_factory=functools.partial(copy.copy, var.default),
+                                 metadata={_VAR: var})
+    return dataclasses.field(default=var.default, metadata={_VAR: var})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """A suite's typed settings: a frozen dataclass whose fields are made by
+    :func:`setting` or :func:`declared`; a suite body reads them with ``node.typed(...)``."""
+
+    @classmethod
+    def variables(cls) -> dict[str, Var]:
+        """Each field's variable, by name."""
+        return {f.name: f.metadata[_VAR] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def read(cls: type[S], host: Host) -> S:
+        """The host's values over the declared defaults, each read as its kind (None where
+        unset without a default)."""
+        variables = cls.variables()
+        v = RoleVars(host, {k: var.default for k, var in variables.items()})
+        return cls(**{key: None if v.get(key) is None else v.checked(key, var.kind)
+                      for key, var in variables.items()})
+
+    @classmethod
+    def mistyped(cls) -> list[str]:
+        """Fields whose annotation does not say their kind, or says None where they have a
+        default (or not where they have none)."""
+        wrong = []
+        for f in dataclasses.fields(cls):
+            var = f.metadata.get(_VAR)
+            if var is None:
+                wrong.append(f"{f.name} (not a setting)")
+                continue
+            text = str(f.type)
+            base = text.removesuffix(" | None").split("[")[0]
+            if ((var.kind != "any" and base != _TYPES[var.kind])
+                    or text.endswith(" | None") != (var.default is None)):
+                wrong.append(f"{f.name}: {text} ({var.kind}, default {var.default!r})")
+        return wrong
 
 
 def always(host: Host, facts: Facts | None) -> bool:
@@ -47,20 +106,25 @@ class Suite:
     ``required_when``: bootstrap runs the suite's node-local checks and, when the predicate
     holds for the node, requires at least one of them to pass; ``records_baseline``: its
     performance figures go into the node's baseline (bootstrap runs it too);
-    ``check``: validation beyond each variable's kind (ranges, choices).
+    ``settings``: the typed variables it reads; ``check``: validation beyond each
+    variable's kind (ranges, choices).
     """
 
     name: str
     sets: tuple[str, ...]
     summary: str
     order: int
-    variables: Mapping[str, Var] = field(default_factory=dict)
+    settings: type[Settings] = Settings
     cross_node: frozenset[str] = frozenset()
     with_peer: frozenset[str] = frozenset()
     required_when: Predicate | None = None
     records_baseline: bool = False
     facts: Callable[[Host], FactRequest] | None = None
     check: Callable[[RoleVars], None] | None = None
+
+    @property
+    def variables(self) -> dict[str, Var]:
+        return self.settings.variables()
 
     @property
     def module(self) -> str:
@@ -85,14 +149,16 @@ def discover() -> dict[str, Suite]:
     package = importlib.import_module(DECLARATIONS)
     found: dict[str, Suite] = {}
     for module in pkgutil.iter_modules(package.__path__):
-        declared = getattr(importlib.import_module(f"{DECLARATIONS}.{module.name}"), "SUITE",
-                           None)
-        if declared is None:
+        entry = getattr(importlib.import_module(f"{DECLARATIONS}.{module.name}"), "SUITE", None)
+        if entry is None:
             continue
-        if not isinstance(declared, Suite) or declared.name != module.name:
+        if not isinstance(entry, Suite) or entry.name != module.name:
             raise AssertionError(f"{DECLARATIONS}.{module.name}.SUITE is not the Suite "
                                  f"named {module.name}")
-        found[declared.name] = declared
+        if wrong := entry.settings.mistyped():
+            raise AssertionError(f"{DECLARATIONS}.{module.name}: settings "
+                                 f"{', '.join(wrong)}")
+        found[entry.name] = entry
     return {s.name: s for s in sorted(found.values(), key=lambda s: (s.order, s.name))}
 
 

@@ -10,22 +10,37 @@ import io
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpufleet import app
 from gpufleet.conformance import registry
 from gpufleet.conformance import suites as declarations
+from gpufleet.conformance.registry import Settings, setting
+from gpufleet.conformance.session import Node
+from gpufleet.connect.connection import ConnectOptions
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
+from gpufleet.provision.role import Var
 from tests.conftest import ROOT
 
 NEW_SUITE = '''
 """A suite added by dropping its declaration in."""
 
-from gpufleet.conformance.registry import Suite, always
-from gpufleet.provision.role import RoleVars, Var
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.conformance.registry import Settings, Suite, always, setting
+from gpufleet.provision.role import RoleVars
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateSettings(Settings):
+    gpu_state_max_retired: int = setting(0, "integer", "retired pages")
 
 
 def _check(v: RoleVars) -> None:
@@ -35,7 +50,7 @@ def _check(v: RoleVars) -> None:
 
 
 SUITE = Suite("gpu_state", ("acceptance",), "the GPUs' standing state", order=135,
-              variables={"gpu_state_max_retired": Var(0, "integer", "retired pages")},
+              settings=StateSettings,
               cross_node=frozenset({"state_agrees"}), with_peer=frozenset({"state_agrees"}),
               required_when=always, check=_check)
 '''
@@ -97,7 +112,7 @@ def test_a_declaration_must_be_named_after_its_suite(tmp_path: Path,
     (tmp_path / "gpu_state_typo.py").write_text(NEW_SUITE)
     monkeypatch.setattr(declarations, "__path__", [*declarations.__path__, str(tmp_path)])
     try:
-        with pytest.raises(AssertionError, match="gpu_state_typo.SUITE is not the Suite"):
+        with pytest.raises(AssertionError, match=r"gpu_state_typo\.SUITE is not the Suite"):
             registry.discover()
     finally:
         sys.modules.pop(f"{registry.DECLARATIONS}.gpu_state_typo", None)
@@ -107,6 +122,40 @@ def test_every_suite_file_has_its_declaration_and_back() -> None:
     files = sorted(p.stem.removeprefix("test_")
                    for p in registry.suites_dir().glob("test_*.py"))
     assert sorted(registry.all_suites()) == files
+
+
+@dataclass(frozen=True, kw_only=True)
+class Typed(Settings):
+    count: int | None = setting(None, "integer", "how many")
+    limit: float = setting(85, "number", "how much")
+    wanted: bool = setting(True, "boolean", "whether")
+    names: list[str] = setting(["a"], "list", "which")
+    table: dict[str, Any] | None = setting(None, "mapping", "by key")
+
+
+def test_settings_are_read_typed_over_their_defaults() -> None:
+    host = Host("gpu01", {"count": "4", "wanted": "no", "names": "x, y"}, frozenset({"all"}))
+    node = Node(host, ConnectOptions())
+    read = node.typed(Typed)
+    assert read == Typed(count=4, limit=85.0, wanted=False, names=["x", "y"], table=None)
+    assert Typed.variables()["limit"] == Var(85, "number", "how much")
+    assert Typed().names == ["a"] and Typed().names is not Typed().names
+
+
+def test_settings_annotations_must_say_their_kind() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Wrong(Settings):
+        count: str | None = setting(None, "integer", "how many")
+        limit: float | None = setting(85, "number", "how much")
+
+    assert Wrong.mistyped() == ["count: str | None (integer, default None)",
+                                "limit: float | None (number, default 85)"]
+    assert Typed.mistyped() == []
+
+
+def test_every_suite_settings_field_says_its_kind() -> None:
+    for entry in registry.all_suites().values():
+        assert entry.settings.mistyped() == [], entry.name
 
 
 def _suite_names() -> set[str]:

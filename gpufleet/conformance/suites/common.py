@@ -1,42 +1,72 @@
-"""Variables and validators several suites declare alike (a variable several suites read
+"""Settings and validators several suites declare alike (a variable several suites read
 has one declaration, so it has one default)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.conformance import container, verdict
+from gpufleet.conformance.registry import Settings, declared, setting
 from gpufleet.ports import PORT_RANGE, RENDEZVOUS_PORT, parse_range
-from gpufleet.provision.role import RoleVars, Var
+from gpufleet.provision.role import RoleVars
 
 
-def probe_variables() -> dict[str, Var]:
+@dataclass(frozen=True, kw_only=True)
+class Container(Settings):
+    """How a probe runs in the fleet's training image."""
+
+    container_image: str | None = declared(container.VARIABLES["container_image"])
+    container_pull: str = declared(container.VARIABLES["container_pull"])
+    container_run_options: list[str] = declared(container.VARIABLES["container_run_options"])
+    container_mounts: list[str] | None = declared(container.VARIABLES["container_mounts"])
+    container_rdma: bool = declared(container.VARIABLES["container_rdma"])
+    container_python: str = declared(container.VARIABLES["container_python"])
+    container_min_shm_gb: float = declared(container.VARIABLES["container_min_shm_gb"])
+    container_timeout_s: float = declared(container.VARIABLES["container_timeout_s"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe(Container):
     """What every suite that launches a torchrun probe reads."""
-    return {
-        "allreduce_cpu_procs": Var(1, "integer", "processes per node without GPUs"),
-        "allreduce_port": Var(None, "integer",
-                              "rendezvous port on the first node (default: "
-                              "firewall_rendezvous_port)"),
-        "firewall_rendezvous_port": Var(RENDEZVOUS_PORT, "integer",
-                                        "the rendezvous port the firewall opens"),
-        "conformance_python": Var("python3", "string",
-                                  "interpreter of the probes that need no torch"),
-        **container.VARIABLES,
-    }
+
+    allreduce_cpu_procs: int = setting(1, "integer", "processes per node without GPUs")
+    allreduce_port: int | None = setting(None, "integer",
+                                         "rendezvous port on the first node (default: "
+                                         "firewall_rendezvous_port)")
+    firewall_rendezvous_port: int = setting(RENDEZVOUS_PORT, "integer",
+                                            "the rendezvous port the firewall opens")
+    conformance_python: str = setting("python3", "string",
+                                      "interpreter of the probes that need no torch")
 
 
-PERFORMANCE = dict(verdict.VARIABLES)
+@dataclass(frozen=True, kw_only=True)
+class Performance(Settings):
+    """How performance figures are measured and gated."""
 
-RANGE = {
-    "firewall_port_range": Var(PORT_RANGE, "string", "TCP range open to the cluster"),
-}
+    perf_trials: int = declared(verdict.VARIABLES["perf_trials"])
+    perf_remeasure_trials: int | None = declared(verdict.VARIABLES["perf_remeasure_trials"])
+    perf_remeasure_margin: float = declared(verdict.VARIABLES["perf_remeasure_margin"])
+    baseline_fraction: float = declared(verdict.VARIABLES["baseline_fraction"])
 
-COUNTERS = {
-    "nic_max_drops": Var(100, "integer", "drops one counter of a fabric port may count "
-                                         "during one measurement"),
-    "nic_max_errors": Var(0, "integer", "errors one counter of a fabric port may count "
-                                        "during one measurement"),
-    "net_max_retransmit_ratio": Var(0.01, "number", "TCP segments retransmitted per segment "
-                                                    "sent during one measurement"),
-}
+
+@dataclass(frozen=True, kw_only=True)
+class Range(Settings):
+    """The TCP range open to the cluster."""
+
+    firewall_port_range: str = setting(PORT_RANGE, "string", "TCP range open to the cluster")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counters(Settings):
+    """What the fabric's counters may count during one measurement."""
+
+    nic_max_drops: int = setting(100, "integer", "drops one counter of a fabric port may "
+                                                 "count during one measurement")
+    nic_max_errors: int = setting(0, "integer", "errors one counter of a fabric port may "
+                                                "count during one measurement")
+    net_max_retransmit_ratio: float = setting(0.01, "number",
+                                              "TCP segments retransmitted per segment sent "
+                                              "during one measurement")
 
 
 def check_range(v: RoleVars) -> None:

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from gpufleet.conformance.registry import Suite, always
+from dataclasses import dataclass
+
+from gpufleet.conformance.registry import Settings, Suite, always, setting
 from gpufleet.conformance.suites.common import positive
-from gpufleet.provision.role import RoleVars, Var
+from gpufleet.provision.role import RoleVars
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirewallSettings(Settings):
+    """What the firewall suite reads."""
+
+    firewall_read_timeout_s: float = setting(
+        60, "number", "longest the node may take to list its ruleset (bounded by what is left "
+                      "of the host's budget)")
 
 
 def _check(v: RoleVars) -> None:
@@ -15,7 +26,5 @@ SUITE = Suite(
     "firewall", ("conformance",),
     "the live ruleset admits the cluster to the rendezvous port and NCCL's range",
     order=20,
-    variables={"firewall_read_timeout_s": Var(
-        60, "number", "longest the node may take to list its ruleset (bounded by "
-                      "what is left of the host's budget)")},
+    settings=FirewallSettings,
     required_when=always, check=_check)

@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpufleet.conformance import container
 from gpufleet.conformance.checks import generations
 from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.suites import mounts
+from gpufleet.conformance.suites.common import Container
 from gpufleet.facts.gather import FactRequest
 from gpufleet.inventory.model import Host
 from gpufleet.provision.role import RoleVars
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSettings(Container, mounts.MountsSettings):
+    """What the image suite reads."""
 
 
 def _check(v: RoleVars) -> None:
@@ -29,6 +37,6 @@ SUITE = Suite(
     "sees every GPU, its CUDA runs on the node's driver, its NCCL and torch are the "
     "fleet's, /dev/shm, RDMA devices and shared mounts inside, one image per group",
     order=150,
-    variables={**container.VARIABLES, "shared_mounts": mounts.SHARED_MOUNTS},
+    settings=ImageSettings,
     cross_node=frozenset({"image_agrees_within_each_group"}),
     facts=_facts, check=_check)

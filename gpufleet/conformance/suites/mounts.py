@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from gpufleet.conformance.checks import mounts as mounts_checks
-from gpufleet.conformance.registry import Suite
+from gpufleet.conformance.registry import Settings, Suite, declared
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest
 from gpufleet.inventory.model import Host
 from gpufleet.provision.role import RoleVars, Var
 
 SHARED_MOUNTS = Var(None, "list", "[{path, fstype, source, options, writable}]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MountsSettings(Settings):
+    """What the mounts suite reads."""
+
+    shared_mounts: list[Any] | None = declared(SHARED_MOUNTS)
 
 
 def check_shared_mounts(v: RoleVars) -> None:
@@ -29,6 +39,6 @@ SUITE = Suite(
     "mounts", ("acceptance",),
     "the shared filesystems mounted alike on every node, and the same filesystem",
     order=120,
-    variables={"shared_mounts": SHARED_MOUNTS},
+    settings=MountsSettings,
     cross_node=frozenset({"same_filesystem", "mounts_agree_within_each_group"}),
     facts=_facts, check=check_shared_mounts)

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from gpufleet.conformance.registry import Suite
+from dataclasses import dataclass
+
+from gpufleet.conformance.registry import Settings, Suite, setting
 from gpufleet.conformance.suites.common import positive
-from gpufleet.provision.role import RoleVars, Var
+from gpufleet.provision.role import RoleVars
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSettings(Settings):
+    """What the network suite reads."""
+
+    net_mtu: int | None = setting(None, "integer", "the fabric's MTU (default: the MTU most "
+                                                   "nodes' inventory interfaces have)")
+    net_max_rtt_us: float = setting(1000, "number", "smallest round trip allowed")
+    net_max_jitter_us: float = setting(1000, "number", "spread of the round trips allowed "
+                                                       "(10th to 90th percentile)")
+    net_ping_count: int = setting(10, "integer", "echoes per pair")
 
 
 def _check(v: RoleVars) -> None:
@@ -21,13 +35,6 @@ SUITE = Suite(
     "network", ("acceptance",),
     "one layer-2 domain, the fabric's MTU on every path, round trips and jitter",
     order=130,
-    variables={"net_mtu": Var(None, "integer",
-                              "the fabric's MTU (default: the MTU most nodes' "
-                              "inventory interfaces have)"),
-               "net_max_rtt_us": Var(1000, "number", "smallest round trip allowed"),
-               "net_max_jitter_us": Var(1000, "number",
-                                        "spread of the round trips allowed (10th to "
-                                        "90th percentile)"),
-               "net_ping_count": Var(10, "integer", "echoes per pair")},
+    settings=NetworkSettings,
     cross_node=frozenset({"one_layer2_domain", "path_mtu", "round_trip_time"}),
     check=_check)

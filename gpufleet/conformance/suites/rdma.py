@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from gpufleet.conformance.registry import Suite
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.conformance.registry import Settings, Suite, setting
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Host
-from gpufleet.provision.role import Var
+
+
+@dataclass(frozen=True, kw_only=True)
+class RdmaSettings(Settings):
+    """What the rdma suite reads."""
+
+    rdma: dict[str, Any] | None = setting(None, "mapping", "{pfc_priority, trust, ecn}")
+    rdma_max_discards: int | None = setting(None, "integer", "discards allowed")
 
 
 def _has_rdma(host: Host, facts: Facts | None) -> bool:
@@ -16,6 +26,5 @@ SUITE = Suite(
     "rdma", ("conformance",),
     "RoCE QoS: PFC, trust, DSCP map and ECN on the RoCE priority; discards",
     order=50,
-    variables={"rdma": Var(None, "mapping", "{pfc_priority, trust, ecn}"),
-               "rdma_max_discards": Var(None, "integer", "discards allowed")},
+    settings=RdmaSettings,
     required_when=_has_rdma)
