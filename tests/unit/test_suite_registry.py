@@ -39,18 +39,18 @@ from gpufleet.provision.role import RoleVars
 
 
 @dataclass(frozen=True, kw_only=True)
-class StateSettings(Settings):
-    gpu_state_max_retired: int = setting(0, "integer", "retired pages")
+class CountersSettings(Settings):
+    gpu_counters_max_retired: int = setting(0, "integer", "retired pages")
 
 
 def _check(v: RoleVars) -> None:
-    if v.integer("gpu_state_max_retired") < 0:
-        raise v.fail("gpu_state_max_retired", "an integer of 0 or more",
-                     v.get("gpu_state_max_retired"))
+    if v.integer("gpu_counters_max_retired") < 0:
+        raise v.fail("gpu_counters_max_retired", "an integer of 0 or more",
+                     v.get("gpu_counters_max_retired"))
 
 
-SUITE = Suite("gpu_state", ("acceptance",), "the GPUs' standing state", order=135,
-              settings=StateSettings,
+SUITE = Suite("gpu_counters", ("acceptance",), "the GPUs' counters", order=135,
+              settings=CountersSettings,
               cross_node=frozenset({"state_agrees"}), with_peer=frozenset({"state_agrees"}),
               required_when=always, check=_check)
 '''
@@ -60,32 +60,33 @@ SUITE = Suite("gpu_state", ("acceptance",), "the GPUs' standing state", order=13
 def dropped_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A new declaration module on the declarations package's search path, and the
     registry's discovery run afresh over it (and again once the path is restored)."""
-    (tmp_path / "gpu_state.py").write_text(NEW_SUITE)
+    (tmp_path / "gpu_counters.py").write_text(NEW_SUITE)
     monkeypatch.setattr(declarations, "__path__", [*declarations.__path__, str(tmp_path)])
     registry.all_suites.cache_clear()
     yield tmp_path
-    sys.modules.pop(f"{registry.DECLARATIONS}.gpu_state", None)
+    sys.modules.pop(f"{registry.DECLARATIONS}.gpu_counters", None)
     registry.all_suites.cache_clear()
 
 
 def test_a_dropped_in_declaration_is_selected_in_its_order(dropped_in: Path) -> None:
     assert [s.name for s in registry.select("acceptance")] == [
-        "ddp", "thermal", "storage", "host_sizing", "bmc", "mounts", "network", "gpu_state",
-        "p2p"]
-    assert [s.name for s in registry.select("gpu_state,stack")] == ["gpu_state", "stack"]
-    assert "gpu_state" in [s.name for s in registry.select("all")]
-    new = registry.suite("gpu_state")
+        "ddp", "thermal", "storage", "host_sizing", "bmc", "mounts", "network",
+        "gpu_counters", "p2p"]
+    assert [s.name for s in registry.select("gpu_counters,stack")] == ["gpu_counters", "stack"]
+    assert "gpu_counters" in [s.name for s in registry.select("all")]
+    new = registry.suite("gpu_counters")
     assert new in registry.bootstrap_suites()
     assert new in registry.peer_suites()
     assert not new.node_local("test_state_agrees")
     host = Host("gpu01", {}, frozenset({"all"}))
-    assert "gpu_state" in registry.required(host, None)
-    assert registry.defaults()["gpu_state_max_retired"] == 0
+    assert "gpu_counters" in registry.required(host, None)
+    assert registry.defaults()["gpu_counters_max_retired"] == 0
 
 
 def test_a_dropped_in_declaration_is_listed(dropped_in: Path) -> None:
-    assert "network, gpu_state, p2p" in registry.sets_help()
-    with pytest.raises(GpufleetError, match=r"suites are .*, network, gpu_state, p2p, image;"):
+    assert "network, gpu_counters, p2p" in registry.sets_help()
+    with pytest.raises(GpufleetError,
+                       match=r"suites are .*, network, gpu_counters, p2p, .*image;"):
         registry.select("gpu_stat")
 
 
@@ -95,27 +96,27 @@ def test_a_dropped_in_declaration_is_validated_before_any_host(dropped_in: Path)
     inventory = dropped_in / "inventory"
     inventory.mkdir()
     (inventory / "hosts.yml").write_text(
-        "all:\n  hosts:\n    gpu07: {ansible_host: 192.0.2.7, gpu_state_max_retired: -1}\n"
-        "    gpu08: {ansible_host: 192.0.2.8, gpu_state_max_retired: many}\n")
+        "all:\n  hosts:\n    gpu07: {ansible_host: 192.0.2.7, gpu_counters_max_retired: -1}\n"
+        "    gpu08: {ansible_host: 192.0.2.8, gpu_counters_max_retired: many}\n")
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert app.conformance_cmd(str(inventory), suites="gpu_state") == 2
+        assert app.conformance_cmd(str(inventory), suites="gpu_counters") == 2
     message = err.getvalue()
-    assert "host gpu07: variable gpu_state_max_retired must be an integer of 0 or more, " \
+    assert "host gpu07: variable gpu_counters_max_retired must be an integer of 0 or more, " \
            "got -1" in message
-    assert "host gpu08: variable gpu_state_max_retired must be" in message
+    assert "host gpu08: variable gpu_counters_max_retired must be" in message
     assert len(message.splitlines()) == 1
 
 
 def test_a_declaration_must_be_named_after_its_suite(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "gpu_state_typo.py").write_text(NEW_SUITE)
+    (tmp_path / "gpu_counters_typo.py").write_text(NEW_SUITE)
     monkeypatch.setattr(declarations, "__path__", [*declarations.__path__, str(tmp_path)])
     try:
-        with pytest.raises(AssertionError, match=r"gpu_state_typo\.SUITE is not the Suite"):
+        with pytest.raises(AssertionError, match=r"gpu_counters_typo\.SUITE is not the Suite"):
             registry.discover()
     finally:
-        sys.modules.pop(f"{registry.DECLARATIONS}.gpu_state_typo", None)
+        sys.modules.pop(f"{registry.DECLARATIONS}.gpu_counters_typo", None)
 
 
 def test_every_suite_file_has_its_declaration_and_back() -> None:
