@@ -2,12 +2,12 @@
 
 A suite is ``conformance/test_<name>.py`` and its declaration, a module
 ``gpufleet/conformance/suites/<name>.py`` exporting ``SUITE``: which sets it belongs to,
-which of its checks need other nodes, what bootstrap does with it, which inventory
-variables it reads (kind and default, validated for every selected host before any host
-is contacted) and which facts it needs beyond the roles' (added to the one facts round
-trip). The registry discovers the declarations as the role registry discovers roles and
-names no suite itself; the commands, bootstrap and the pytest plugin read suites only
-from here.
+which of its checks need other nodes, what bootstrap does with it, its settings (a frozen
+dataclass of the inventory variables it reads, each with its kind, default and meaning,
+validated for every selected host before any host is contacted, read typed by its checks)
+and which facts it needs beyond the roles' (added to the one facts round trip). The
+registry discovers the declarations as the role registry discovers roles and names no
+suite itself; the commands, bootstrap and the pytest plugin read suites only from here.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ class Suite:
 
 def discover() -> dict[str, Suite]:
     """Every module of the declarations package that exports ``SUITE``, by name, in the
-    order the suites declare; a declaration must be named after its suite, and a name
-    declared twice is an internal error."""
+    order the suites declare; a declaration not named after its suite, or whose settings'
+    annotations do not say their kinds, is an internal error."""
     package = importlib.import_module(DECLARATIONS)
     found: dict[str, Suite] = {}
     for module in pkgutil.iter_modules(package.__path__):
