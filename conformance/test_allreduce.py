@@ -51,6 +51,7 @@ from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.nic_counters import Bounds, slow_run_note
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.allreduce import AllreduceSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import ParseError
@@ -208,9 +209,9 @@ def test_nccl_tests_all_reduce_perf(node: Node, conformance: ConformanceSession,
     found = node.run("command -v all_reduce_perf").stdout.strip()
     if not found:
         pytest.skip("all_reduce_perf (nccl-tests) is not installed on this node")
-    gpus = len(node.facts.get("gpus") or []) or 1  # type: ignore[union-attr]
+    gpus = len(node.known.get("gpus") or []) or 1
     result = node.run(f"NCCL_NVLS_ENABLE=0 {shlex.quote(found)} -b 8 -e "
-                      f"{shlex.quote(str(node.var('nccl_tests_max_size')))} -f 2 "
+                      f"{shlex.quote(node.typed(AllreduceSettings).nccl_tests_max_size)} -f 2 "
                       f"-g {gpus}", timeout=timeout_of(node))
     try:
         rows = nccl_tests.nccl_tests(result.stdout)

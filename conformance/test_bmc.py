@@ -42,6 +42,7 @@ from gpufleet.conformance.checks.power import (
     reading,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.bmc import BmcSettings
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.secrets import redact
 
@@ -55,8 +56,8 @@ def _read_one(node: Node) -> BmcReading | str | None:
     target = target_of(node.host)
     if target is None:
         return None
-    rating = None if node.var("psu_rating_w") is None else float(node.var("psu_rating_w"))
-    budget = float(node.var("bmc_read_budget_s"))
+    settings = node.typed(BmcSettings)
+    rating, budget = settings.psu_rating_w, settings.bmc_read_budget_s
     try:
         if target.protocol == "ipmi":
             out = ipmi.read(target, budget)
@@ -131,8 +132,9 @@ def test_power_supplies(node: Node, conformance: ConformanceSession, bmcs: Readi
                     f"(PowerControl PowerConsumedWatts)")
     if conformance.options.baseline is not None:
         conformance.options.baseline.add_reading(node.name, PEAK_FIGURE, peak, "W")
-    problems = psu_problems(bmc.psus, peak, float(node.var("psu_min_headroom")),
-                            node.var("psu_redundancy"))
+    settings = node.typed(BmcSettings)
+    problems = psu_problems(bmc.psus, peak, settings.psu_min_headroom,
+                            settings.psu_redundancy)
     unknown = [p for p in problems if p.startswith("unknown:")]
     if unknown and len(unknown) == len(problems):
         pytest.fail("; ".join(unknown))
@@ -144,7 +146,7 @@ def test_inlet_temperature_and_fans(node: Node, bmcs: Readings,
     bmc = _reading(node, bmcs)
     record_property("inlet_c", [t.celsius for t in bmc.inlets()])
     record_property("exhaust_c", [t.celsius for t in bmc.temperatures if t.exhaust])
-    problems = cooling_problems(bmc, float(node.var("bmc_max_inlet_c")))
+    problems = cooling_problems(bmc, node.typed(BmcSettings).bmc_max_inlet_c)
     unknown = [p for p in problems if p.startswith("unknown:")]
     if unknown and len(unknown) == len(problems):
         pytest.fail(unknown[0])
@@ -154,7 +156,7 @@ def test_inlet_temperature_and_fans(node: Node, bmcs: Readings,
 def test_no_new_critical_events(node: Node, bmcs: Readings,
                                 record_property: RecordProperty) -> None:
     bmc = _reading(node, bmcs)
-    window = float(node.var("bmc_sel_window_h"))
+    window = node.typed(BmcSettings).bmc_sel_window_h
     since = datetime.now(timezone.utc) - timedelta(hours=window)
     found = new_critical_events(bmc.events, since)
     record_property("entries", len(bmc.events))
@@ -174,12 +176,12 @@ def rack_uses(conformance: ConformanceSession, bmcs: Readings) -> list[RackUse]:
     for name, host in conformance.inventory.hosts.items():
         node = conformance.nodes.get(name) or Node(host, conformance.options.fleet.connect)
         rack = rack_of(host.vars, host.groups)
-        if rack is None or node.var("rack_power_w") is None:
+        settings = node.typed(BmcSettings)
+        if rack is None or settings.rack_power_w is None:
             continue
         members.setdefault(rack, []).append(name)
-        budget.setdefault(rack, (float(node.var("rack_power_w")),
-                                 float(node.var("rack_power_margin")),
-                                 str(node.var("rack_cooling"))))
+        budget.setdefault(rack, (settings.rack_power_w, settings.rack_power_margin,
+                                 settings.rack_cooling))
 
     def peak(name: str) -> float | None:
         selected = conformance.nodes.get(name)

@@ -27,6 +27,7 @@ from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun, processes_per_node
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.ddp import DdpSettings
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
 from gpufleet.suites.probes.ddp import scaling_efficiency
 
@@ -92,7 +93,7 @@ def _figures(one: dict[str, Any], many: dict[str, Any] | None, procs: int
 def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
                              record_property: RecordProperty) -> None:
     procs = processes_per_node(node)
-    minimum = float(node.var("ddp_min_efficiency"))
+    minimum = node.typed(DdpSettings).ddp_min_efficiency
     trials = settings(node.host).trials
     start = time.monotonic()
     curve, runs = _stages([node], scaling.stages(procs), _job([node], trials, 1), trials,
@@ -151,7 +152,7 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
         pytest.skip("fewer than two reachable nodes selected")
     first = nodes[0]
     setting = settings(first.host)
-    minimum = float(first.var("ddp_min_efficiency_across_nodes"))
+    minimum = first.typed(DdpSettings).ddp_min_efficiency_across_nodes
     curve, runs = _stages(nodes, scaling.stages(len(nodes)), _job([first], setting.trials),
                           setting.trials, minimum, per_node=False)
     early = scaling.short(curve, minimum, "nodes")

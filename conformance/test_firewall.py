@@ -17,6 +17,7 @@ import pytest
 from gpufleet import roles
 from gpufleet.conformance.launch import socket_ifname
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.firewall import FirewallSettings
 from gpufleet.connect.connection import CommandTimeout
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.firewall_analysis.live import LIVE_RULESET, analyse_live
@@ -27,7 +28,7 @@ RESERVE_S = 5.0
 def read_limit(node: Node) -> float:
     """How long listing the ruleset may take: the suite's limit, within the host's budget
     less what the later checks need."""
-    limit = node.settings.number("firewall_read_timeout_s")
+    limit = node.typed(FirewallSettings).firewall_read_timeout_s
     left = node.budget.remaining()
     return limit if left is None else max(1.0, min(limit, left - RESERVE_S))
 

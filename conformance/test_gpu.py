@@ -40,17 +40,17 @@ from gpufleet.conformance.checks.gpu import (
     xid_verdict,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.gpu import GpuSettings
 from gpufleet.conformance.torch_probe import imported_torch
 from gpufleet.drift.compare import consistency_groups
 from gpufleet.errors import ParseError
-from gpufleet.facts.gather import Facts
 from gpufleet.facts.parsers import dcgm, xid
 from gpufleet.roles import training_python
 
 
 def _gpus(node: Node) -> list[dict[str, object]]:
-    facts: Facts = node.facts  # type: ignore[assignment]
-    gpus = facts.get("gpus")
+    facts = node.known
+    gpus: list[dict[str, object]] | None = facts.get("gpus")
     if gpus is None:
         reason = facts.why_absent("gpus")
         if facts.timed_out("gpus"):
@@ -60,12 +60,12 @@ def _gpus(node: Node) -> list[dict[str, object]]:
         pytest.fail(f"unknown: NVIDIA GPUs on the PCI bus but nvidia-smi failed: {reason}")
     if not gpus:
         pytest.skip("no NVIDIA GPU: nvidia-smi lists none")
-    return gpus  # type: ignore[no-any-return]
+    return gpus
 
 
 def test_count_and_model(node: Node, record_property: RecordProperty) -> None:
     gpus = _gpus(node)
-    facts: Facts = node.facts  # type: ignore[assignment]
+    facts = node.known
     models = sorted({str(g.get("name")) for g in gpus})
     record_property("gpus", len(gpus))
     record_property("models", models)
@@ -76,16 +76,17 @@ def test_count_and_model(node: Node, record_property: RecordProperty) -> None:
               "the nvidia-smi query": len(gpus),
               "the topology": None if topo is None else len(topo.get("gpus", []))}
     record_property("counts", counts)
-    count, model = node.var("gpu_count"), node.var("gpu_model")
-    found = inventory_problems(counts, None if count is None else int(count))
+    settings = node.typed(GpuSettings)
+    count, model = settings.gpu_count, settings.gpu_model
+    found = inventory_problems(counts, count)
     assert not found, "; ".join(found)
     if model is not None:
-        assert models == [str(model)], f"GPU model {', '.join(models)}, expected {model}"
+        assert models == [model], f"GPU model {', '.join(models)}, expected {model}"
 
 
 def test_one_gpu_model(node: Node) -> None:
     by_model = models_of(_gpus(node))
-    if len(by_model) > 1 and not node.flag("gpu_mixed_models"):
+    if len(by_model) > 1 and not node.typed(GpuSettings).gpu_mixed_models:
         pytest.fail(f"GPUs of {len(by_model)} models on one node: {mixed(by_model)} (declare "
                     "gpu_mixed_models: true where this is meant)")
 
@@ -93,7 +94,7 @@ def test_one_gpu_model(node: Node) -> None:
 def test_cuda_supports_every_gpu(node: Node, conformance: ConformanceSession,
                                  record_property: RecordProperty) -> None:
     gpus = _gpus(node)
-    facts: Facts = node.facts  # type: ignore[assignment]
+    facts = node.known
     toolkit, driver = toolkit_version(facts), facts.get("driver_cuda")
     record_property("compute_capabilities", capabilities(gpus))
     record_property("toolkit_cuda", toolkit)
@@ -123,10 +124,10 @@ def test_cuda_supports_every_gpu(node: Node, conformance: ConformanceSession,
 
 def test_one_gpu_model_per_group(conformance: ConformanceSession) -> None:
     nodes = {n.name: n for n in conformance.ready()
-             if n.facts and n.facts.get("gpus") and not n.flag("gpu_mixed_models")}
+             if n.known.get("gpus") and not n.typed(GpuSettings).gpu_mixed_models}
     if len(nodes) < 2:
         pytest.skip("fewer than two reachable nodes with GPUs selected")
-    models = {name: sorted(models_of(n.facts.get("gpus"))) for name, n in nodes.items()}  # type: ignore[union-attr]
+    models = {name: sorted(models_of(n.known.get("gpus"))) for name, n in nodes.items()}
     found = []
     for group in consistency_groups(conformance.inventory, list(nodes)):
         by_model: dict[str, list[str]] = {}
@@ -141,13 +142,13 @@ def test_one_gpu_model_per_group(conformance: ConformanceSession) -> None:
 
 def test_nvlink(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
-    facts: Facts = node.facts  # type: ignore[assignment]
+    facts = node.known
     topo = facts.get("gpu_topology")
     if topo is None:
         pytest.fail(f"unknown: nvidia-smi topo -m: {facts.why_absent('gpu_topology')}")
     if len(topo.get("gpus", [])) < 2:
         pytest.skip("a single GPU: no GPU pairs")
-    found = topology_problems(topo, node.flag("gpu_nvlink"))
+    found = topology_problems(topo, node.typed(GpuSettings).gpu_nvlink)
     status = facts.get("nvlink")
     if status is not None:
         found += nvlink_problems(status)
@@ -157,12 +158,9 @@ def test_nvlink(node: Node, record_property: RecordProperty) -> None:
 
 def test_health(node: Node) -> None:
     gpus = _gpus(node)
-    found = health_problems(
-        gpus,
-        float(node.var("gpu_max_temp_c")),
-        int(node.var("gpu_pcie_gen")) if node.var("gpu_pcie_gen") is not None else None,
-        int(node.var("gpu_pcie_width")) if node.var("gpu_pcie_width") is not None else None,
-        bool(node.flag("gpu_persistence_mode")))
+    settings = node.typed(GpuSettings)
+    found = health_problems(gpus, settings.gpu_max_temp_c, settings.gpu_pcie_gen,
+                            settings.gpu_pcie_width, settings.gpu_persistence_mode)
     assert not found, "; ".join(found)
 
 
@@ -178,11 +176,12 @@ def test_no_critical_xid_since_boot(node: Node, record_property: RecordProperty)
     except ParseError as exc:
         pytest.fail(f"unknown: the kernel log could not be read: {exc}")
     try:
-        policy = xid_policy(dict.fromkeys(node.numbers("gpu_critical_xids"),
-                                          "fail") | (node.var("gpu_xid_policy") or {}))
-        window = node.var("gpu_xid_window_h")
-        uptime = node.facts.get("uptime_s") if node.facts else None
-        since = None if window is None or uptime is None else uptime - float(window) * 3600
+        settings = node.typed(GpuSettings)
+        policy = xid_policy(dict.fromkeys((int(x) for x in settings.gpu_critical_xids),
+                                          "fail") | (settings.gpu_xid_policy or {}))
+        window = settings.gpu_xid_window_h
+        uptime = node.known.get("uptime_s")
+        since = None if window is None or uptime is None else uptime - window * 3600
     except (ValueError, TypeError) as exc:
         pytest.fail(f"bad Xid variables: {exc}")
     failures, warnings = xid_verdict(events, policy, since)
@@ -195,7 +194,7 @@ DCGM_TIMEOUTS = {1: 120, 2: 600, 3: 2400, 4: 7200}
 
 def test_fabric_and_persistence(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
-    facts: Facts = node.facts  # type: ignore[assignment]
+    facts = node.known
     fabric = facts.get("gpu_fabric")
     if fabric is None:
         pytest.fail(f"unknown: nvidia-smi -q: {facts.why_absent('gpu_fabric')}")
@@ -209,7 +208,7 @@ def test_fabric_and_persistence(node: Node, record_property: RecordProperty) -> 
 
 def test_dcgm_diagnostics(node: Node, record_property: RecordProperty) -> None:
     _gpus(node)
-    level = int(node.var("gpu_dcgm_diag_level"))
+    level = node.typed(GpuSettings).gpu_dcgm_diag_level
     if level == 0:
         pytest.skip("gpu_dcgm_diag_level is 0")
     if level not in DCGM_TIMEOUTS:

@@ -31,6 +31,7 @@ from gpufleet.conformance.checks.mounts import (
 )
 from gpufleet.conformance.launch import run_script
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.image import ImageSettings
 from gpufleet.errors import GpufleetError
 
 GIB = 1 << 30
@@ -48,7 +49,7 @@ def _probe(node: Node) -> dict[str, Any]:
     reference = str(container.image(node))
     found: dict[str, Any] = {"image": reference, "engine": container.engine(node)}
     try:
-        output = run_script(node, "image_stack", [], float(node.var("container_timeout_s")),
+        output = run_script(node, "image_stack", [], node.typed(ImageSettings).container_timeout_s,
                             in_image=True)
     except GpufleetError as exc:
         found["error"] = str(exc)
@@ -225,7 +226,7 @@ def test_image_shm(node: Node, conformance: ConformanceSession,
                    record_property: RecordProperty) -> None:
     reference = _image(node)
     size = _started(node, conformance).get("shm_bytes")
-    minimum = float(node.var("container_min_shm_gb"))
+    minimum = node.typed(ImageSettings).container_min_shm_gb
     record_property("shm_gib", None if size is None else round(size / GIB, 3))
     assert size is not None, f"image {reference}: the container has no /dev/shm"
     assert size >= minimum * GIB, (
@@ -245,7 +246,7 @@ def test_image_rdma_devices(node: Node, conformance: ConformanceSession,
     problems = []
     if not any(d.startswith("uverbs") for d in inside):
         problems.append("no /dev/infiniband/uverbs* device")
-    if node.flag("container_rdma") is False:
+    if not node.typed(ImageSettings).container_rdma:
         problems.append("container_rdma is false")
     assert not problems, (f"image {reference}: the node has {len(rdma)} RDMA device(s) but "
                           "the container has " + "; ".join(problems))
@@ -254,14 +255,15 @@ def test_image_rdma_devices(node: Node, conformance: ConformanceSession,
 def test_image_shared_mounts(node: Node, conformance: ConformanceSession,
                              record_property: RecordProperty) -> None:
     reference = _image(node)
-    entries = declared(node.var("shared_mounts"), f"host {node.name}: shared_mounts")
+    entries = declared(node.typed(ImageSettings).shared_mounts,
+                       f"host {node.name}: shared_mounts")
     if not entries:
         pytest.skip("no shared_mounts declared")
     inside = parse_mountinfo(_started(node, conformance).get("mountinfo") or "")
     problems = []
     for entry in entries:
         sources = [m.source for other in conformance.ready()
-                   if (m := mounted_at(other.facts.get("mountinfo") or [],  # type: ignore[union-attr]
+                   if (m := mounted_at(other.known.get("mountinfo") or [],
                                        entry.path)) is not None]
         problems += mount_problems(entry, mounted_at(inside, entry.path), majority(sources))
     record_property("mounts_in_image", {e.path: (m.source if (m := mounted_at(

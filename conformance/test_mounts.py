@@ -31,6 +31,7 @@ from gpufleet.conformance.checks.mounts import (
     network_mounts,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.mounts import MountsSettings
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
 
@@ -38,7 +39,8 @@ ACCESS_TIMEOUT_S = 30
 
 
 def _entries(node: Node) -> list[SharedMount]:
-    return declared(node.var("shared_mounts"), f"host {node.name}: shared_mounts")
+    return declared(node.typed(MountsSettings).shared_mounts,
+                    f"host {node.name}: shared_mounts")
 
 
 def _mounts(node: Node) -> list[Mount]:
@@ -52,7 +54,7 @@ def _mounts(node: Node) -> list[Mount]:
 def _sources(conformance: ConformanceSession, path: str) -> list[str]:
     sources = []
     for other in conformance.ready():
-        mount = mounted_at(other.facts.get("mountinfo") or [], path)  # type: ignore[union-attr]
+        mount = mounted_at(other.known.get("mountinfo") or [], path)
         if mount is not None:
             sources.append(mount.source)
     return sources
@@ -116,7 +118,7 @@ def _marker(conformance: ConformanceSession, path: str) -> dict[str, str]:
     nodes = conformance.ready()
     usual = majority(_sources(conformance, path))
     writers = [n for n in nodes
-               if (m := mounted_at(n.facts.get("mountinfo") or [], path)) is not None  # type: ignore[union-attr]
+               if (m := mounted_at(n.known.get("mountinfo") or [], path)) is not None
                and m.source == usual]
     if not writers:
         return {n.name: f"no node to write a marker on {path}" for n in nodes}
@@ -172,7 +174,7 @@ def test_mounts_agree_within_each_group(node: Node, conformance: ConformanceSess
     groups = sorted(node.host.groups - {"all"}) or ["all"]
     problems = []
     for group in groups:
-        others = [network_mounts(n.facts.get("mountinfo") or [])  # type: ignore[union-attr]
+        others = [network_mounts(n.known.get("mountinfo") or [])
                   for n in conformance.ready() if group in n.host.groups]
         if len(others) < 2:
             continue

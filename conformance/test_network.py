@@ -21,6 +21,7 @@ from gpufleet.conformance.placement import (
     rtt_failure,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.network import NetworkSettings
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +60,8 @@ def test_round_trip_time(node: Node, placement: Placement, record_property: Reco
     if rtts:
         record_property("rtt_min_us", round(min(rtts), 1))
         record_property("rtt_max_us", round(max(rtts), 1))
-    failing = rtt_failure(float(node.var("net_max_rtt_us")),
-                          float(node.var("net_max_jitter_us")))
+    settings = node.typed(NetworkSettings)
+    failing = rtt_failure(settings.net_max_rtt_us, settings.net_max_jitter_us)
     _judge(node, placement, placement.failures(node.name, failing))
 
 
@@ -74,7 +75,7 @@ def test_interface_mtu(node: Node, placement: Placement, record_property: Record
     record_property("mtu", mtu)
     if placement.mtu is None:
         pytest.skip("no fabric MTU: net_mtu undeclared and no interface MTU known")
-    declared = node.var("net_mtu")
+    declared = node.typed(NetworkSettings).net_mtu
     origin = "net_mtu" if declared is not None else "the MTU most nodes have"
     assert mtu == placement.mtu, f"{name} has MTU {mtu}, the fabric's is {placement.mtu} " \
                                  f"({origin})"

@@ -11,6 +11,7 @@ p2p_size_mb (1024), p2p_timeout_s (600), perf_trials and the other verdict varia
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -18,19 +19,21 @@ from gpufleet.conformance.allreduce import gpu_model
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.p2p import P2pSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.p2p import trials_by_figure
 
 
-def _threshold(node: Node, key: str) -> float | None:
-    value = (node.var(key) or {}).get(gpu_model(node))
+def _threshold(node: Node, floors: dict[str, Any] | None) -> float | None:
+    value = (floors or {}).get(gpu_model(node))
     return None if value is None else float(value)
 
 
 def _run(node: Node, trials: int) -> NodeOutput:
-    output = run_script(node, "p2p", ["--size-mb", str(node.var("p2p_size_mb")),
+    settings = node.typed(P2pSettings)
+    output = run_script(node, "p2p", ["--size-mb", str(settings.p2p_size_mb),
                                       "--trials", str(trials)],
-                        float(node.var("p2p_timeout_s")), in_image=True)
+                        settings.p2p_timeout_s, in_image=True)
     if output.rc != 0:
         pytest.fail(f"unknown: the p2p probe failed (exit {output.rc}): {output.stderr_tail}")
     return output
@@ -38,8 +41,8 @@ def _run(node: Node, trials: int) -> NodeOutput:
 
 def test_p2p_bandwidth(node: Node, conformance: ConformanceSession,
                        record_property: RecordProperty) -> None:
-    if not node.facts.get("gpus"):  # type: ignore[union-attr]
-        pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
+    if not node.known.get("gpus"):
+        pytest.skip(f"no NVIDIA GPU: {node.known.why_absent('gpus')}")
     start = time.monotonic()
     output = _run(node, settings(node.host).trials)
     cost = time.monotonic() - start
@@ -49,7 +52,9 @@ def test_p2p_bandwidth(node: Node, conformance: ConformanceSession,
     record_property("pairs", {f"{p['src']}->{p['dst']}": round(p["gbps"], 1) for p in pairs})
     record_property("host", {f"{e['event']}{e['gpu']}": round(e["gbps"], 1) for e in h2d})
     first = trials_by_figure(pairs + h2d)
-    pair_floor, host_floor = _threshold(node, "p2p_min_gbps"), _threshold(node, "h2d_min_gbps")
+    typed = node.typed(P2pSettings)
+    pair_floor = _threshold(node, typed.p2p_min_gbps)
+    host_floor = _threshold(node, typed.h2d_min_gbps)
     figures = [Figure(name, "GB/s", pair_floor if name.startswith("p2p.") else host_floor)
                for name in first]
     verdicts = judge_node(

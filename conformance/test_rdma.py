@@ -13,29 +13,31 @@ import pytest
 
 from gpufleet.conformance.rdma import problems, read_state
 from gpufleet.conformance.session import Node, RecordProperty
+from gpufleet.conformance.suites.rdma import RdmaSettings
 
 
 def test_roce_qos(node: Node, record_property: RecordProperty) -> None:
-    devices = node.facts.get("rdma")  # type: ignore[union-attr]
+    devices = node.known.get("rdma")
     if devices is None:
-        pytest.fail(f"unknown: {node.facts.why_absent('rdma')}")  # type: ignore[union-attr]
+        pytest.fail(f"unknown: {node.known.why_absent('rdma')}")
     if not devices:
         pytest.skip("no RDMA devices (/sys/class/infiniband is empty)")
     roce = [d for d in devices if d["link_layer"] == "Ethernet"]
     if not roce:
         pytest.skip("link layer InfiniBand on every RDMA port: PFC does not apply")
-    expected = node.var("rdma") or {}
+    settings = node.typed(RdmaSettings)
+    expected = settings.rdma or {}
     if not expected:
         pytest.skip("the inventory sets no rdma expectations (rdma: {pfc_priority, trust, ecn})")
     tc = (node.var("nccl_env") or {}).get("NCCL_IB_TC")
     found: list[str] = []
-    max_discards = node.var("rdma_max_discards")
+    max_discards = settings.rdma_max_discards
     for netdev in sorted({n for d in roce for n in d["netdevs"]}):
         state = read_state(node, netdev)
         record_property(f"{netdev}_tool", state.tool)
         record_property(f"{netdev}_counters", state.counters)
         found += problems(state, expected, int(tc) if tc is not None else None)
         discards = sum(v for k, v in state.counters.items() if "discard" in k)
-        if max_discards is not None and discards > int(max_discards):
+        if max_discards is not None and discards > max_discards:
             found.append(f"{netdev}: {discards} discards, above {max_discards}")
     assert not found, "; ".join(found)

@@ -36,19 +36,19 @@ from gpufleet.conformance.reachability import (
     source_band,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.reachability import ReachabilitySettings
 from gpufleet.errors import ParseError
 from gpufleet.ports import closed_within, describe, parse_range
 
 
 def _spec(conformance: ConformanceSession) -> PortSpec:
     first = next(iter(conformance.nodes.values()))
-    low, high = parse_range(first.var("firewall_port_range"), first.name,
-                            "firewall_port_range")
-    rendezvous = int(first.var("firewall_rendezvous_port"))
-    return PortSpec(probe_ports(rendezvous, low, high,
-                                int(first.var("reachability_range_samples"))),
-                    low, high, int(first.var("reachability_random_ports")),
-                    int(first.var("reachability_seed") or time.time_ns() // 1000),
+    settings = first.typed(ReachabilitySettings)
+    low, high = parse_range(settings.firewall_port_range, first.name, "firewall_port_range")
+    rendezvous = settings.firewall_rendezvous_port
+    return PortSpec(probe_ports(rendezvous, low, high, settings.reachability_range_samples),
+                    low, high, settings.reachability_random_ports,
+                    settings.reachability_seed or time.time_ns() // 1000,
                     source_band(low, high, rendezvous))
 
 
@@ -106,10 +106,10 @@ def test_nic_counters_during_reachability(node: Node, measured: tuple[Matrix, di
 
 
 def test_ephemeral_ports_inside_the_open_range(node: Node) -> None:
-    local = node.facts.get("port_range")  # type: ignore[union-attr]
+    local = node.known.get("port_range")
     if local is None:
-        pytest.fail(f"unknown: {node.facts.why_absent('port_range')}")  # type: ignore[union-attr]
-    low, high = parse_range(node.var("firewall_port_range"), node.name,
+        pytest.fail(f"unknown: {node.known.why_absent('port_range')}")
+    low, high = parse_range(node.typed(ReachabilitySettings).firewall_port_range, node.name,
                             "firewall_port_range")
     assert low <= local[0] and local[1] <= high, (
         f"net.ipv4.ip_local_port_range is {local[0]}-{local[1]}, outside the open range "
@@ -118,10 +118,9 @@ def test_ephemeral_ports_inside_the_open_range(node: Node) -> None:
 
 def test_firewall_opens_every_ephemeral_port(node: Node, conformance: ConformanceSession,
                                              record_property: RecordProperty) -> None:
-    if not node.flag("firewall_enabled"):
+    if not node.typed(ReachabilitySettings).firewall_enabled:
         pytest.skip("gpufleet manages no firewall on this node (firewall_enabled)")
-    facts = node.facts
-    assert facts is not None
+    facts = node.known
     local = facts.get("port_range")
     if local is None:
         pytest.fail(f"unknown: {facts.why_absent('port_range')}")

@@ -30,7 +30,7 @@ def test_role_converged(node: Node, conformance: ConformanceSession, role: str,
     if not unit.active(v):
         pytest.skip(f"the inventory asks the {role} role for nothing on this node")
     try:
-        changes = unit.plan(node.facts, v, PlanContext(conformance.inventory, node.host))  # type: ignore[arg-type]
+        changes = unit.plan(node.known, v, PlanContext(conformance.inventory, node.host))
     except GpufleetError as exc:
         pytest.fail(f"unknown: {exc}")
     record_property("items", [c.item for c in changes])
@@ -39,11 +39,11 @@ def test_role_converged(node: Node, conformance: ConformanceSession, role: str,
 
 
 def test_driver_userspace_matches_the_module(node: Node) -> None:
-    loaded = node.facts.get("nvidia_module")  # type: ignore[union-attr]
+    loaded = node.known.get("nvidia_module")
     if loaded is None:
         pytest.skip(f"no NVIDIA kernel module loaded: "
-                    f"{node.facts.why_absent('nvidia_module')}")  # type: ignore[union-attr]
-    gpus = node.facts.get("gpus") or []  # type: ignore[union-attr]
+                    f"{node.known.why_absent('nvidia_module')}")
+    gpus = node.known.get("gpus") or []
     userspace = {str(g.get("driver_version")) for g in gpus}
     assert not userspace or userspace == {loaded}, \
         f"kernel module {loaded} but nvidia-smi reports driver {', '.join(sorted(userspace))}"

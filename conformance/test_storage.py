@@ -20,12 +20,13 @@ import pytest
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.storage import StorageRun, run_storage
+from gpufleet.conformance.suites.storage import StorageSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.storage import need_mbps
 
 
 def _readers(conformance: ConformanceSession) -> list[Node]:
-    return [n for n in conformance.ready() if n.var("storage_dataset_path")]
+    return [n for n in conformance.ready() if n.typed(StorageSettings).storage_dataset_path]
 
 
 def _run(conformance: ConformanceSession) -> StorageRun:
@@ -41,17 +42,18 @@ def _run(conformance: ConformanceSession) -> StorageRun:
 
 def _need(node: Node, conformance: ConformanceSession) -> tuple[float, str] | None:
     """MB/s one node must read, and how that follows from the variables."""
-    dataset, epoch = node.var("storage_dataset_gb"), node.var("storage_epoch_minutes")
+    settings = node.typed(StorageSettings)
+    dataset, epoch = settings.storage_dataset_gb, settings.storage_epoch_minutes
     if dataset is None or epoch is None:
         return None
-    nodes = int(node.var("storage_nodes") or len(conformance.nodes))
-    return (need_mbps(float(dataset), float(epoch), nodes),
-            f"{dataset} GB in {epoch} min over {nodes} nodes")
+    nodes = settings.storage_nodes or len(conformance.nodes)
+    return (need_mbps(dataset, epoch, nodes),
+            f"{dataset:g} GB in {epoch:g} min over {nodes} nodes")
 
 
 def test_storage_throughput(node: Node, conformance: ConformanceSession,
                             record_property: RecordProperty) -> None:
-    if not node.var("storage_dataset_path"):
+    if not node.typed(StorageSettings).storage_dataset_path:
         pytest.skip("no dataset path in the inventory (storage_dataset_path)")
     run = _run(conformance)
     if node.name in run.errors:
@@ -68,10 +70,9 @@ def test_storage_throughput(node: Node, conformance: ConformanceSession,
     need = _need(node, conformance)
     if need is not None:
         record_property("need_mbps", round(need[0], 1))
-    small = node.var("storage_min_small_files_per_s")
+    small = node.typed(StorageSettings).storage_min_small_files_per_s
     figures = [Figure("storage.seq_read_mbps", "MB/s", need[0] if need else None),
-               Figure("storage.small_files_per_s", "files/s",
-                      None if small is None else float(small))]
+               Figure("storage.small_files_per_s", "files/s", small)]
 
     def measure(trials: int) -> dict[str, list[float]]:
         again = run_storage([node], conformance.forks, trials)

@@ -25,6 +25,7 @@ import pytest
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
+from gpufleet.conformance.suites.thermal import ThermalSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.thermal import clock_mirror, thermal_verdict
 
@@ -101,14 +102,15 @@ def gpu_peak_power(samples: list[dict[str, Any]]) -> float | None:
 
 
 def _soak(node: Node, trials: int) -> NodeOutput:
-    seconds = float(node.var("thermal_seconds"))
+    settings = node.typed(ThermalSettings)
+    seconds = settings.thermal_seconds
     return run_script(node, "thermal", [
-        "--seconds", str(seconds), "--size", str(node.var("thermal_size")),
+        "--seconds", str(seconds), "--size", str(settings.thermal_size),
         "--trials", str(trials), "--warmup-s", str(_warmup(node))], seconds + 300)
 
 
 def _warmup(node: Node) -> float:
-    return float(node.var("thermal_warmup_s"))
+    return node.typed(ThermalSettings).thermal_warmup_s
 
 
 def _tflops(output: NodeOutput) -> dict[str, list[float]]:
@@ -120,8 +122,8 @@ def _tflops(output: NodeOutput) -> dict[str, list[float]]:
 
 def test_thermal_soak(node: Node, conformance: ConformanceSession,
                       record_property: RecordProperty) -> None:
-    if not node.facts.get("gpus"):  # type: ignore[union-attr]
-        pytest.skip(f"no NVIDIA GPU: {node.facts.why_absent('gpus')}")  # type: ignore[union-attr]
+    if not node.known.get("gpus"):
+        pytest.skip(f"no NVIDIA GPU: {node.known.why_absent('gpus')}")
     start = time.monotonic()
     output = _soak(node, settings(node.host).trials)
     cost = time.monotonic() - start
@@ -136,9 +138,10 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     with PLOTTING:
         files = save_curves(samples, conformance.options.artifacts, node.name)
     summary = next((e for e in output.events if e.get("event") == "summary"), {})
-    limit = float(node.var("thermal_max_temp_c") or node.var("gpu_max_temp_c"))
-    threshold = float(node.var("thermal_mirror_threshold"))
-    min_drop = float(node.var("thermal_min_clock_drop"))
+    typed = node.typed(ThermalSettings)
+    limit = typed.thermal_max_temp_c or typed.gpu_max_temp_c
+    threshold = typed.thermal_mirror_threshold
+    min_drop = typed.thermal_min_clock_drop
     conformance.add_report("thermal", node.name, {
         "summary": summary, "files": [str(f) for f in files], "curves": curves(samples),
         "mirror": mirror_windows(samples, threshold, min_drop, _warmup(node)),
@@ -150,8 +153,8 @@ def test_thermal_soak(node: Node, conformance: ConformanceSession,
     record_property("temp_limit_c", limit)
     problems = thermal_verdict(samples, limit, threshold, min_drop, _warmup(node))
     first = _tflops(output)
-    floor = node.var("thermal_min_tflops")
-    figures = [Figure(name, "TFLOPS", None if floor is None else float(floor)) for name in first]
+    floor = typed.thermal_min_tflops
+    figures = [Figure(name, "TFLOPS", floor) for name in first]
     verdicts = judge_node(node, conformance.options.baseline, figures,
                           lambda trials: _tflops(_soak(node, trials)), first=first, cost_s=cost)
     record_property("verdicts", properties(verdicts))

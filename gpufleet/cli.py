@@ -29,6 +29,7 @@ from invoke.tasks import task as invoke_task
 
 from gpufleet import __version__, app, exitcodes, sources
 from gpufleet.bootstrap import BootstrapOptions
+from gpufleet.conformance import registry
 from gpufleet.drift.schedule import Schedule
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.secrets import redact
@@ -317,9 +318,7 @@ def drift_schedule(c: Context, inventory: str | None = None, at: str = "02:30",
 
 
 @task(help=_help("inventory", "limit", "forks", "json", "timeout", "verbose", "list_hosts",
-                 suite="comma-separated suites or sets: conformance (default: stack, firewall, "
-                       "reachability, allreduce, rdma, gpu), acceptance (ddp, thermal, storage, "
-                       "host_sizing, p2p), all",
+                 suite=f"comma-separated suites or sets: {registry.sets_help()}",
                  junit="write a JUnit XML report to this file (- for standard output)",
                  prometheus="write a node_exporter textfile (metrics) to this file",
                  html="write the HTML report to this file (the acceptance report for "

@@ -15,7 +15,7 @@ import testinfra.host
 from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.options import ConformanceOptions
-from gpufleet.conformance.registry import Suite
+from gpufleet.conformance.registry import Settings, Suite
 from gpufleet.connect.connection import (
     Budget,
     CommandResult,
@@ -26,6 +26,7 @@ from gpufleet.connect.connection import (
 )
 from gpufleet.connect.fleet import TaskResult, host_timeout, run_fleet
 from gpufleet.connect.open import connect
+from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.role import RoleVars
@@ -34,6 +35,7 @@ CHECK_TIMEOUT_S = 120.0
 RecordProperty = Callable[[str, object], None]
 """pytest's ``record_property`` fixture, as the suites' checks take it."""
 T = TypeVar("T")
+S = TypeVar("S", bound=Settings)
 
 
 class GpufleetBackend(testinfra.backend.base.BaseBackend):  # type: ignore[misc]
@@ -76,6 +78,19 @@ class Node:
         typed accessors (the values were validated before any host was contacted)."""
         return RoleVars(self.host, registry.defaults())
 
+    def typed(self, settings: type[S]) -> S:
+        """The node's values of a suite's settings (``GpuSettings`` ...), each of its
+        declared kind."""
+        return settings.read(self.host)
+
+    @property
+    def known(self) -> Facts:
+        """The node's facts: the ``node`` fixture fails a node without them (with the reason)
+        before a check's body runs, and ``ConformanceSession.ready`` leaves such nodes out."""
+        if self.facts is None:
+            raise GpufleetError(f"host {self.name}: no facts: {self.error}")
+        return self.facts
+
     def var(self, key: str) -> Any:
         """A suite variable of this node as the inventory sets it, else its declared
         default (None when it has none)."""
@@ -85,10 +100,6 @@ class Node:
         """A boolean suite variable ("yes", "false", 0 ... as roles read them); None when
         it is unset and has no default."""
         return None if self.var(key) is None else self.settings.boolean(key)
-
-    def numbers(self, key: str) -> tuple[int, ...]:
-        """A list of integers, also written as "48, 79" in INI inventories."""
-        return tuple(int(x) for x in self.settings.items(key))
 
     @property
     def conn(self) -> Connection:
