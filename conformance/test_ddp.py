@@ -24,8 +24,8 @@ import pytest
 
 from gpufleet.conformance import scaling
 from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun, processes_per_node
+from gpufleet.conformance.measure.ddp import result_line, run_job
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
 from gpufleet.suites.probes.ddp import scaling_efficiency

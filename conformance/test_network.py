@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.placement import (
+from gpufleet.conformance.measure.network import (
     Placement,
     hop_failure,
     interface_mtu,

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from gpufleet.conformance.allreduce import gpu_model
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
+from gpufleet.conformance.measure.allreduce import gpu_model
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.p2p import trials_by_figure

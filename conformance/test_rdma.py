@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.rdma import problems, read_state
+from gpufleet.conformance.measure.rdma import problems, read_state
 from gpufleet.conformance.session import Node, RecordProperty
 
 

@@ -22,6 +22,8 @@ A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where de
 else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
 RDMA ports NCCL may use (``NCCL_IB_HCA``); else the link speed of the interface holding the
 node's inventory address.
+
+Shared machinery: the reachability, allreduce and network suites each read it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpufleet import app
-from gpufleet.conformance.reachability import PortSpec, run_matrix, source_band
+from gpufleet.conformance.measure.reachability import PortSpec, run_matrix, source_band
 from gpufleet.conformance.session import ConformanceSession, SessionOptions
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions

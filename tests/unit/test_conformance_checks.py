@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance import rdma
 from gpufleet.conformance.checks import gpu, host_sizing
-from gpufleet.conformance.reachability import pairs, probe_ports
+from gpufleet.conformance.measure import rdma
+from gpufleet.conformance.measure.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import parsers, script, xids
 from tests.conftest import FIXTURES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance.placement import (
+from gpufleet.conformance.measure.network import (
     PairResult,
     Placement,
     hop_failure,

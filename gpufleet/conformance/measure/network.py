@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.conformance import nic_counters
-from gpufleet.conformance.reachability import pairs
+from gpufleet.conformance.measure.reachability import pairs
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
