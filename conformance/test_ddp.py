@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.conformance import scaling
 from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.checks import ddp as scaling
 from gpufleet.conformance.launch import ProbeRun, processes_per_node
 from gpufleet.conformance.measure.ddp import result_line, run_job
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty

@@ -21,13 +21,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.checks.generations import (
-    capabilities,
-    mixed,
-    models_of,
-    node_problems,
-    toolkit_version,
-)
 from gpufleet.conformance.checks.gpu import (
     dcgm_problems,
     fabric_problems,
@@ -38,6 +31,13 @@ from gpufleet.conformance.checks.gpu import (
     topology_problems,
     xid_policy,
     xid_verdict,
+)
+from gpufleet.conformance.checks.gpu_generations import (
+    capabilities,
+    mixed,
+    models_of,
+    node_problems,
+    toolkit_version,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.torch_probe import imported_torch

@@ -21,7 +21,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance import container
-from gpufleet.conformance.checks import cuda_compat
+from gpufleet.conformance.checks import image as cuda_compat
 from gpufleet.conformance.checks.mounts import (
     declared,
     majority,

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from gpufleet import roles
-from gpufleet.conformance.checks.portrange import opened_ports
+from gpufleet.conformance.checks.reachability import opened_ports
 from gpufleet.conformance.measure.reachability import (
     Matrix,
     PortSpec,

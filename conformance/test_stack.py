@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from gpufleet import roles
-from gpufleet.conformance.checks import nccl_env
+from gpufleet.conformance.checks import stack as nccl_env
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.torch_probe import imported_torch
 from gpufleet.drift.compare import check_consistency

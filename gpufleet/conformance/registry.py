@@ -17,7 +17,7 @@ from pathlib import Path
 from gpufleet.bmc.target import target_of
 from gpufleet.conformance import container, verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
-from gpufleet.conformance.checks import generations
+from gpufleet.conformance.checks import gpu_generations as generations
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.conformance.checks import power as power_checks

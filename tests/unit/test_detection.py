@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.conformance.checks import gpu, nccl_env
+from gpufleet.conformance.checks import gpu
+from gpufleet.conformance.checks import stack as nccl_env
 from gpufleet.firewall_analysis.live import analyse_live, parse_live
 from tests.conftest import ROOT
 

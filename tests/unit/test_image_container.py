@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance import container, registry
-from gpufleet.conformance.checks import cuda_compat
+from gpufleet.conformance.checks import image as cuda_compat
 from gpufleet.conformance.checks.mounts import parse_mountinfo
 from gpufleet.conformance.launch import _command, clean_up
 from gpufleet.conformance.session import Node

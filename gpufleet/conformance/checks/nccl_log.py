@@ -5,6 +5,9 @@ or ``via NET/Socket/0``, and which ranks share a host. Pure functions over log t
 A healthy NVLink node connects its GPUs by P2P; a cluster with InfiniBand or RoCE crosses
 nodes by NET/IB. A silent fallback (SHM inside a node, NET/Socket across nodes) still gives
 the right sums, only slower: this is what catches it.
+
+Shared: the allreduce suite's transport verdict reads it, and ``launch`` condenses every
+torchrun probe's log with it.
 """
 
 from __future__ import annotations
