@@ -21,7 +21,7 @@ from gpufleet import __version__, exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.baseline import BaselineStore
-from gpufleet.conformance.checks import power as power_checks
+from gpufleet.conformance.checks import bmc as power_checks
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport, Result, counts
 from gpufleet.conformance.runner import ConformanceOptions, RunIncomplete, run_suites

@@ -17,10 +17,10 @@ from pathlib import Path
 from gpufleet.bmc.target import target_of
 from gpufleet.conformance import container, verdict
 from gpufleet.conformance.checks import allreduce as allreduce_checks
+from gpufleet.conformance.checks import bmc as power_checks
 from gpufleet.conformance.checks import gpu_generations as generations
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.conformance.checks import mounts as mounts_checks
-from gpufleet.conformance.checks import power as power_checks
 from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
