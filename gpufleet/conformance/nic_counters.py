@@ -47,7 +47,6 @@ from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import parsers, script
 
 KINDS = ("drops", "errors", "pause", "ecn", "retransmits")
-GATED = ("drops", "errors")
 MIN_RETRANSMITS = 10  # fewer retransmitted segments never fail a node, whatever the ratio
 SAMPLE_TIMEOUT_S = 30.0
 ETHTOOL_LIMIT_S = 10.0

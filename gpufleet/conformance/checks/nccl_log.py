@@ -24,7 +24,6 @@ _DEVICE = re.compile(r"^\d{1,3}$")
 # The IB plugins of HPC-X and DOCA (nccl-rdma-sharp-plugins) name themselves IBext, IBext_v8..
 _IB_PLUGIN = re.compile(r"^IBext(?:_v\d+)?$")
 _RANK_HOST = re.compile(r"^(\S+?):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-f]+ rank (\d+) ")
-TRANSPORTS = ("P2P", "SHM", "NET/IB", "NET/Socket")
 
 
 @dataclass(frozen=True)
