@@ -33,7 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpufleet.conformance.allreduce import (
+from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.launch import ProbeRun
+from gpufleet.conformance.measure.allreduce import (
     Hierarchy,
     figure,
     gpu_model,
@@ -47,8 +49,6 @@ from gpufleet.conformance.allreduce import (
     timeout_of,
     transport_summary,
 )
-from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.nic_counters import Bounds, slow_run_note
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.allreduce import AllreduceSettings

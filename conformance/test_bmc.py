@@ -26,20 +26,18 @@ from typing import Any
 import pytest
 
 from gpufleet.bmc import ipmi, redfish
+from gpufleet.bmc.reading import BmcReading, ipmi_reading, reading
 from gpufleet.bmc.target import target_of
 from gpufleet.conformance.baseline import BaselineStore
-from gpufleet.conformance.checks.power import (
+from gpufleet.conformance.checks.bmc import (
     PEAK_FIGURE,
-    BmcReading,
     RackUse,
     cooling_problems,
-    ipmi_reading,
     measured_peak,
     new_critical_events,
     psu_problems,
     rack_of,
     rack_problems,
-    reading,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.bmc import BmcSettings

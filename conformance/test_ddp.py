@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from gpufleet.conformance import scaling
 from gpufleet.conformance.baseline import judge_node
-from gpufleet.conformance.ddp_job import result_line, run_job
+from gpufleet.conformance.checks import ddp as ddp_checks
 from gpufleet.conformance.launch import ProbeRun, processes_per_node
+from gpufleet.conformance.measure.ddp import result_line, run_job
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.ddp import DdpSettings
 from gpufleet.conformance.verdict import Figure, failures, judge, properties, settings
@@ -69,14 +69,14 @@ def _within(node: Node, procs: int, trials: int) -> tuple[dict[str, Any], dict[s
 
 
 def _stages(nodes: list[Node], widths: list[int], one: dict[str, Any], trials: int,
-            minimum: float, *, per_node: bool) -> tuple[list[scaling.Step], dict[str, Any]]:
+            minimum: float, *, per_node: bool) -> tuple[list[ddp_checks.Step], dict[str, Any]]:
     """The curve's first step and its intermediate stages (all but the widest), stopping
     at the first that falls under ``minimum``; the results by width."""
-    curve, runs = [scaling.first(one)], {"1": one}
+    curve, runs = [ddp_checks.first(one)], {"1": one}
     for width in widths[1:-1]:
         result = (_job(nodes, trials, width) if per_node else _job(nodes[:width], trials))
         runs[str(width)] = result
-        curve.append(scaling.step(width, result, curve[0].samples_per_s, curve[-1]))
+        curve.append(ddp_checks.step(width, result, curve[0].samples_per_s, curve[-1]))
         if curve[-1].efficiency < minimum:
             break
     return curve, runs
@@ -96,11 +96,11 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
     minimum = node.typed(DdpSettings).ddp_min_efficiency
     trials = settings(node.host).trials
     start = time.monotonic()
-    curve, runs = _stages([node], scaling.stages(procs), _job([node], trials, 1), trials,
+    curve, runs = _stages([node], ddp_checks.stages(procs), _job([node], trials, 1), trials,
                           minimum, per_node=True)
     one = runs["1"]
     record_property("throughput_1", round(one["samples_per_s"], 1))
-    early = scaling.short(curve, minimum, "processes")
+    early = ddp_checks.short(curve, minimum, "processes")
     if early is not None:
         conformance.add_report("ddp", f"node {node.name}",
                                {**runs, "curve": [c.to_dict() for c in curve]})
@@ -109,7 +109,7 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
     many = _job([node], trials, procs) if procs > 1 else None
     cost = time.monotonic() - start
     if many is not None:
-        curve.append(scaling.step(procs, many, curve[0].samples_per_s, curve[-1]))
+        curve.append(ddp_checks.step(procs, many, curve[0].samples_per_s, curve[-1]))
     record_property("curve", [c.to_dict() for c in curve])
     figures = [Figure("ddp.throughput_1", "samples/s"), Figure("ddp.efficiency", "", minimum)]
     verdicts = judge_node(node, conformance.options.baseline, figures,
@@ -137,7 +137,7 @@ def test_ddp_within_the_node(node: Node, conformance: ConformanceSession,
                         f"efficiency {efficiency:.2f} on {procs} processes "
                         f"({many['samples_per_s']:.0f} vs {procs} x {one['samples_per_s']:.0f} "
                         f"samples/s) is under {scaling_verdict.gate.value:g}"
-                        + scaling.comm_note(many["comm_share"]))
+                        + ddp_checks.comm_note(many["comm_share"]))
     assert not problems, "; ".join(problems)
 
 
@@ -153,9 +153,9 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
     first = nodes[0]
     setting = settings(first.host)
     minimum = first.typed(DdpSettings).ddp_min_efficiency_across_nodes
-    curve, runs = _stages(nodes, scaling.stages(len(nodes)), _job([first], setting.trials),
+    curve, runs = _stages(nodes, ddp_checks.stages(len(nodes)), _job([first], setting.trials),
                           setting.trials, minimum, per_node=False)
-    early = scaling.short(curve, minimum, "nodes")
+    early = ddp_checks.short(curve, minimum, "nodes")
     if early is not None:
         conformance.add_report("ddp", "all nodes", {**runs,
                                                     "curve": [c.to_dict() for c in curve]})
@@ -163,7 +163,7 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
         pytest.fail(f"{early}; not measured beyond {curve[-1].width} nodes")
     alone, together = runs["1"], _job(nodes, setting.trials)
     assert together["nodes"] == len(nodes), f"the job ran on {together['nodes']} nodes"
-    curve.append(scaling.step(len(nodes), together, curve[0].samples_per_s, curve[-1]))
+    curve.append(ddp_checks.step(len(nodes), together, curve[0].samples_per_s, curve[-1]))
     record_property("curve", [c.to_dict() for c in curve])
 
     def measure(trials: int) -> dict[str, list[float]]:
@@ -184,4 +184,4 @@ def test_ddp_across_nodes(conformance: ConformanceSession,
     assert not problems, (
         f"the step {curve[-2].width} -> {len(nodes)} nodes falls short: scaling efficiency "
         f"across {len(nodes)} nodes {efficiency:.2f} is under {minimum:g}: "
-        + "; ".join(problems) + scaling.comm_note(together["comm_share"]))
+        + "; ".join(problems) + ddp_checks.comm_note(together["comm_share"]))

@@ -5,7 +5,7 @@ temperature under the limit; persistence mode on.
 
 NVSwitch fabric up on every GPU and fabricmanager at the driver's version; DCGM's
 diagnostics pass where DCGM is installed. Every GPU's compute capability is supported by the
-node's CUDA toolkit, driver and torch build (checks/generations.py); GPUs of one model per
+node's CUDA toolkit, driver and torch build (checks/gpu_generations.py); GPUs of one model per
 node and per group.
 
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
@@ -21,13 +21,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.checks.generations import (
-    capabilities,
-    mixed,
-    models_of,
-    node_problems,
-    toolkit_version,
-)
 from gpufleet.conformance.checks.gpu import (
     dcgm_problems,
     fabric_problems,
@@ -38,6 +31,13 @@ from gpufleet.conformance.checks.gpu import (
     topology_problems,
     xid_policy,
     xid_verdict,
+)
+from gpufleet.conformance.checks.gpu_generations import (
+    capabilities,
+    mixed,
+    models_of,
+    node_problems,
+    toolkit_version,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.gpu import GpuSettings

@@ -21,7 +21,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance import container
-from gpufleet.conformance.checks import cuda_compat
+from gpufleet.conformance.checks import image as image_checks
 from gpufleet.conformance.checks.mounts import (
     declared,
     majority,
@@ -162,7 +162,7 @@ def test_image_cuda_supported_by_driver(node: Node, conformance: ConformanceSess
                     "driver is unknown (no NVIDIA kernel module loaded)")
     facts = node.facts
     try:
-        verdict = cuda_compat.judge(
+        verdict = image_checks.judge(
             image_cuda=cuda, require=require,
             disable_require=env.get("NVIDIA_DISABLE_REQUIRE", "").lower() in ("1", "true"),
             driver=driver, driver_cuda_version=facts.get("driver_cuda") if facts else None,

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.placement import (
+from gpufleet.conformance.checks.network import (
     Placement,
     hop_failure,
-    interface_mtu,
-    measure,
     mtu_failure,
     rtt_failure,
 )
+from gpufleet.conformance.measure.network import interface_mtu, measure
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.network import NetworkSettings
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.conformance.allreduce import gpu_model
 from gpufleet.conformance.baseline import judge_node
 from gpufleet.conformance.launch import NodeOutput, run_script
+from gpufleet.conformance.measure.allreduce import gpu_model
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.p2p import P2pSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings

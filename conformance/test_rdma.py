@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.rdma import problems, read_state
+from gpufleet.conformance.checks.rdma import problems
+from gpufleet.conformance.measure.rdma import read_state
 from gpufleet.conformance.session import Node, RecordProperty
 from gpufleet.conformance.suites.rdma import RdmaSettings
 

@@ -20,20 +20,20 @@ import time
 import pytest
 
 from gpufleet import roles
-from gpufleet.conformance.checks.portrange import opened_ports
+from gpufleet.conformance.checks.reachability import opened_ports
+from gpufleet.conformance.measure.reachability import (
+    Matrix,
+    PortSpec,
+    probe_ports,
+    run_matrix,
+    source_band,
+)
 from gpufleet.conformance.nic_counters import (
     Bounds,
     NodeCounters,
     attribute,
     deltas,
     take_all,
-)
-from gpufleet.conformance.reachability import (
-    Matrix,
-    PortSpec,
-    probe_ports,
-    run_matrix,
-    source_band,
 )
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.suites.reachability import ReachabilitySettings

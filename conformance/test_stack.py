@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from gpufleet import roles
-from gpufleet.conformance.checks import nccl_env
+from gpufleet.conformance.checks import stack as stack_checks
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
 from gpufleet.conformance.torch_probe import imported_torch
 from gpufleet.drift.compare import check_consistency
@@ -71,15 +71,15 @@ def test_nccl_environment(node: Node, record_property: RecordProperty) -> None:
              roles.provided(node.host, "nccl_env_file", "/etc/default/gpufleet-nccl")]
     texts = [node.run(f"cat {shlex.quote(p)} 2>/dev/null || true", timeout=30).stdout
              for p in paths]
-    found = nccl_env.settings(*texts)
+    found = stack_checks.settings(*texts)
     if not found:
         pytest.skip(f"no NCCL settings in {' or '.join(paths)}")
     record_property("settings", found)
     facts = node.facts
     interfaces = (facts.get("interfaces") if facts else None) or []
     rdma = facts.get("rdma") if facts else None
-    problems = nccl_env.lint(found, interfaces, rdma)
-    for path in nccl_env.gid_paths(found, rdma or []):
+    problems = stack_checks.lint(found, interfaces, rdma)
+    for path in stack_checks.gid_paths(found, rdma or []):
         gid = node.run(f"cat {shlex.quote(path)} 2>/dev/null", timeout=30).stdout.strip()
         if not gid or set(gid) <= {"0", ":"}:
             problems.append(f"NCCL_IB_GID_INDEX={found['NCCL_IB_GID_INDEX']}: {path} is "

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.measure.storage import StorageRun, run_storage
 from gpufleet.conformance.session import ConformanceSession, Node, RecordProperty
-from gpufleet.conformance.storage import StorageRun, run_storage
 from gpufleet.conformance.suites.storage import StorageSettings
 from gpufleet.conformance.verdict import Figure, failures, properties, settings
 from gpufleet.suites.probes.storage import need_mbps

@@ -321,7 +321,7 @@ def tune_cmd(inventory: str | None, *, limit: str | None = None, group: str | No
     also written there). 0 when measured (a winner or none), 1 when the current setting
     could not be measured, 3 when a node was unreachable."""
     # The session brings in testinfra: only this command and conformance load it.
-    from gpufleet.conformance import tune as tuning  # noqa: PLC0415
+    from gpufleet import tune as tuning  # noqa: PLC0415
 
     out = out or sys.stdout
     target = load_target(inventory, limit)

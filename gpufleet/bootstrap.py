@@ -21,7 +21,7 @@ from gpufleet import __version__, exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.conformance import registry
 from gpufleet.conformance.baseline import BaselineStore
-from gpufleet.conformance.checks import power as power_checks
+from gpufleet.conformance.checks import bmc as bmc_checks
 from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.results import ConformanceReport, Result, counts
@@ -436,7 +436,7 @@ def _recorded_peak(host: Host, conn: Connection | None, fleet: FleetOptions
         return None, f"unreachable ({exc})"
     try:
         store = BaselineStore()
-        value = store.recorded(_Reached(host, opened), power_checks.PEAK_FIGURE)
+        value = store.recorded(_Reached(host, opened), bmc_checks.PEAK_FIGURE)
         return value, "" if value is not None else (store.read(_Reached(host, opened)).problem
                                                    or "no peak power recorded")
     finally:
@@ -457,7 +457,7 @@ def power_budget(inventory: Inventory, host: Host, rack: str, conn: Connection,
         raise GpufleetError(f"rack {rack}: the node's peak power is unknown ({why}); certify "
                             f"it with a BMC declared (the bmc suite) to place it in the rack")
     others = [h for name, h in inventory.hosts.items() if name != host.name
-              and power_checks.rack_of(h.vars, h.groups) == rack]
+              and bmc_checks.rack_of(h.vars, h.groups) == rack]
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(others)))) as pool:
         found = list(pool.map(lambda h: _recorded_peak(h, None, fleet), others))
     peaks: dict[str, float | None] = {host.name: own}
@@ -467,10 +467,10 @@ def power_budget(inventory: Inventory, host: Host, rack: str, conn: Connection,
             left_out[other.name] = reason
         else:
             peaks[other.name] = value
-    use = power_checks.RackUse(rack, float(settings.number("rack_power_w")),
+    use = bmc_checks.RackUse(rack, float(settings.number("rack_power_w")),
                                float(settings.number("rack_power_margin")),
                                settings.string("rack_cooling"), peaks)
-    problems, warnings = power_checks.rack_problems(use, adding=host.name)
+    problems, warnings = bmc_checks.rack_problems(use, adding=host.name)
     data = {"rack": rack, **use.to_dict(), "not_counted": left_out, "warnings": warnings}
     if left_out and not settings.boolean("rack_power_allow_unknown"):
         problems.insert(0, f"unknown: rack {rack}: no peak power readable for "
@@ -637,7 +637,7 @@ def bootstrap(inventory: Inventory, options: BootstrapOptions, *, source: str | 
 
 def _budgeted_rack(host: Host) -> str | None:
     """The host's rack when the rack declares a power budget (``rack_power_w``)."""
-    rack = power_checks.rack_of(host.vars, host.groups)
+    rack = bmc_checks.rack_of(host.vars, host.groups)
     return rack if registry.suite("bmc").vars(host).get("rack_power_w") is not None else None
 
 

@@ -33,8 +33,8 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import urllib3.exceptions
 
+from gpufleet.bmc.reading import PART_CHASSIS, power_from_subsystem, thermal_from_subsystem
 from gpufleet.bmc.target import BmcError, BmcTarget
-from gpufleet.conformance.checks import power as power_checks
 from gpufleet.inventory.secrets import redact
 
 ROOT = "/redfish/v1"
@@ -258,7 +258,7 @@ def _power_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[str
     subsystem = reader.get(str(_link(chassis, "PowerSubsystem")))
     supplies = _link(subsystem, "PowerSupplies")
     environment = _link(chassis, "EnvironmentMetrics")
-    return power_checks.power_from_subsystem(
+    return power_from_subsystem(
         reader.complete(supplies) if supplies else [],
         reader.get(environment) if environment else None)
 
@@ -267,8 +267,8 @@ def _thermal_subsystem(reader: RedfishReader, chassis: dict[str, Any]) -> dict[s
     """The chassis' ThermalSubsystem (ThermalMetrics, Fans), as a ``Thermal`` resource."""
     subsystem = reader.get(str(_link(chassis, "ThermalSubsystem")))
     metrics, fans = _link(subsystem, "ThermalMetrics"), _link(subsystem, "Fans")
-    return power_checks.thermal_from_subsystem(reader.get(metrics) if metrics else None,
-                                               reader.complete(fans) if fans else [])
+    return thermal_from_subsystem(reader.get(metrics) if metrics else None,
+                                  reader.complete(fans) if fans else [])
 
 
 def _reason(exc: BaseException) -> str:
@@ -308,7 +308,7 @@ def _read_chassis(reader: RedfishReader, chassis: dict[str, Any], name: str,
     is a part of the node (``ChassisType`` Module, Component, Zone...) is noted: its power
     is the part's, not the node's."""
     docs.chassis.append(chassis)
-    if chassis.get("ChassisType") in power_checks.PART_CHASSIS:
+    if chassis.get("ChassisType") in PART_CHASSIS:
         docs.parts.add(name)
     power, thermal = _link(chassis, "Power"), _link(chassis, "Thermal")
     subsystem = _link(chassis, "PowerSubsystem") is not None

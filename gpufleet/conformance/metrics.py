@@ -15,7 +15,6 @@ from typing import Any
 from gpufleet.conformance.results import ConformanceReport, Result
 from gpufleet.report.prometheus import Textfile, metric_name
 
-OUTCOMES = ("pass", "fail", "unknown", "skip")
 STATUSES = ("PASS", "FAIL", "SKIP")
 
 UNITS: dict[str, tuple[str, float]] = {

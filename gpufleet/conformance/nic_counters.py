@@ -22,6 +22,8 @@ A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where de
 else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
 RDMA ports NCCL may use (``NCCL_IB_HCA``); else the link speed of the interface holding the
 node's inventory address.
+
+Shared machinery: the reachability, allreduce and network suites each read it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from gpufleet.facts import script
 from gpufleet.facts.parsers import network
 
 KINDS = ("drops", "errors", "pause", "ecn", "retransmits")
-GATED = ("drops", "errors")
 MIN_RETRANSMITS = 10  # fewer retransmitted segments never fail a node, whatever the ratio
 SAMPLE_TIMEOUT_S = 30.0
 ETHTOOL_LIMIT_S = 10.0

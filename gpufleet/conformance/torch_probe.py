@@ -1,5 +1,7 @@
 """Import torch on a node once per run (``catalog.TORCH_PROBE``: its version, CUDA, NCCL,
-devices and arch list), for every check that needs what an imported torch reports."""
+devices and arch list), for every check that needs what an imported torch reports.
+
+Shared machinery: the stack and gpu suites both read it."""
 
 from __future__ import annotations
 

@@ -62,12 +62,6 @@ def settings(host: Host) -> Settings:
     return Settings(trials, again, margin, fraction)
 
 
-def check_hosts(hosts: list[Host]) -> None:
-    """Validate every host's verdict variables before any host is contacted."""
-    for host in hosts:
-        settings(host)
-
-
 def median(values: list[float]) -> float:
     """The median of ``values`` (at least one)."""
     return float(statistics.median(values))

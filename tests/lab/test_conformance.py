@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
-from gpufleet.conformance.allreduce import probe_args, run_allreduce
+from gpufleet.conformance.measure.allreduce import probe_args, run_allreduce
+from gpufleet.conformance.measure.reachability import Matrix, probe_ports, run_matrix
 from gpufleet.conformance.options import ConformanceOptions as SessionOptions
-from gpufleet.conformance.reachability import Matrix, probe_ports, run_matrix
 from gpufleet.conformance.session import ConformanceSession
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions

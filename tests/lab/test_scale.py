@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpufleet import app
+from gpufleet.conformance.measure.reachability import PortSpec, run_matrix, source_band
 from gpufleet.conformance.options import ConformanceOptions as SessionOptions
-from gpufleet.conformance.reachability import PortSpec, run_matrix, source_band
 from gpufleet.conformance.session import ConformanceSession
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import FleetOptions

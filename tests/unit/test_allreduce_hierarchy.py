@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.conformance.allreduce import (
+from gpufleet.conformance.grouptest import Fault, Trial
+from gpufleet.conformance.launch import NodeOutput, ProbeRun
+from gpufleet.conformance.measure.allreduce import (
     Verdict,
     describe_direction,
     disjoint_pairs,
@@ -14,9 +16,7 @@ from gpufleet.conformance.allreduce import (
     problem,
     trial_timeout,
 )
-from gpufleet.conformance.grouptest import Fault, Trial
-from gpufleet.conformance.launch import NodeOutput, ProbeRun
-from gpufleet.conformance.reachability import Matrix
+from gpufleet.conformance.measure.reachability import Matrix
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts

@@ -12,13 +12,9 @@ from typing import Any
 import pytest
 
 from gpufleet.bmc import redfish
+from gpufleet.bmc.reading import BmcReading, reading
 from gpufleet.bmc.target import BmcError, BmcTarget
-from gpufleet.conformance.checks.power import (
-    BmcReading,
-    cooling_problems,
-    psu_problems,
-    reading,
-)
+from gpufleet.conformance.checks.bmc import cooling_problems, psu_problems
 from tests.conftest import ROOT
 
 CAPTURES = ROOT / "tests" / "fixtures" / "redfish"

@@ -11,22 +11,24 @@ from typing import Any
 import pytest
 
 from gpufleet import app, bootstrap
-from gpufleet.bmc.target import bmc_url, target_of
-from gpufleet.conformance.checks.power import (
+from gpufleet.bmc.reading import (
     BmcReading,
     Psu,
-    RackUse,
-    cooling_problems,
     ipmi_reading,
-    measured_peak,
-    new_critical_events,
-    parse_redundancy,
     power_from_subsystem,
-    psu_problems,
-    rack_problems,
     reading,
     sel_events,
     thermal_from_subsystem,
+)
+from gpufleet.bmc.target import bmc_url, target_of
+from gpufleet.conformance.checks.bmc import (
+    RackUse,
+    cooling_problems,
+    measured_peak,
+    new_critical_events,
+    parse_redundancy,
+    psu_problems,
+    rack_problems,
 )
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.load import load_inventory

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance import rdma
 from gpufleet.conformance.checks import gpu, host_sizing
-from gpufleet.conformance.reachability import pairs, probe_ports
+from gpufleet.conformance.checks import rdma as rdma_checks
+from gpufleet.conformance.measure import rdma
+from gpufleet.conformance.measure.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
 from gpufleet.facts import script, xids
 from gpufleet.facts.parsers import nvidia_smi, xid
@@ -35,7 +36,7 @@ def test_rdma_state_from_real_mlnx_qos_output_meets_dscp_pfc3_ecn() -> None:
     assert (state.tool, state.trust, state.pfc_enabled) == ("mlnx_qos", "dscp", [3])
     assert state.dscp2prio[26] == 3
     expected = {"pfc_priority": 3, "trust": "dscp", "ecn": True}
-    assert rdma.problems(state, expected, nccl_ib_tc=106) == []
+    assert rdma_checks.problems(state, expected, nccl_ib_tc=106) == []
 
 
 def test_rdma_problems_name_each_difference() -> None:
@@ -43,7 +44,7 @@ def test_rdma_problems_name_each_difference() -> None:
     state = rdma.parse_state("eth4", sections(mlnx_qos=(0, qos),
                                               ecn=(0, ecn_lines({3: (1, 0)}))))
     expected = {"pfc_priority": 4, "trust": "pcp", "ecn": True}
-    assert rdma.problems(state, expected, nccl_ib_tc=106) == [
+    assert rdma_checks.problems(state, expected, nccl_ib_tc=106) == [
         "eth4: PFC enabled on [3], expected only priority 4",
         "eth4: trust dscp, expected pcp",
         "eth4: ECN on priority 4 is roce_np=0 roce_rp=0, expected both enabled",
@@ -55,7 +56,7 @@ def test_rdma_unreadable_values_are_unknown_never_off() -> None:
     state = rdma.parse_state("eth4", sections(mlnx_qos=(0, "Priority trust state: ???\n"),
                                               ecn=(0, ecn_lines({}).replace("0 0", "- -"))))
     expected = {"pfc_priority": 3, "trust": "dscp", "ecn": True}
-    assert rdma.problems(state, expected, None) == [
+    assert rdma_checks.problems(state, expected, None) == [
         "eth4: PFC unknown",
         "eth4: trust mode unknown",
         "eth4: ECN on priority 3 unknown (no /sys/class/net/<if>/ecn)",
@@ -68,8 +69,8 @@ def test_rdma_with_dcb_only_reads_pfc_and_says_trust_is_unknown() -> None:
           '"prio_pfc":[false,false,false,true,false,false,false,false]}'
     state = rdma.parse_state("eth2", sections(mlnx_qos=(127, ""), dcb_pfc=(0, dcb)))
     assert (state.tool, state.pfc_enabled, state.trust) == ("dcb", [3], None)
-    assert rdma.problems(state, {"pfc_priority": 3}, None) == []
-    assert rdma.problems(state, {"pfc_priority": 3, "trust": "dscp"}, None) == [
+    assert rdma_checks.problems(state, {"pfc_priority": 3}, None) == []
+    assert rdma_checks.problems(state, {"pfc_priority": 3, "trust": "dscp"}, None) == [
         "eth2: trust mode unknown"]
 
 

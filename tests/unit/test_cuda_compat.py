@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.checks.cuda_compat import (
+from gpufleet.conformance.checks.image import (
     MINOR_COMPAT_DRIVER,
     TOOLKIT_DRIVER,
     Verdict,

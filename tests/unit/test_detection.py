@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.conformance.checks import gpu, nccl_env
+from gpufleet.conformance.checks import gpu
+from gpufleet.conformance.checks import stack as stack_checks
 from gpufleet.firewall_analysis.live import analyse_live, parse_live
 from tests.conftest import ROOT
 
@@ -23,21 +24,21 @@ RDMA = [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet", "state": "ACTI
 
 
 def test_the_nccl_environment_is_linted_against_the_node() -> None:
-    found = nccl_env.settings("# Managed by gpufleet\nNCCL_SOCKET_IFNAME=eth\nNCCL_IB_HCA=mlx5\n",
-                              "NCCL_SOCKET_IFNAME='bond0'\nGLOO_SOCKET_IFNAME=ib0\n"
-                              "export NCCL_IB_GID_INDEX=3\n")
+    found = stack_checks.settings(
+        "# Managed by gpufleet\nNCCL_SOCKET_IFNAME=eth\nNCCL_IB_HCA=mlx5\n",
+        "NCCL_SOCKET_IFNAME='bond0'\nGLOO_SOCKET_IFNAME=ib0\nexport NCCL_IB_GID_INDEX=3\n")
     assert found == {"NCCL_SOCKET_IFNAME": "bond0", "NCCL_IB_HCA": "mlx5",
                      "GLOO_SOCKET_IFNAME": "ib0", "NCCL_IB_GID_INDEX": "3"}
-    assert nccl_env.lint(found, INTERFACES, RDMA) == [
+    assert stack_checks.lint(found, INTERFACES, RDMA) == [
         "NCCL_SOCKET_IFNAME=bond0: no interface 'bond0' on this node (it has eth0, ib0, lo)",
         "GLOO_SOCKET_IFNAME=ib0: interface ib0 is DOWN"]
-    assert nccl_env.lint({"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "=mlx5_1:1"},
+    assert stack_checks.lint({"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "=mlx5_1:1"},
                          INTERFACES, RDMA) == ["NCCL_IB_HCA==mlx5_1:1: mlx5_1:1 is DOWN"]
-    assert nccl_env.lint({"NCCL_SOCKET_IFNAME": "=eth", "NCCL_IB_HCA": "mlx5_9"},
+    assert stack_checks.lint({"NCCL_SOCKET_IFNAME": "=eth", "NCCL_IB_HCA": "mlx5_9"},
                          INTERFACES, RDMA) == [
         "NCCL_SOCKET_IFNAME==eth: no interface 'eth' on this node (it has eth0, ib0, lo)",
         "NCCL_IB_HCA=mlx5_9: no RDMA device 'mlx5_9' on this node (it has mlx5_0, mlx5_1)"]
-    assert nccl_env.gid_paths(found, RDMA) == [
+    assert stack_checks.gid_paths(found, RDMA) == [
         "/sys/class/infiniband/mlx5_0/ports/1/gids/3",
         "/sys/class/infiniband/mlx5_1/ports/1/gids/3"]
 

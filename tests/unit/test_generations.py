@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpufleet.conformance.checks.generations import (
+from gpufleet.conformance.checks.gpu_generations import (
     SUPPORT,
     covers,
     mixed,

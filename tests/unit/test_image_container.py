@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance import container, registry
-from gpufleet.conformance.checks import cuda_compat
+from gpufleet.conformance.checks import image as image_checks
 from gpufleet.conformance.checks.mounts import parse_mountinfo
 from gpufleet.conformance.launch import _command, clean_up
 from gpufleet.conformance.session import Node
@@ -193,15 +193,15 @@ def test_the_stack_probe_in_nvidias_cuda_image_on_the_h200() -> None:
     assert image_nccl({**no_torch, "dpkg_nccl": None}, env) == ("2.28.3", "NCCL_VERSION")
     assert gpus_seen(stack, [H200_UUID]) == (1, [])
     assert gpus_seen(stack, [H200_UUID, "GPU-other"]) == (1, ["GPU-other"])
-    verdict = cuda_compat.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
+    verdict = image_checks.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
                                 disable_require=False, driver="580.159.04",
                                 driver_cuda_version="13.0", brand="NVIDIA")
     assert verdict.ok and verdict.rule == "requirement", verdict
-    older = cuda_compat.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
+    older = image_checks.judge(image_cuda=env["CUDA_VERSION"], require=env["NVIDIA_REQUIRE_CUDA"],
                               disable_require=False, driver="570.195.03",
                               driver_cuda_version="12.8", brand="NVIDIA")
     assert older.ok and older.rule == "forward compatibility", older
-    geforce = cuda_compat.judge(image_cuda=env["CUDA_VERSION"],
+    geforce = image_checks.judge(image_cuda=env["CUDA_VERSION"],
                                 require=env["NVIDIA_REQUIRE_CUDA"], disable_require=False,
                                 driver="570.195.03", driver_cuda_version="12.8",
                                 brand="GeForce")

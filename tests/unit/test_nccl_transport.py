@@ -15,16 +15,16 @@ import pytest
 
 from gpufleet import app
 from gpufleet.conformance import registry
-from gpufleet.conformance.allreduce import (
+from gpufleet.conformance.checks.allreduce import expected_transports
+from gpufleet.conformance.checks.nccl_log import links, mismatches, observed, rank_hosts
+from gpufleet.conformance.launch import ProbeRun, _command, _parse
+from gpufleet.conformance.measure.allreduce import (
     nccl_log_args,
     probe_args,
     problem,
     transport_problem,
     transport_summary,
 )
-from gpufleet.conformance.checks.allreduce import expected_transports
-from gpufleet.conformance.checks.nccl_log import links, mismatches, observed, rank_hosts
-from gpufleet.conformance.launch import ProbeRun, _command, _parse
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance.allreduce import line_rate_share, problem
 from gpufleet.conformance.launch import NodeOutput, ProbeRun
+from gpufleet.conformance.measure.allreduce import line_rate_share, problem
 from gpufleet.conformance.nic_counters import (
     Bounds,
     LineRate,

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance.placement import (
+from gpufleet.conformance.checks.network import (
     PairResult,
     Placement,
     hop_failure,
-    interface_mtu,
     mtu_failure,
+    rtt_failure,
+)
+from gpufleet.conformance.measure.network import (
+    interface_mtu,
     parse_line,
     parse_ping,
-    rtt_failure,
     source_script,
 )
 from gpufleet.conformance.session import Node

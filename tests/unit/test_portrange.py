@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.conformance.checks.portrange import opened_ports
+from gpufleet.conformance.checks.reachability import opened_ports
 from gpufleet.errors import ParseError
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.load import load_inventory

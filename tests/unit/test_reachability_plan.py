@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.reachability import (
+from gpufleet.conformance.measure.reachability import (
     AUTO_ALL_MAX,
     pairs,
     random_ports,

@@ -13,14 +13,14 @@ from types import ModuleType
 
 import pytest
 
-from gpufleet.conformance.nic_counters import Path as CountedPath
-from gpufleet.conformance.reachability import (
+from gpufleet.conformance.measure.reachability import (
     PROBE,
     PortSpec,
     connect_time,
     measure,
     tcp_counts,
 )
+from gpufleet.conformance.nic_counters import Path as CountedPath
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import CommandResult, ConnectOptions
 from gpufleet.errors import GpufleetError

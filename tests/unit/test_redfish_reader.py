@@ -19,8 +19,8 @@ import pytest
 
 from conformance import test_bmc as bmc_suite
 from gpufleet.bmc import redfish
+from gpufleet.bmc.reading import reading
 from gpufleet.bmc.target import BmcError, BmcTarget
-from gpufleet.conformance.checks.power import reading
 from gpufleet.conformance.session import Node
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.inventory.model import Host

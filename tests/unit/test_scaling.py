@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance.scaling import comm_note, first, short, stages, step
+from gpufleet.conformance.checks.ddp import comm_note, first, short, stages, step
 
 
 @pytest.mark.parametrize(("count", "widths"), [

@@ -12,10 +12,14 @@ from pathlib import Path
 import pytest
 
 from gpufleet import app
+from gpufleet import tune as tuning
 from gpufleet.conformance import session
-from gpufleet.conformance import tune as tuning
 from gpufleet.conformance.session import Node
-from gpufleet.conformance.tune import (
+from gpufleet.connect.connection import ConnectOptions
+from gpufleet.facts.gather import Facts
+from gpufleet.inventory.load import load_inventory
+from gpufleet.provision.role import VarError
+from gpufleet.tune import (
     Candidate,
     Measured,
     candidates,
@@ -24,10 +28,6 @@ from gpufleet.conformance.tune import (
     winner,
     with_change,
 )
-from gpufleet.connect.connection import ConnectOptions
-from gpufleet.facts.gather import Facts
-from gpufleet.inventory.load import load_inventory
-from gpufleet.provision.role import VarError
 
 
 def _node(tmp_path: Path, extra: str = "", gpus: bool = True) -> Node:

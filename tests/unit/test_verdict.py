@@ -10,7 +10,6 @@ from gpufleet.conformance.verdict import (
     Figure,
     Gate,
     Settings,
-    check_hosts,
     failures,
     iqr,
     judge,
@@ -151,5 +150,6 @@ def test_bad_settings_name_the_host_the_key_and_the_line(tmp_path: Path, line: s
     path.write_text(f"all:\n  hosts:\n    gpu01:\n      {line}\n")
     inventory = load_inventory(path)
     with pytest.raises(VarError, match=rf"^host gpu01: {message}.*\(.*hosts.yml:4\)$"):
-        check_hosts(list(inventory.hosts.values()))
+        for host in inventory.hosts.values():
+            settings(host)
     assert VarError("x").exit_code == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.bmc.target import target_of
-from gpufleet.conformance.checks import power as power_checks
+from gpufleet.conformance.checks import bmc as bmc_checks
 from gpufleet.conformance.registry import Settings, Suite, setting
 from gpufleet.conformance.suites.common import positive
 from gpufleet.provision.role import RoleVars
@@ -53,7 +53,7 @@ def _check(v: RoleVars) -> None:
     if v.number("psu_min_headroom") < 1:
         raise v.fail("psu_min_headroom", "a number of 1 or more", v.get("psu_min_headroom"))
     try:
-        power_checks.parse_redundancy(v.get("psu_redundancy"))
+        bmc_checks.parse_redundancy(v.get("psu_redundancy"))
     except ValueError:
         raise v.fail("psu_redundancy", "N, N+M or 2N", v.get("psu_redundancy")) from None
     for key in ("rack_power_w", "psu_rating_w"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.conformance.checks import generations
+from gpufleet.conformance.checks import gpu_generations
 from gpufleet.conformance.registry import Settings, Suite, setting
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.facts.xids import CRITICAL_XIDS
@@ -41,7 +41,7 @@ def _has_gpus(host: Host, facts: Facts | None) -> bool:
 
 
 def _facts(host: Host) -> FactRequest:
-    return FactRequest(custom=frozenset({generations.DRIVER_CUDA}))
+    return FactRequest(custom=frozenset({gpu_generations.DRIVER_CUDA}))
 
 
 SUITE = Suite(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.conformance import container
-from gpufleet.conformance.checks import generations
+from gpufleet.conformance.checks import gpu_generations
 from gpufleet.conformance.checks import mounts as mounts_checks
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.suites import mounts
@@ -28,7 +28,7 @@ def _check(v: RoleVars) -> None:
 
 def _facts(host: Host) -> FactRequest:
     return FactRequest(custom=frozenset({
-        generations.DRIVER_CUDA, container.GPU_BRAND, mounts_checks.MOUNTINFO}))
+        gpu_generations.DRIVER_CUDA, container.GPU_BRAND, mounts_checks.MOUNTINFO}))
 
 
 SUITE = Suite(

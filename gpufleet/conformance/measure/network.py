@@ -1,5 +1,6 @@
 """Network placement between nodes: no routed hop, the path MTU, round-trip time and
-jitter, measured with ping from every source of the reachability plan to its targets.
+jitter, measured with ping from every source of the reachability plan to its targets
+(``checks/network.py`` judges them).
 
 Per (source, target) pair, on the source, 32 targets at a time:
 
@@ -10,25 +11,18 @@ Per (source, target) pair, on the source, 32 targets at a time:
 - **RTT and jitter**: ``ping -c N -i 0.05``: the minimum round trip (the path's distance)
   and the spread between the 10th and the 90th percentile of the round trips (its
   jitter; one slow echo of ten, such as the first one's neighbour lookup, does not count).
-
-A pair without any echo reply is unknown (ICMP blocked, or the node is down), never a
-pass. Blame: a node every one of whose measured pairs fails a check is at fault and
-named alone (one node behind a router, one node at MTU 1500 on a jumbo fabric); a pair
-that fails while both ends have good pairs fails both ends, named as a pair (a link or a
-switch port).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.conformance import nic_counters
-from gpufleet.conformance.reachability import pairs
+from gpufleet.conformance.checks.network import PairResult, Placement
+from gpufleet.conformance.measure.reachability import pairs
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
@@ -38,23 +32,6 @@ PARALLEL_TARGETS = 32  # targets one source pings at once
 _TIME = re.compile(r"\btime[=<]([\d.]+) ms")
 _RECEIVED = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 _ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+\Z")
-
-
-@dataclass(frozen=True)
-class PairResult:
-    """What ping saw from one source to one target."""
-
-    direct: bool  # an echo with TTL 1 arrived
-    mtu: int  # the packet size the don't-fragment echo carried
-    mtu_ok: bool
-    received: int
-    sent: int
-    rtt_min_us: float | None = None
-    jitter_us: float | None = None
-
-    @property
-    def answered(self) -> bool:
-        return self.received > 0 or self.direct or self.mtu_ok
 
 
 def parse_ping(text: str) -> tuple[int, int, float | None, float | None]:
@@ -109,53 +86,6 @@ def source_script(targets: Iterable[str], mtu: int | None, count: int) -> str:
         'cat "$t"/* 2>/dev/null',
         "true",
     ])
-
-
-@dataclass
-class Placement:
-    """Every measured pair, and the sources that could not be measured."""
-
-    results: dict[tuple[str, str], PairResult] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    mtu: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mtu": self.mtu, "errors": self.errors, "pairs": [
-            {"source": s, "target": t, "direct": r.direct, "mtu": r.mtu, "mtu_ok": r.mtu_ok,
-             "sent": r.sent, "received": r.received, "rtt_min_us": r.rtt_min_us,
-             "jitter_us": r.jitter_us} for (s, t), r in sorted(self.results.items())]}
-
-    def failures(self, node: str, failing: Callable[[PairResult], str | None]
-                 ) -> list[str]:
-        """What fails ``node`` for one check: ``failing`` says why a pair fails (None: it
-        passes); a node whose every pair fails is at fault alone, a pair that fails
-        between two otherwise good nodes fails both."""
-        bad = {pair: why for pair, r in self.results.items()
-               if r.answered and (why := failing(r)) is not None}
-        culprits = {n for n in self._nodes() if self._all_fail(n, bad)}
-        if node in culprits:
-            whys = sorted({why for pair, why in bad.items() if node in pair})
-            return [f"every measured path to and from {node}: {'; '.join(whys)}"]
-        return [f"{s} -> {t}: {why}" for (s, t), why in sorted(bad.items())
-                if node in (s, t) and not ({s, t} - {node}) & culprits]
-
-    def silent(self, node: str) -> list[str]:
-        """Where not one echo came back: every path of ``node`` (named alone), else its
-        pairs with nodes that do answer elsewhere."""
-        quiet = {p for p, r in self.results.items() if not r.answered}
-        mute = {n for n in self._nodes()
-                if all(p in quiet for p in self.results if n in p)}
-        if node in mute:
-            return [f"every path to and from {node}"]
-        return [f"{s} -> {t}" for (s, t) in sorted(quiet)
-                if node in (s, t) and not ({s, t} - {node}) & mute]
-
-    def _nodes(self) -> set[str]:
-        return {n for pair in self.results for n in pair}
-
-    def _all_fail(self, node: str, bad: dict[tuple[str, str], str]) -> bool:
-        mine = [p for p, r in self.results.items() if node in p and r.answered]
-        return bool(mine) and all(p in bad for p in mine)
 
 
 def fleet_mtu(session: ConformanceSession) -> int | None:
@@ -221,26 +151,3 @@ def measure(session: ConformanceSession, mode: str) -> Placement:
                 if target in by_address:
                     placement.results[(source, by_address[target])] = result
     return placement
-
-
-def hop_failure(r: PairResult) -> str | None:
-    return None if r.direct else "a routed hop (an echo with TTL 1 does not arrive)"
-
-
-def mtu_failure(r: PairResult) -> str | None:
-    return None if r.mtu_ok else (f"path MTU below {r.mtu} (a {r.mtu}-byte packet with "
-                                  "don't-fragment does not arrive)")
-
-
-def rtt_failure(max_rtt_us: float, max_jitter_us: float) -> Callable[[PairResult], str | None]:
-    def failing(r: PairResult) -> str | None:
-        if r.rtt_min_us is None:
-            return None
-        if r.rtt_min_us > max_rtt_us:
-            return f"round trip {r.rtt_min_us:.0f} µs (net_max_rtt_us {max_rtt_us:g})"
-        if r.jitter_us is not None and r.jitter_us > max_jitter_us:
-            return f"jitter {r.jitter_us:.0f} µs (net_max_jitter_us {max_jitter_us:g})"
-        return None
-
-    return failing
-

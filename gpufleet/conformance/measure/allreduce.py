@@ -21,6 +21,13 @@ from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
+from gpufleet.conformance.measure.reachability import (
+    Matrix,
+    PortSpec,
+    measure,
+    probe_ports,
+    source_band,
+)
 from gpufleet.conformance.nic_counters import (
     LineRate,
     NodeCounters,
@@ -31,13 +38,6 @@ from gpufleet.conformance.nic_counters import (
     owners,
     probe_paths,
     take_all,
-)
-from gpufleet.conformance.reachability import (
-    Matrix,
-    PortSpec,
-    measure,
-    probe_ports,
-    source_band,
 )
 from gpufleet.conformance.session import Node
 from gpufleet.ports import RENDEZVOUS_PORT, parse_range

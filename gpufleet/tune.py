@@ -29,10 +29,10 @@ from typing import Any
 import yaml
 
 from gpufleet.conformance import registry
-from gpufleet.conformance.allreduce import port_of, run_allreduce, timeout_of
-from gpufleet.conformance.allreduce import probe_args as allreduce_args
-from gpufleet.conformance.ddp_job import result_line, run_job
 from gpufleet.conformance.launch import ProbeRun
+from gpufleet.conformance.measure.allreduce import port_of, run_allreduce, timeout_of
+from gpufleet.conformance.measure.allreduce import probe_args as allreduce_args
+from gpufleet.conformance.measure.ddp import result_line, run_job
 from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.session import ConformanceSession, Node
 from gpufleet.connect.fleet import FleetOptions

@@ -1,0 +1,1 @@
+"""What drives nodes for one suite and returns data, one module per suite (named by it)."""
