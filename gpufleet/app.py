@@ -17,12 +17,14 @@ from typing import Any, TextIO
 from gpufleet import exitcodes
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
+from gpufleet.conformance import drain as conformance_drain
 from gpufleet.conformance import junit as conformance_junit
 from gpufleet.conformance import metrics as conformance_metrics
 from gpufleet.conformance.options import ConformanceOptions
 from gpufleet.conformance.runner import run_suites
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.connect.fleet import DEFAULT_FORKS, FleetOptions, Outcome
+from gpufleet.drift import drain as drift_drain
 from gpufleet.drift import report as drift_report
 from gpufleet.drift.history import History
 from gpufleet.drift.run import DriftOptions, exit_code, history_dir, run_drift
@@ -268,7 +270,7 @@ def drift_cmd(inventory: str | None, *, limit: str | None = None, roles: str | N
                    outputs.html_path)
     drift_report.print_report(con, run, diff)
     if drain_drifted:
-        _print_actions(con, drain.drain_drifted(target, run))
+        _print_actions(con, drift_drain.drain_drifted(target, run))
     if outputs.prometheus_path and label is not None:
         prometheus.update(outputs.prometheus_path, label, "drift", bool(limit),
                           lambda previous: drift_report.to_metrics(
@@ -406,7 +408,7 @@ def conformance_cmd(inventory: str | None, *, limit: str | None = None,
         junit.write(junit_path, conformance_junit.to_junit(report))
     if drain_failed:
         _print_actions(_console(out, json_path, junit_path, prometheus_path, html_path),
-                       drain.drain_failed(target, report))
+                       conformance_drain.drain_failed(target, report))
     if prometheus_path and label is not None:
         prometheus.update(prometheus_path, label, "conformance", bool(limit),
                           lambda previous: conformance_metrics.to_metrics(

@@ -10,10 +10,13 @@ from rich.console import Console
 from gpufleet.connect.fleet import Outcome, summarize
 from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import HostRun
+from gpufleet.provision.plan import Change, Plan
 from gpufleet.report import terminal
 from gpufleet.report.jsonfile import envelope
+from gpufleet.report.terminal import markup
 
 SCHEMA = "gpufleet.provision/1"
+ACTION_MARK = {"install": "+", "create": "+", "reboot": "!", "reload": "~"}
 
 
 def to_json(target: Target, outcomes: dict[str, Outcome[HostRun]], duration: float,
@@ -33,7 +36,7 @@ def print_plans(con: Console, outcomes: dict[str, Outcome[HostRun]], diff: bool,
         run = outcomes[name].value
         assert run is not None and run.plan is not None
         done = {id(c) for c in run.applied}
-        return (tuple((terminal.change_line(c), c.diff, id(c) in done)
+        return (tuple((change_line(c), c.diff, id(c) in done)
                       for c in run.plan.changes), bool(run.reboot_pending))
 
     planned = [n for n, o in outcomes.items()
@@ -43,7 +46,7 @@ def print_plans(con: Console, outcomes: dict[str, Outcome[HostRun]], diff: bool,
         assert run is not None and run.plan is not None
         con.print(f"[bold]{title} {terminal.markup(hosts)}[/bold] "
                   f"({len(run.plan.changes)} change(s))")
-        terminal.print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
+        print_plan(con, run.plan, diff, None if title == "PLAN" else run.applied,
                             bool(run.reboot_pending))
 
 
@@ -76,3 +79,35 @@ def host_json(outcome: Outcome[HostRun]) -> dict[str, Any]:
         doc["reboot_required"] = run.reboot_pending
         doc["rebooted"] = run.rebooted
     return doc
+
+
+def _mark(change: Change) -> str:
+    if change.pending_reboot:
+        return "!"
+    return ACTION_MARK.get(change.action, "~")
+
+
+def change_line(change: Change) -> str:
+    """One readable line: what, where, from what, to what."""
+    note = "reboot required" if change.pending_reboot else change.action
+    return (f"{_mark(change)} {change.role:<9} {change.resource:<44} "
+            f"{change.before} -> {change.after}  ({note})")
+
+
+def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | None = None,
+               reboot_pending: bool = False) -> None:
+    """A host's plan, with unified diffs when asked; with ``applied``, what was done."""
+    done = {id(c) for c in applied or []}
+    for change in plan.changes:
+        style = "magenta" if change.pending_reboot else "yellow"
+        tag = ""
+        if applied is not None:
+            ok = id(change) in done and not (change.pending_reboot and reboot_pending)
+            tag = "done " if ok else ("PENDING " if change.pending_reboot else "NOT DONE ")
+            style = "green" if ok else ("magenta" if change.pending_reboot else "red")
+        out.print(f"  [{style}]{tag}{markup(change_line(change))}[/{style}]")
+        if diff and change.diff:
+            for line in change.diff.rstrip("\n").splitlines():
+                color = "green" if line.startswith("+") else "red" if line.startswith("-") \
+                    else "dim"
+                out.print(f"      [{color}]{markup(line)}[/{color}]")

@@ -31,7 +31,6 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufleet.connect.fleet import Outcome, summarize
-from gpufleet.provision.plan import Change, Plan
 
 _INVISIBLE = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
 _UNPRINTABLE = re.compile(f"[{_INVISIBLE}]")
@@ -85,7 +84,6 @@ def fold(hosts: Iterable[str], key: Callable[[str], _K]) -> list[tuple[str, _K, 
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red bold",
                 "unreachable": "red bold", "skipped": "dim"}
-ACTION_MARK = {"install": "+", "create": "+", "reboot": "!", "reload": "~"}
 
 
 def console(stream: TextIO | None = None) -> Console:
@@ -165,38 +163,6 @@ class TerminalProgress:
     def finish(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-
-
-def _mark(change: Change) -> str:
-    if change.pending_reboot:
-        return "!"
-    return ACTION_MARK.get(change.action, "~")
-
-
-def change_line(change: Change) -> str:
-    """One readable line: what, where, from what, to what."""
-    note = "reboot required" if change.pending_reboot else change.action
-    return (f"{_mark(change)} {change.role:<9} {change.resource:<44} "
-            f"{change.before} -> {change.after}  ({note})")
-
-
-def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | None = None,
-               reboot_pending: bool = False) -> None:
-    """A host's plan, with unified diffs when asked; with ``applied``, what was done."""
-    done = {id(c) for c in applied or []}
-    for change in plan.changes:
-        style = "magenta" if change.pending_reboot else "yellow"
-        tag = ""
-        if applied is not None:
-            ok = id(change) in done and not (change.pending_reboot and reboot_pending)
-            tag = "done " if ok else ("PENDING " if change.pending_reboot else "NOT DONE ")
-            style = "green" if ok else ("magenta" if change.pending_reboot else "red")
-        out.print(f"  [{style}]{tag}{markup(change_line(change))}[/{style}]")
-        if diff and change.diff:
-            for line in change.diff.rstrip("\n").splitlines():
-                color = "green" if line.startswith("+") else "red" if line.startswith("-") \
-                    else "dim"
-                out.print(f"      [{color}]{markup(line)}[/{color}]")
 
 
 def print_recap(out: Console, outcomes: dict[str, Outcome[Any]],

@@ -12,11 +12,8 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpufleet.conformance.results import FLEET, ConformanceReport
-from gpufleet.drift.run import DriftRun
 from gpufleet.errors import GpufleetError
 from gpufleet.inventory.model import Host
-from gpufleet.inventory.target import Target
 from gpufleet.slurm.client import Action, RunFindings, Slurm
 
 SCHEDULER_VAR = "gpufleet_scheduler"
@@ -68,43 +65,6 @@ def update(results: Sequence[tuple[Host, Sequence[RunFindings]]]) -> dict[str, s
             done[host.name] = _act(functools.partial(slurm.update, slurm_name(host),
                                                      list(found)))
     return done
-
-
-def drain_drifted(target: Target, run: DriftRun) -> dict[str, str]:
-    """Keep drift's findings in each host's drain reason: one per drifted role (and one for
-    a host that could not be checked); the roles checked clean clear theirs."""
-    results: list[tuple[Host, list[RunFindings]]] = []
-    for host in target.hosts:
-        entry = run.hosts[host.name]
-        if entry.status in ("unreachable", "error"):
-            results.append((host, [RunFindings("drift", {entry.status: str(entry.error)})]))
-            continue
-        failed: dict[str, str] = {}
-        for item in entry.items:
-            failed.setdefault(item.role, f"{item.resource}: desired {item.desired}, actual "
-                                         f"{item.actual}")
-        passed = [*run.roles_checked, "unreachable", "error"]
-        results.append((host, [RunFindings("drift", failed, passed)]))
-    return update(results)
-
-
-def drain_failed(target: Target, report: ConformanceReport) -> dict[str, str]:
-    """Keep conformance's findings in each node's drain reason: one per failed check; the
-    checks that passed on the node now (or, run once for the fleet, passed for the fleet)
-    clear theirs."""
-    # Nodes the Slurm launcher could not allocate were not measured: their state stays.
-    hosts = [h for h in target.hosts if h.name not in report.left_out]
-    fleet_passed = {r.name for r in report.results if r.host == FLEET and r.outcome == "pass"}
-    results = []
-    for host in hosts:
-        mine = [r for r in report.results if r.host == host.name]
-        failed: dict[str, str] = {}
-        for r in mine:
-            if r.outcome == "fail":
-                failed.setdefault(r.name, r.message)
-        passed = fleet_passed | {r.name for r in mine if r.outcome == "pass"}
-        results.append((host, [RunFindings("conformance", failed, passed)]))
-    return update(results)
 
 
 def _act(call: Callable[[], Action]) -> str:

@@ -19,6 +19,7 @@ from gpufleet.drift import report as drift_report
 from gpufleet.drift.compare import DriftItem, HostDrift, Inconsistency
 from gpufleet.facts import report as facts_report
 from gpufleet.facts.gather import FactRequest, Facts
+from gpufleet.provision import report as provision_report
 from gpufleet.provision.plan import Change, Plan
 from gpufleet.report import junit, terminal
 from tests.junit_schema import check_junit
@@ -67,7 +68,7 @@ def test_recap_progress_and_facts_table_with_a_hostile_host() -> None:
 def test_a_plan_with_hostile_resources_and_diffs() -> None:
     change = Change("nccl_env", f"file {HOSTILE}", "update", HOSTILE, HOSTILE, [],
                     diff=f"+{HOSTILE}\n-[/red]\n")
-    text = output(lambda con: terminal.print_plan(con, Plan(HOSTILE, [change]), True))
+    text = output(lambda con: provision_report.print_plan(con, Plan(HOSTILE, [change]), True))
     assert_terminal_safe(text)
     assert "-[/red]" in text
 

@@ -1,16 +1,21 @@
 """The rules import-linter cannot state (docs/architecture.md, "Layers"): only the
 conformance runner calls ``pytest.main``; programs shipped to nodes import the standard
 library (and torch, for the probes) and each other, nothing else; every resource is read
-from the package, never by walking up from ``__file__``; and the import contracts hold."""
+from the package, never by walking up from ``__file__``; no import, type-only ones
+included, runs up the layers or closes a cycle; the import contracts hold; and
+docs/architecture.md names every module there is and none that is gone."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.conftest import ROOT
 
@@ -55,6 +60,188 @@ def test_no_resource_is_found_by_walking_up_from_a_module() -> None:
     found = [p.relative_to(PACKAGE).as_posix() for p in modules()
              if "Path(__file__)" in p.read_text() or ".parents[" in p.read_text()]
     assert found == []
+
+
+# Imports that run up the layers and are known, each (importer, imported) with why; the
+# layers contract in pyproject.toml ignores the same edges.
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name, the linked roles and suites included
+    (``rglob`` does not follow their links)."""
+    found: dict[str, Path] = {}
+    for folder, dirs, files in os.walk(PACKAGE, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                parts = list(path.relative_to(ROOT).with_suffix("").parts)
+                if parts[-1] == "__init__":
+                    parts.pop()
+                found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """The package modules ``name`` imports and where: every import statement, those under
+    ``if TYPE_CHECKING:`` and inside functions included."""
+
+    def nearest(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [nearest(a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[:len(package) - node.level + 1], *filter(None, [base])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else nearest(base)
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target and target != name:
+                yield target, node.lineno
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """Each module's imports of other package modules, with the line of the first."""
+    known = package_modules()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in known.items():
+        edges: dict[str, int] = {}
+        for target, line in _imports(name, path, known):
+            edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layers() -> list[list[str]]:
+    """The layers contract of pyproject.toml, top first, each layer's independent siblings."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"]
+    (contract,) = [c for c in contracts if c["type"] == "layers"]
+    return [[s.strip() for s in layer.split("|")] for layer in contract["layers"]]
+
+
+def placed(module: str, order: list[list[str]]) -> tuple[int, str] | None:
+    """The layer (its index, top 0) and sibling a module belongs to; None outside them."""
+    for depth, siblings in enumerate(order):
+        for sibling in siblings:
+            if module == sibling or module.startswith(sibling + "."):
+                return depth, sibling
+    return None
+
+
+def upward(graph: dict[str, dict[str, int]], order: list[list[str]]
+           ) -> dict[tuple[str, str], int]:
+    """Every import of a higher layer, or of an independent sibling in the same layer."""
+    found: dict[tuple[str, str], int] = {}
+    for importer, edges in graph.items():
+        here = placed(importer, order)
+        for imported, line in edges.items():
+            there = placed(imported, order)
+            if here and there and (there[0] < here[0] or
+                                   (there[0] == here[0] and there[1] != here[1])):
+                found[(importer, imported)] = line
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new package gets its place in the layers contract; only the package's own
+    ``__init__`` (the version) and the node-side programs (a contract of their own) have
+    none."""
+    order = layers()
+    unplaced = [m for m in package_modules() if placed(m, order) is None
+                and m != "gpufleet" and not m.startswith("gpufleet.node")]
+    assert unplaced == []
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    """Type-only and function-level imports count as much as the others: each one makes the
+    importer depend on the imported module."""
+    graph = import_graph()
+    found = upward(graph, layers())
+    known = package_modules()
+    shown = [f"{known[a].relative_to(ROOT)}:{line}: {a} -> {b}"
+             for (a, b), line in sorted(found.items()) if (a, b) not in ALLOWED_UPWARD]
+    assert shown == []
+    gone = sorted(ALLOWED_UPWARD - set(found))
+    assert gone == [], "no longer imported: remove from ALLOWED_UPWARD and pyproject.toml"
+
+
+def test_no_import_cycle() -> None:
+    """No two modules import each other, even through others or only for annotations: a
+    type-only import still says each side needs the other."""
+    graph = import_graph()
+    known = package_modules()
+    shown = [[f"{known[a].relative_to(ROOT)}:{graph[a][b]}: {a} -> {b}"
+              for a in component for b in component if b in graph[a]]
+             for component in cycles(graph)]
+    assert shown == []
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from gpufleet.lab.cluster import Lab\n", ["gpufleet.lab.cluster"]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from gpufleet.slurm import launcher\n", ["gpufleet.slurm.launcher"]),
+    ("def f() -> None:\n    import gpufleet.errors.missing\n", ["gpufleet.errors"]),
+    ("from . import model\nfrom .model import Node\n", ["gpufleet.lab.model"]),
+    ("from .. import errors\n", ["gpufleet.errors"]),
+])
+def test_the_import_graph_reads_every_kind_of_import(tmp_path: Path, source: str,
+                                                     expected: list[str]) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    known = package_modules()
+    assert sorted({t for t, _ in _imports("gpufleet.lab.mod", path, known)}) == expected
+
+
+def test_cycles_and_upward_imports_are_found() -> None:
+    """The checks above catch what they look for: a cycle through a type-only import (as
+    lab/cluster and lab/slurm had) and an import of a higher layer."""
+    graph = {"gpufleet.lab.cluster": {"gpufleet.lab.slurm": 1},
+             "gpufleet.lab.slurm": {"gpufleet.lab.cluster": 30, "gpufleet.errors": 2},
+             "gpufleet.errors": {}}
+    assert cycles(graph) == [["gpufleet.lab.cluster", "gpufleet.lab.slurm"]]
+    order = layers()
+    assert upward({"gpufleet.facts.gather": {"gpufleet.provision.plan": 3},
+                   "gpufleet.slurm.client": {"gpufleet.bmc.target": 4, "gpufleet.errors": 5}},
+                  order) == {("gpufleet.facts.gather", "gpufleet.provision.plan"): 3,
+                             ("gpufleet.slurm.client", "gpufleet.bmc.target"): 4}
 
 
 def test_the_import_contracts_hold() -> None:
