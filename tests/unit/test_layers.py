@@ -8,7 +8,9 @@ docs/architecture.md names every module there is and none that is gone."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -303,3 +305,40 @@ def test_commands_other_than_conformance_start_without_pytest() -> None:
          "print(sorted(m for m in ('pytest', 'testinfra', '_pytest') if m in sys.modules))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+def module_map() -> list[str]:
+    """The paths docs/architecture.md's module map names, in order (a path ending in ``/``
+    stands for the folder, one with ``*`` for the files it matches)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE)
+
+
+def covers(entry: str, path: str) -> bool:
+    return path.startswith(entry) if entry.endswith("/") else fnmatch.fnmatch(path, entry)
+
+
+def mapped_modules(tracked: list[str]) -> list[str]:
+    """The modules the map must name: every tracked Python file of the package and of the
+    folders it links (roles/, conformance/), packages' ``__init__`` aside."""
+    return [p for p in tracked if p.endswith(".py") and not p.endswith("__init__.py")
+            and p.split("/")[0] in ("gpufleet", "roles", "conformance")]
+
+
+def test_the_module_map_in_architecture_md_names_every_module_and_none_that_is_gone() -> None:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    entries = module_map()
+    assert [e for e in set(entries) if entries.count(e) > 1] == []
+    unnamed = [p for p in mapped_modules(tracked) if not any(covers(e, p) for e in entries)]
+    assert unnamed == []
+    stale = [e for e in entries if not any(covers(e, p) for p in tracked)]
+    assert stale == []
+
+
+def test_the_module_map_check_finds_an_unnamed_module_and_a_stale_entry() -> None:
+    tracked = ["gpufleet/a/new.py", "gpufleet/a/__init__.py", "roles/x.py", "docs/x.md"]
+    assert mapped_modules(tracked) == ["gpufleet/a/new.py", "roles/x.py"]
+    assert covers("roles/*.py", "roles/x.py") and covers("gpufleet/a/", "gpufleet/a/new.py")
+    assert not covers("gpufleet/a/old.py", "gpufleet/a/new.py")
