@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.conformance import rdma
+from gpufleet.conformance.checks import rdma as rdma_checks
+from gpufleet.conformance.measure import rdma
 from gpufleet.errors import ParseError
 from gpufleet.facts import containers, script
 from gpufleet.facts.parsers import qos as qos_parsers
@@ -53,8 +54,8 @@ def test_rdma_verdict_on_the_connectx7_capture_matches_its_own_roce_tos() -> Non
         "mlnx_qos": script.Section("mlnx_qos", 0, qos),
         "ecn": script.Section("ecn", 0, "".join(
             f"{p} {int(p == 5)} {int(p == 5)}\n" for p in range(8)))})
-    assert rdma.problems(state, {"pfc_priority": 5, "trust": "dscp", "ecn": True}, 162) == []
-    assert rdma.problems(state, {"pfc_priority": 3, "trust": "dscp"}, 106) == [
+    assert rdma_checks.problems(state, {"pfc_priority": 5, "trust": "dscp", "ecn": True}, 162) == []
+    assert rdma_checks.problems(state, {"pfc_priority": 3, "trust": "dscp"}, 106) == [
         "ens4np0: PFC enabled on [5], expected only priority 3"]
 
 
