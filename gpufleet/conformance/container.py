@@ -18,12 +18,14 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from gpufleet.conformance.registry import Settings, setting
+from gpufleet.conformance.suites.mounts import MountsSettings
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts.catalog import NO_SMI, Fact, needs
 from gpufleet.facts.gather import Facts
-from gpufleet.provision.role import SAFE_PATH, RoleVars, Var
+from gpufleet.provision.role import SAFE_PATH, RoleVars
 
 ENGINES = ("docker", "podman")
 PULL = ("missing", "never", "always")
@@ -33,21 +35,30 @@ _REFERENCE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
 _OPTION = re.compile(r"^-[-A-Za-z0-9]*(?:=[^\n\x00]*)?\Z|^[^-\n\x00][^\n\x00]*\Z")
 _BRAND = re.compile(r"^\s*Product Brand\s*:\s*(\S.*?)\s*$", re.MULTILINE)
+S = TypeVar("S", bound=Settings)
 
-VARIABLES = {
-    "container_image": Var(None, "string", "the fleet's training image: probes run in it "
-                                           "(conformance --image sets it for the run)"),
-    "container_pull": Var("missing", "string", "the engine's --pull: missing, never or "
-                                               "always"),
-    "container_run_options": Var([], "list", "the engine's run options the fleet's jobs "
-                                             "use (--ipc=host, --shm-size=16g ...)"),
-    "container_mounts": Var(None, "list", "host paths bound at the same path (default: the "
-                                          "shared_mounts paths)"),
-    "container_rdma": Var(True, "boolean", "give the container the node's RDMA devices"),
-    "container_python": Var("python3", "string", "the image's interpreter"),
-    "container_min_shm_gb": Var(1, "number", "smallest /dev/shm in the container, GiB"),
-    "container_timeout_s": Var(300, "number", "limit of the image stack probe"),
-}
+@dataclass(frozen=True, kw_only=True)
+class ContainerSettings(Settings):
+    """How a probe runs in the fleet's training image (the settings of every suite whose
+    probes may run in it)."""
+
+    container_image: str | None = setting(None, "string",
+                                          "the fleet's training image: probes run in it "
+                                          "(conformance --image sets it for the run)")
+    container_pull: str = setting("missing", "string", "the engine's --pull: missing, never "
+                                                       "or always")
+    container_run_options: list[str] = setting([], "list",
+                                               "the engine's run options the fleet's jobs "
+                                               "use (--ipc=host, --shm-size=16g ...)")
+    container_mounts: list[str] | None = setting(None, "list",
+                                                 "host paths bound at the same path (default: "
+                                                 "the shared_mounts paths)")
+    container_rdma: bool = setting(True, "boolean", "give the container the node's RDMA "
+                                                    "devices")
+    container_python: str = setting("python3", "string", "the image's interpreter")
+    container_min_shm_gb: float = setting(1, "number", "smallest /dev/shm in the container, "
+                                                       "GiB")
+    container_timeout_s: float = setting(300, "number", "limit of the image stack probe")
 
 
 def parse_brand(text: str) -> str:
@@ -64,7 +75,7 @@ GPU_BRAND = Fact("gpu_brand", needs("nvidia-smi", NO_SMI) + "nvidia-smi -q | hea
 
 class ImageNode(Protocol):
     """What a container's command line reads of a node: the session's ``Node``, named here so
-    that this module, which the suite registry imports, does not import the session."""
+    that this module, which the suites' settings import, does not import the session."""
 
     @property
     def name(self) -> str: ...
@@ -72,21 +83,18 @@ class ImageNode(Protocol):
     @property
     def facts(self) -> Facts | None: ...
 
-    @property
-    def settings(self) -> RoleVars: ...
+    def typed(self, settings: type[S]) -> S: ...
 
     def var(self, key: str) -> Any: ...
-
-    def flag(self, key: str) -> bool | None: ...
 
 
 def image(node: ImageNode) -> str | None:
     """The image the node's probes run in, None when they run on the host."""
-    value = node.var("container_image")
-    return None if value is None else str(value)
+    return node.typed(ContainerSettings).container_image
 
 
 def engine(node: ImageNode) -> str:
+    """The node's engine: the container_toolkit role's ``container_engine``."""
     return str(node.var("container_engine"))
 
 
@@ -125,7 +133,8 @@ def check(v: RoleVars) -> None:
         if not isinstance(option, str) or not _OPTION.match(option):
             raise v.fail("container_run_options", "engine run options, one per item "
                          "(--ipc=host, --shm-size=16g)", option)
-    for path in mounts_of(v):
+    mounts = v.items("container_mounts") if "container_mounts" in v else None
+    for path in mounts_of(mounts, v.get("shared_mounts")):
         if not SAFE_PATH.match(path):
             raise v.fail("container_mounts", "absolute paths of letters, digits and . _ - /",
                          path)
@@ -140,31 +149,33 @@ def check(v: RoleVars) -> None:
     v.boolean("container_rdma")
 
 
-def mounts_of(v: RoleVars) -> list[str]:
+def mounts_of(container_mounts: Sequence[Any] | None, shared_mounts: Any) -> list[str]:
     """The host paths bound into the container: ``container_mounts``, else the paths of
     ``shared_mounts``."""
-    if v.get("container_mounts") is not None:
-        return [str(p) for p in v.items("container_mounts")]
-    declared = v.get("shared_mounts")
-    return [str(e["path"]) for e in declared or [] if isinstance(e, Mapping) and "path" in e]
+    if container_mounts is not None:
+        return [str(p) for p in container_mounts]
+    return [str(e["path"]) for e in shared_mounts or []
+            if isinstance(e, Mapping) and "path" in e]
 
 
 def run_argv(node: ImageNode, rundir: str, command: Sequence[str],
              env: Mapping[str, str]) -> list[str]:
     """The engine's command line that runs ``command`` in a container of the node's image."""
-    reference = image(node)
+    settings = node.typed(ContainerSettings)
+    reference = settings.container_image
     if reference is None:
         raise GpufleetError(f"{node.name}: no container_image to run probes in")
     chosen = engine(node)
     argv = [chosen, "run", "--rm", f"--name={container_name(rundir)}", "--network=host",
-            f"--pull={node.var('container_pull')}", f"--volume={rundir}:{rundir}",
+            f"--pull={settings.container_pull}", f"--volume={rundir}:{rundir}",
             f"--workdir={rundir}"]
     if node.facts is not None and node.facts.get("gpus"):
         argv.append("--gpus=all" if chosen == "docker" else "--device=nvidia.com/gpu=all")
-    if node.flag("container_rdma") and node.facts is not None and node.facts.get("rdma"):
+    if settings.container_rdma and node.facts is not None and node.facts.get("rdma"):
         argv += ["--device=/dev/infiniband", "--cap-add=IPC_LOCK", "--ulimit=memlock=-1:-1"]
-    argv += [f"--volume={p}:{p}" for p in mounts_of(node.settings)]
-    argv += [str(o) for o in node.settings.items("container_run_options")]
+    shared = node.typed(MountsSettings).shared_mounts
+    argv += [f"--volume={p}:{p}" for p in mounts_of(settings.container_mounts, shared)]
+    argv += [str(o) for o in settings.container_run_options]
     argv += [f"--env={k}={v}" for k, v in env.items()]
     return [*argv, reference, *command]
 

@@ -25,7 +25,9 @@ from typing import Any
 
 from gpufleet.conformance import container
 from gpufleet.conformance.checks.nccl_log import condense
+from gpufleet.conformance.container import ContainerSettings
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.common import Probe
 from gpufleet.connect.connection import Budget, keeps_node_local
 from gpufleet.errors import GpufleetError
 from gpufleet.ports import RENDEZVOUS_PORT
@@ -142,14 +144,15 @@ def socket_ifname(node: Node) -> str | None:
 def rendezvous_port(node: Node) -> int:
     """The port torchrun's rendezvous listens on: ``allreduce_port``, else the firewall's
     rendezvous port."""
-    port = node.var("allreduce_port")
-    return int(port if port is not None else node.var("firewall_rendezvous_port"))
+    settings = node.typed(Probe)
+    port = settings.allreduce_port
+    return port if port is not None else settings.firewall_rendezvous_port
 
 
 def processes_per_node(node: Node) -> int:
     """One process per GPU; ``allreduce_cpu_procs`` (default 1) on nodes without GPUs."""
     gpus = node.facts.get("gpus") if node.facts else None
-    return len(gpus) if gpus else int(node.var("allreduce_cpu_procs"))
+    return len(gpus) if gpus else node.typed(Probe).allreduce_cpu_procs
 
 
 def _torchrun(node: Node) -> str:
@@ -167,7 +170,7 @@ def _command(node: Node, *, rank: int, nodes: list[Node], probe: str, args: list
         env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
     env.update({k: v for k, v in (extra_env or {}).items() if k not in SAFE_ENV})
     rundir = str(Path(probe).parent)
-    torchrun = ([str(node.var("container_python")), "-m", "torch.distributed.run"]
+    torchrun = ([node.typed(ContainerSettings).container_python, "-m", "torch.distributed.run"]
                 if container.image(node) else [_torchrun(node)])
     launch = [*torchrun, f"--nproc-per-node={nproc or processes_per_node(node)}"]
     if len(nodes) == 1:
@@ -295,8 +298,8 @@ def run_script(node: Node, probe_name: str, args: list[str], timeout_s: float, *
     probe = f"{rundir}/{probe_name}.py"
     removal = f"rm -rf {shlex.quote(rundir)}"
     if in_image and container.image(node):
-        argv = container.run_argv(node, rundir, [str(node.var("container_python")), probe,
-                                                 *args], SAFE_ENV)
+        python = node.typed(ContainerSettings).container_python
+        argv = container.run_argv(node, rundir, [python, probe, *args], SAFE_ENV)
         launch = shlex.join(["timeout", "-k", "10", str(int(timeout_s)), *argv])
         removal = f"{container.removal(node, rundir)}; {removal}"
     else:

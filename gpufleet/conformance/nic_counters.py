@@ -42,6 +42,8 @@ from typing import Any
 
 from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.allreduce import AllreduceSettings
+from gpufleet.conformance.suites.common import Counters
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import script
@@ -326,8 +328,9 @@ class Bounds:
 
     @classmethod
     def of(cls, node: Node) -> Bounds:
-        return cls(int(node.var("nic_max_drops")), int(node.var("nic_max_errors")),
-                   float(node.var("net_max_retransmit_ratio")))
+        settings = node.typed(Counters)
+        return cls(settings.nic_max_drops, settings.nic_max_errors,
+                   settings.net_max_retransmit_ratio)
 
 
 @dataclass(frozen=True)
@@ -614,7 +617,7 @@ def _usable(port: str, spec: str) -> bool:
 
 def line_rate(node: Node, sample: Sample | str) -> LineRate:
     """The node's line rate (see the module's docstring)."""
-    declared = node.var("nic_line_rate_gbps")
+    declared = node.typed(AllreduceSettings).nic_line_rate_gbps
     if declared is not None:
         return LineRate(node.name, float(declared), f"nic_line_rate_gbps {declared:g}")
     if isinstance(sample, str):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,15 +71,9 @@ class Node:
     def name(self) -> str:
         return self.host.name
 
-    @functools.cached_property
-    def settings(self) -> RoleVars:
-        """The node's suite variables over the defaults the suite registry declares, with
-        typed accessors (the values were validated before any host was contacted)."""
-        return RoleVars(self.host, registry.defaults())
-
     def typed(self, settings: type[S]) -> S:
         """The node's values of a suite's settings (``GpuSettings`` ...), each of its
-        declared kind."""
+        declared kind: how suites and their measurements read every suite variable."""
         return settings.read(self.host)
 
     @property
@@ -92,14 +85,10 @@ class Node:
         return self.facts
 
     def var(self, key: str) -> Any:
-        """A suite variable of this node as the inventory sets it, else its declared
-        default (None when it has none)."""
-        return self.settings.get(key)
-
-    def flag(self, key: str) -> bool | None:
-        """A boolean suite variable ("yes", "false", 0 ... as roles read them); None when
-        it is unset and has no default."""
-        return None if self.var(key) is None else self.settings.boolean(key)
+        """A role's variable of this node as the inventory sets it, None when unset: what
+        a suite consults of the roles (``nccl_env``, ``gloo_socket_ifname``,
+        ``container_engine``, the NCCL and torch pins), which no suite declares."""
+        return RoleVars(self.host, {}).get(key)
 
     @property
     def conn(self) -> Connection:

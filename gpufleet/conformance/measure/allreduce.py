@@ -40,6 +40,8 @@ from gpufleet.conformance.nic_counters import (
     take_all,
 )
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.allreduce import AllreduceSettings
+from gpufleet.conformance.suites.common import Counters, Range
 from gpufleet.ports import RENDEZVOUS_PORT, parse_range
 
 MIN_TRIAL_TIMEOUT_S = 20.0
@@ -60,7 +62,7 @@ def threshold(node: Node, nodes: int) -> float | None:
     ``allreduce_busbw_thresholds`` maps a GPU model as nvidia-smi names it (or ``cpu``) to
     node counts and GB/s; the entry for the largest count not above ``nodes`` applies.
     """
-    table = node.var("allreduce_busbw_thresholds") or {}
+    table = node.typed(AllreduceSettings).allreduce_busbw_thresholds or {}
     counts = {int(k): float(v) for k, v in (table.get(gpu_model(node)) or {}).items()}
     eligible = [k for k in counts if k <= nodes]
     return counts[max(eligible)] if eligible else None
@@ -74,13 +76,12 @@ def gpu_model(node: Node) -> str:
 
 def probe_args(node: Node) -> list[str]:
     """Sizes and iterations from the inventory (``allreduce_sizes``, ``allreduce_iters``)."""
+    settings = node.typed(AllreduceSettings)
     args = []
-    sizes = node.var("allreduce_sizes")
-    if sizes:
-        args += ["--sizes", ",".join(map(str, sizes)) if isinstance(sizes, list) else str(sizes)]
-    iters = node.var("allreduce_iters")
-    if iters:
-        args += ["--iters", str(iters)]
+    if settings.allreduce_sizes:
+        args += ["--sizes", ",".join(map(str, settings.allreduce_sizes))]
+    if settings.allreduce_iters:
+        args += ["--iters", str(settings.allreduce_iters)]
     return args + nccl_log_args(node.var("nccl_env") or {})
 
 
@@ -98,7 +99,7 @@ def nccl_log_args(nccl_env: Mapping[str, Any]) -> list[str]:
 
 
 def timeout_of(node: Node) -> float:
-    return float(node.var("allreduce_timeout_s"))
+    return node.typed(AllreduceSettings).allreduce_timeout_s
 
 
 def port_of(node: Node) -> int:
@@ -127,7 +128,7 @@ def problem(run: ProbeRun, node: Node, count: int,
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
                 f"under the {minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
     share = line_rate_share(run, rates or {}) if count > 1 else None
-    least = float(node.var("allreduce_min_line_rate_fraction"))
+    least = node.typed(AllreduceSettings).allreduce_min_line_rate_fraction
     if share is not None and share[0] < least:
         fraction, slowest = share
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
@@ -214,10 +215,10 @@ def disjoint_pairs(nodes: list[Node]) -> list[list[Node]]:
 def domain(node: Node) -> str:
     """The node's rack or leaf: ``topology_domain``, else its first group named rack* or
     leaf* (``topology_group_prefixes``), else none."""
-    value = node.var("topology_domain")
-    if value:
-        return str(value)
-    prefixes = tuple(node.var("topology_group_prefixes") or TOPOLOGY_PREFIXES)
+    settings = node.typed(AllreduceSettings)
+    if settings.topology_domain:
+        return settings.topology_domain
+    prefixes = tuple(settings.topology_group_prefixes or TOPOLOGY_PREFIXES)
     return next((g for g in sorted(node.host.groups) if g.startswith(prefixes)), "")
 
 
@@ -256,8 +257,7 @@ def trial_dict(trial: Trial) -> dict[str, Any]:
 def direction(a: Node, b: Node) -> tuple[str, dict[str, list[int]]]:
     """Which way a pair's traffic is dropped, from connects both ways on the rendezvous port
     and the range (leaving from a source port outside the range)."""
-    low, high = parse_range(a.var("firewall_port_range"), a.name,
-                            "firewall_port_range")
+    low, high = parse_range(a.typed(Range).firewall_port_range, a.name, "firewall_port_range")
     rendezvous = port_of(a)
     spec = PortSpec(probe_ports(rendezvous, low, high, 3), low, high, 64, 0,
                     source_band(low, high, rendezvous))
@@ -333,9 +333,9 @@ def counted(nodes: Mapping[str, Node], before: Mapping[str, Sample | str],
 def trial_timeout(first: Node, passing: list[ProbeRun]) -> float:
     """How long one bisection run may take: ``allreduce_bisect_timeout_s``, else a few times
     the slowest passing run so far (a failing run hangs until it is stopped)."""
-    configured = first.var("allreduce_bisect_timeout_s")
+    configured = first.typed(AllreduceSettings).allreduce_bisect_timeout_s
     if configured is not None:
-        return float(configured)
+        return configured
     slowest = max((r.duration for r in passing), default=timeout_of(first) / TRIAL_TIMEOUT_FACTOR)
     return min(timeout_of(first), max(MIN_TRIAL_TIMEOUT_S, TRIAL_TIMEOUT_FACTOR * slowest))
 
@@ -363,7 +363,7 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
                   for g, r in zip(pair_groups, out.pairs, strict=True)]
     out.together = run_allreduce(nodes, args, timeout_of(first), port_of(first))
     out.counters["all"] = counted(by_name, before, take_all(nodes, workers), [out.together])
-    attribute(out.counters.values(), {n.name: float(n.var("net_max_retransmit_ratio"))
+    attribute(out.counters.values(), {n.name: n.typed(Counters).net_max_retransmit_ratio
                                       for n in nodes})
     failed = problem(out.together, first, len(nodes), rates)
     known.append(Trial(tuple(by_name), failed is None, failed))

@@ -9,14 +9,15 @@ from typing import Any
 
 from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.ddp import DdpSettings
 
 
 def probe_args(node: Node) -> list[str]:
-    args = ["--steps", str(node.var("ddp_steps")),
-            "--batch-size", str(node.var("ddp_batch_size"))]
-    for key, flag in (("ddp_width", "--width"), ("ddp_depth", "--depth")):
-        if node.var(key) is not None:
-            args += [flag, str(node.var(key))]
+    settings = node.typed(DdpSettings)
+    args = ["--steps", str(settings.ddp_steps), "--batch-size", str(settings.ddp_batch_size)]
+    for value, flag in ((settings.ddp_width, "--width"), (settings.ddp_depth, "--depth")):
+        if value is not None:
+            args += [flag, str(value)]
     return args
 
 
@@ -25,7 +26,7 @@ def run_job(nodes: list[Node], trials: int, nproc: int | None = None,
     """The job on ``nodes`` together, ``nproc`` processes each (default: one per GPU)."""
     first = nodes[0]
     return run_probe("ddp", nodes, [*probe_args(first), "--trials", str(trials)],
-                     float(first.var("ddp_timeout_s")), port=rendezvous_port(first),
+                     first.typed(DdpSettings).ddp_timeout_s, port=rendezvous_port(first),
                      nproc=nproc, env=env)
 
 

@@ -24,6 +24,7 @@ from gpufleet.conformance import nic_counters
 from gpufleet.conformance.checks.network import PairResult, Placement
 from gpufleet.conformance.measure.reachability import pairs
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.suites.network import NetworkSettings
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
 
@@ -92,8 +93,7 @@ def fleet_mtu(session: ConformanceSession) -> int | None:
     """``net_mtu`` where the inventory declares it (the first node's), else None: each
     source then uses its own interface's MTU toward the target."""
     first = next(iter(session.nodes.values()), None)
-    value = None if first is None else first.var("net_mtu")
-    return None if value is None else int(value)
+    return None if first is None else first.typed(NetworkSettings).net_mtu
 
 
 def interface_mtu(node: Node) -> tuple[str, int] | None:
@@ -128,7 +128,7 @@ def measure(session: ConformanceSession, mode: str) -> Placement:
 
     def one(source: str) -> tuple[str, list[str] | str]:
         node = nodes[source]
-        count = int(node.var("net_ping_count"))
+        count = node.typed(NetworkSettings).net_ping_count
         try:
             script = source_script(targets[source], placement.mtu, count)
             with node_local():

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from gpufleet.conformance.launch import PROBES
 from gpufleet.conformance.nic_counters import Path
 from gpufleet.conformance.session import ConformanceSession, Node
+from gpufleet.conformance.suites.common import Probe
 from gpufleet.errors import GpufleetError
 from gpufleet.report.jsonfile import BadJson, read_json
 
@@ -195,7 +196,7 @@ def _script() -> str:
 
 
 def _python(node: Node) -> str:
-    return str(node.var("conformance_python"))
+    return node.typed(Probe).conformance_python
 
 
 def start_listener(node: Node, ports: list[int], lifetime_s: float

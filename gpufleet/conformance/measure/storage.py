@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.conformance.launch import NodeOutput, run_script
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.storage import StorageSettings
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError
 
@@ -51,10 +52,12 @@ class StorageRun:
 
 def probe_args(node: Node, trials: int = 1) -> list[str]:
     """The probe's sizes from the node's variables, and its trials."""
-    return ["--path", str(node.var("storage_dataset_path")),
-            "--file-gb", str(node.var("storage_file_gb")),
-            "--readers", str(node.var("storage_readers")),
-            "--small-files", str(node.var("storage_small_files")),
+    settings = node.typed(StorageSettings)
+    file_gb = settings.storage_file_gb  # written as the inventory writes it: 1, not 1.0
+    return ["--path", str(settings.storage_dataset_path),
+            "--file-gb", str(int(file_gb)) if file_gb.is_integer() else str(file_gb),
+            "--readers", str(settings.storage_readers),
+            "--small-files", str(settings.storage_small_files),
             "--trials", str(trials)]
 
 
@@ -77,7 +80,7 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     workers = max(1, min(forks, len(nodes)))
 
     def prepare(node: Node) -> tuple[Node, str | None]:
-        timeout = float(node.var("storage_timeout_s"))
+        timeout = node.typed(StorageSettings).storage_timeout_s
         try:
             with node_local():
                 output = run_script(node, "storage", [*probe_args(node), "--prepare"],
@@ -97,7 +100,8 @@ def run_storage(nodes: list[Node], forks: int, trials: int = 1) -> StorageRun:
     start_at = time.time() + START_LEAD_S + START_LEAD_PER_NODE_S * min(workers, len(ready))
 
     def read(node: Node) -> tuple[str, dict[str, Any] | None, str | None]:
-        timeout = float(node.var("storage_timeout_s")) + max(0.0, start_at - time.time())
+        lead = max(0.0, start_at - time.time())
+        timeout = node.typed(StorageSettings).storage_timeout_s + lead
         try:
             with node_local():  # each node reads its own files; the start time is shared
                 output = run_script(node, "storage", [*probe_args(node, trials),

@@ -1,32 +1,20 @@
 """Settings and validators several suites declare alike (a variable several suites read
-has one declaration, so it has one default)."""
+has one declaration, so it has one default); the container's settings are
+:class:`gpufleet.conformance.container.ContainerSettings`, beside the code that reads them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from gpufleet.conformance import container, verdict
+from gpufleet.conformance.container import ContainerSettings
 from gpufleet.conformance.registry import Settings, declared, setting
 from gpufleet.ports import PORT_RANGE, RENDEZVOUS_PORT, parse_range
 from gpufleet.provision.role import RoleVars
 
 
 @dataclass(frozen=True, kw_only=True)
-class Container(Settings):
-    """How a probe runs in the fleet's training image."""
-
-    container_image: str | None = declared(container.VARIABLES["container_image"])
-    container_pull: str = declared(container.VARIABLES["container_pull"])
-    container_run_options: list[str] = declared(container.VARIABLES["container_run_options"])
-    container_mounts: list[str] | None = declared(container.VARIABLES["container_mounts"])
-    container_rdma: bool = declared(container.VARIABLES["container_rdma"])
-    container_python: str = declared(container.VARIABLES["container_python"])
-    container_min_shm_gb: float = declared(container.VARIABLES["container_min_shm_gb"])
-    container_timeout_s: float = declared(container.VARIABLES["container_timeout_s"])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Probe(Container):
+class Probe(ContainerSettings):
     """What every suite that launches a torchrun probe reads."""
 
     allreduce_cpu_procs: int = setting(1, "integer", "processes per node without GPUs")

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 from gpufleet.conformance import container
 from gpufleet.conformance.checks import gpu_generations
 from gpufleet.conformance.checks import mounts as mounts_checks
+from gpufleet.conformance.container import ContainerSettings
 from gpufleet.conformance.registry import Suite
 from gpufleet.conformance.suites import mounts
-from gpufleet.conformance.suites.common import Container
 from gpufleet.facts.gather import FactRequest
 from gpufleet.inventory.model import Host
 from gpufleet.provision.role import RoleVars
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImageSettings(Container, mounts.MountsSettings):
+class ImageSettings(ContainerSettings, mounts.MountsSettings):
     """What the image suite reads."""
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.conformance.container import ContainerSettings
 from gpufleet.conformance.registry import Suite, setting
-from gpufleet.conformance.suites.common import Container, Performance, check_in_image
+from gpufleet.conformance.suites.common import Performance, check_in_image
 
 
 @dataclass(frozen=True, kw_only=True)
-class P2pSettings(Container, Performance):
+class P2pSettings(ContainerSettings, Performance):
     """What the p2p suite reads."""
 
     p2p_min_gbps: dict[str, Any] | None = setting(None, "mapping", "{MODEL: GB/s} between "
