@@ -19,18 +19,17 @@ from gpufleet.report import html
 from tests import chromium
 from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import override
-from tests.unit.test_html_chromium import MAX_RENDER_S, MIN_COLOURS
+from tests.unit.test_html_chromium import MIN_COLOURS
 from tests.unit.test_html_report import MAX_BYTES, Page, failing
 
 NODES = PROVISIONED.split(":")
 
 
 def _check(page: Path, name: str, height: int = 2400) -> Page:
-    """Render ``page``; the screenshot is not blank and came within the limit."""
+    """Render ``page``; the screenshot is not blank."""
     assert page.stat().st_size < MAX_BYTES
     shot = chromium.render(page, height=height)
     assert chromium.colours(shot.png) > MIN_COLOURS, name
-    assert shot.seconds < MAX_RENDER_S, (name, shot.seconds)
     kept = os.environ.get("GPUFLEET_HTML_SCREENSHOTS")
     if kept:
         Path(kept).mkdir(parents=True, exist_ok=True)
