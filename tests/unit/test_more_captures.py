@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.errors import ParseError
+from gpufleet.facts import script
 from gpufleet.facts.parsers import dcgm, network, system
 from tests.conftest import ROOT
 
@@ -35,6 +36,15 @@ def test_dcgm4_diag_of_a_gb10_spark() -> None:
 
 def test_port_range_read_from_proc_on_debian12() -> None:
     assert network.port_range(published("port-range-proc-debian12.txt")) == (32768, 60999)
+
+
+def test_port_range_of_a_provisioned_lab_node() -> None:
+    capture = (ROOT / "bench" / "captures" / "lab-node-facts.txt").read_text()
+    sections = script.split(capture, "0123456789abcdef")
+    fact, sysctl = sections["port_range"], sections["sysctl:net.ipv4.ip_local_port_range"]
+    assert (fact.rc, fact.text) == (0, "49152\t65535\n")
+    assert network.port_range(fact.text) == (49152, 65535)
+    assert network.sysctl_value(sysctl.text) == "49152 65535"
 
 
 @pytest.mark.parametrize(("name", "value"), [
