@@ -85,6 +85,17 @@ def test_sys_class_net_fallback_on_debian12() -> None:
     assert all(i["addresses"] == [] for i in interfaces)
 
 
+def test_sys_class_net_fallback_with_a_link_without_an_address() -> None:
+    interfaces = network.sys_class_net(
+        published("sys-class-net-netns-tun-veth-debian12.txt"))
+    assert [(i["name"], i["mtu"], i["state"], i["mac"]) for i in interfaces] == [
+        ("lo", 65536, "UNKNOWN", "00:00:00:00:00:00"),
+        ("tun0", 1500, "DOWN", None),
+        ("veth0", 9000, "LOWERLAYERDOWN", "ce:89:35:f0:ef:1a"),
+        ("veth1", 1500, "DOWN", "22:24:b5:92:47:23"),
+    ]
+
+
 # --------------------------------------------------------------------------- sysfs listings
 
 def test_sysfs_listing_of_the_counter_sample_on_debian12() -> None:
@@ -97,6 +108,17 @@ def test_sysfs_listing_of_the_counter_sample_on_debian12() -> None:
     assert values["eth0/statistics/rx_bytes"] == "490248811"
     assert values["eth0/statistics/tx_packets"] == "10612"
     assert values["eth0/statistics/rx_dropped"] == "0"
+
+
+def test_sysfs_listing_of_a_namespace_with_tun_and_veth() -> None:
+    values = network.sysfs_values(
+        published("sysfs-net-grep-netns-tun-veth-debian12.txt"))
+    assert len(values) == 101
+    assert values["veth0/speed"] == "10000"
+    assert "tun0/speed" not in values
+    assert values["veth0/operstate"] == "lowerlayerdown"
+    assert values["tun0/statistics/rx_packets"] == "0"
+    assert {path.split("/")[0] for path in values} == {"lo", "tun0", "veth0", "veth1"}
 
 
 def test_sysfs_listing_with_absolute_paths_as_published() -> None:
