@@ -36,11 +36,14 @@ def gpu_operator(text: str) -> bool:
 
 
 def secure_boot(text: str) -> bool:
-    """Whether ``mokutil --sb-state`` reports Secure Boot on."""
-    for line in _output_lines(text):
-        if line.strip().startswith("SecureBoot "):
-            return line.split()[1].lower() == "enabled"
-    raise _error("mokutil --sb-state", "'SecureBoot enabled' or 'SecureBoot disabled'", text)
+    """Whether ``mokutil --sb-state`` reports Secure Boot enforced: ``SecureBoot enabled``
+    without ``SecureBoot validation is disabled in shim`` (with shim's validation off the
+    kernel too treats Secure Boot as off and loads unsigned modules)."""
+    lines = [line.strip() for line in _output_lines(text)]
+    states = [line.split()[1].lower() for line in lines if line.startswith("SecureBoot ")]
+    if not states or states[0] not in ("enabled", "disabled"):
+        raise _error("mokutil --sb-state", "'SecureBoot enabled' or 'SecureBoot disabled'", text)
+    return states[0] == "enabled" and "SecureBoot validation is disabled in shim" not in lines
 
 
 _OS_RELEASE_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
