@@ -40,7 +40,7 @@ def test_memory(node: Node, record_property: RecordProperty) -> None:
                         f"memory: below {multiple:g}x")
     minimum = settings.host_min_memory_gb
     if minimum is not None and total < minimum * 1e9:
-        problems.append(f"{total / 1e9:.1f} GB of memory, below host_min_memory_gb {minimum:g}")
+        problems.append(f"{total / 1e9:.1f} GB of memory, below host_min_memory_gb {minimum}")
     assert not problems, "; ".join(problems)
 
 

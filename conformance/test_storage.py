@@ -48,7 +48,7 @@ def _need(node: Node, conformance: ConformanceSession) -> tuple[float, str] | No
         return None
     nodes = settings.storage_nodes or len(conformance.nodes)
     return (need_mbps(dataset, epoch, nodes),
-            f"{dataset:g} GB in {epoch:g} min over {nodes} nodes")
+            f"{dataset} GB in {epoch} min over {nodes} nodes")
 
 
 def test_storage_throughput(node: Node, conformance: ConformanceSession,

@@ -70,8 +70,7 @@ class Settings:
         unset without a default)."""
         variables = cls.variables()
         v = RoleVars(host, {k: var.default for k, var in variables.items()})
-        return cls(**{key: None if v.get(key) is None else v.checked(key, var.kind)
-                      for key, var in variables.items()})
+        return cls(**{key: _typed(v, key, var.kind) for key, var in variables.items()})
 
     @classmethod
     def mistyped(cls) -> list[str]:
@@ -89,6 +88,18 @@ class Settings:
                     or text.endswith(" | None") != (var.default is None)):
                 wrong.append(f"{f.name}: {text} ({var.kind}, default {var.default!r})")
         return wrong
+
+
+def _typed(v: RoleVars, key: str, kind: str) -> Any:
+    """``key`` read as ``kind``; None when unset. A number the inventory wrote as an integer
+    stays one (an int is a float to the type checker), so messages show it as written:
+    ``host_min_memory_gb 1000000``, not ``1e+06`` or ``1000000.0``."""
+    value = v.get(key)
+    if value is None:
+        return None
+    if kind == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return v.checked(key, kind)
 
 
 def always(host: Host, facts: Facts | None) -> bool:

@@ -10,6 +10,7 @@ from gpufleet.conformance.launch import processes_per_node, rendezvous_port
 from gpufleet.conformance.measure import allreduce, ddp, storage
 from gpufleet.conformance.nic_counters import Bounds
 from gpufleet.conformance.session import Node
+from gpufleet.conformance.suites.host_sizing import HostSizingSettings
 from gpufleet.connect.connection import ConnectOptions
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.model import Host
@@ -53,3 +54,12 @@ def test_the_allreduce_settings_and_the_counters_bounds_are_read_typed() -> None
     assert allreduce.domain(node(topology_domain="leaf7")) == "leaf7"
     assert Bounds.of(node()) == Bounds(100, 0, 0.01)
     assert Bounds.of(node(nic_max_drops="5")).max_drops == 5
+
+
+def test_a_number_the_inventory_writes_as_an_integer_reads_as_one() -> None:
+    """Messages show a setting as written: ``host_min_memory_gb 1000000``, not ``1e+06``."""
+    big = node(host_min_memory_gb=10**6, host_memory_multiple=2).typed(HostSizingSettings)
+    assert (str(big.host_min_memory_gb), str(big.host_memory_multiple)) == ("1000000", "2")
+    assert str(node(host_min_memory_gb=0.5).typed(HostSizingSettings).host_min_memory_gb) \
+        == "0.5"
+    assert node(host_min_memory_gb="12").typed(HostSizingSettings).host_min_memory_gb == 12.0

@@ -53,9 +53,8 @@ class StorageRun:
 def probe_args(node: Node, trials: int = 1) -> list[str]:
     """The probe's sizes from the node's variables, and its trials."""
     settings = node.typed(StorageSettings)
-    file_gb = settings.storage_file_gb  # written as the inventory writes it: 1, not 1.0
     return ["--path", str(settings.storage_dataset_path),
-            "--file-gb", str(int(file_gb)) if file_gb.is_integer() else str(file_gb),
+            "--file-gb", str(settings.storage_file_gb),
             "--readers", str(settings.storage_readers),
             "--small-files", str(settings.storage_small_files),
             "--trials", str(trials)]
