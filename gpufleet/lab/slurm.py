@@ -36,12 +36,15 @@ START_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """What every lab node offers to Slurm, and how often slurmd runs the health check."""
+    """What every lab node offers to Slurm, how often slurmd runs the health check, and the
+    prolog and epilog it runs at each job's start and end (none when empty)."""
 
     cpus: int = 4
     gpus: int = 2
     health_check_interval: int = 60
     nodes: tuple[str, ...] = field(default=())
+    prolog: str = ""
+    epilog: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class LabSlurm:
         data = json.loads(self._settings_file.read_text())
         return SlurmSettings(cpus=data["cpus"], gpus=data["gpus"],
                              health_check_interval=data["health_check_interval"],
-                             nodes=tuple(data["nodes"]))
+                             nodes=tuple(data["nodes"]), prolog=data.get("prolog", ""),
+                             epilog=data.get("epilog", ""))
 
     def _pidfile(self, daemon: str, node: str | None = None) -> Path:
         return self.dir / "run" / (f"{daemon}-{node}.pid" if node else f"{daemon}.pid")
@@ -144,7 +148,7 @@ class LabSlurm:
         localcmd.require_tools(TOOLS, INSTALL_HINT)
         base = settings or self.settings()
         wanted = SlurmSettings(base.cpus, base.gpus, base.health_check_interval,
-                               tuple(n.name for n in nodes))
+                               tuple(n.name for n in nodes), base.prolog, base.epilog)
         before = self.conf.read_text() if self.conf.is_file() else None
         self._prepare(wanted)
         changed = self._write_config(wanted, nodes) != before
@@ -212,7 +216,8 @@ class LabSlurm:
             "CommunicationParameters=NoCtldInAddrAny",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            "# a requeued job waits cred_expire (default 120 s) before it may start again",
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={d}/state",
@@ -232,6 +237,14 @@ class LabSlurm:
             "ReturnToService=2",
             "MailProg=/bin/true",
             "MpiDefault=none",
+            "# a job gets slurmd's locked-memory limit, not the submitting shell's",
+            "PropagateResourceLimitsExcept=MEMLOCK",
+            "# the prolog runs when the job is allocated, on every node; a job whose prolog "
+            "failed is requeued, not held",
+            "PrologFlags=Alloc",
+            "SchedulerParameters=nohold_on_prolog_fail",
+            *([f"Prolog={settings.prolog}"] if settings.prolog else []),
+            *([f"Epilog={settings.epilog}"] if settings.epilog else []),
             "GresTypes=gpu",
             f"HealthCheckProgram={HEALTH_CHECK_PROGRAM}",
             f"HealthCheckInterval={settings.health_check_interval}",
@@ -273,16 +286,29 @@ class LabSlurm:
         except SlurmError:
             return False
 
-    def _start_slurmd(self, node: Node) -> None:
+    def _start_slurmd(self, node: Node, memlock_kib: int | None = None) -> None:
+        """Start the node's slurmd with the locked-memory limit a job gets: unlimited, as
+        gpufleet's slurm_node role sets it (``LimitMEMLOCK=infinity``), or ``memlock_kib``."""
         if self._pid("slurmd", node.name) is not None:
             return
         q = shlex.quote
+        memlock = "unlimited" if memlock_kib is None else str(int(memlock_kib))
         script = (f"mkdir -p /etc/slurm && ln -sfn {q(str(self.conf))} /etc/slurm/slurm.conf"
+                  f" && ulimit -l {memlock}"
                   f" && exec slurmd -f {q(str(self.conf))} -N {q(node.name)}")
         localcmd.run([*node.nsenter(), "sh", "-ec", script], timeout=60)
         self._wait(lambda: self._pid("slurmd", node.name) is not None,
                    f"{node.name}: slurmd did not start", self.dir / "log" /
                    f"slurmd-{node.name}.log")
+
+    def restart_slurmd(self, node: Node, memlock_kib: int | None = None) -> None:
+        """Restart the node's slurmd, with a locked-memory limit of ``memlock_kib`` KiB (as
+        systemd's default for a unit gives it) or unlimited, and wait until it registers."""
+        pid = self._pid("slurmd", node.name)
+        if pid is not None:
+            self._stop_pids([pid])
+        self._start_slurmd(node, memlock_kib)
+        self._wait_registered([node.name])
 
     def _wait_registered(self, names: list[str]) -> None:
         """Wait until slurmctld has heard from every node's slurmd."""

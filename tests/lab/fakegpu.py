@@ -3,10 +3,12 @@
 made to hang (as nvidia-smi does on a GPU that fell off the bus), to list fewer GPUs in
 its query than its topology shows, to have its last GPU of another model, or to report a
 driver of another CUDA version. ``nvidia-smi -L`` is derived from the query capture (the
-same GPUs, in -L's format)."""
+same GPUs, in -L's format). A query of other fields gets the capture's columns by name, and
+the compute processes a test lists (``leave_process``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -18,21 +20,82 @@ from tests.conftest import ROOT
 from tests.lab.conftest import node_sh
 
 CAPTURES = ROOT / "tests" / "fixtures" / "h200x2"
+# Fields the query capture lacks, as the same node's ``nvidia-smi -q`` (nvidia_smi_q.txt)
+# reports them; with --format=csv they carry their units.
+EXTRA = {"compute_mode": "Default", "mig.mode.current": "Disabled", "memory.used": "0 MiB",
+         "clocks.applications.graphics": "1980 MHz", "clocks.applications.memory": "3201 MHz"}
 REPLAYED = {"query": "query_gpu_csv.txt", "topo": "topo_m.txt", "nvlink": "nvlink_status.txt",
             "q": "nvidia_smi_q.txt"}
 STATE = "/etc/gpufleet-lab/fake-gpu"
-SCRIPT = f"""#!/bin/sh
+# The node's own python3 answers queries: the columns a --query-gpu asks for, picked from
+# the capture by name (a field the capture lacks comes from the "extra" file, as set by a
+# test), and --query-compute-apps from the "apps" file (bus id, pid, MiB), each listed while
+# its process lives, as on a GPU, and from "apps-stuck", always listed (a process of another
+# PID namespace, which the node cannot signal).
+SCRIPT = f"""#!/usr/bin/python3
 # gpufleet lab stand-in for nvidia-smi: replays output captured on a real 2x H200 node.
-d={STATE}
-[ -e "$d/hang" ] && exec sleep 3600
-case "$*" in
-  *--query-gpu=*) cat "$d/query" ;;
-  "topo -m") cat "$d/topo" ;;
-  "nvlink --status") cat "$d/nvlink" ;;
-  "-q") cat "$d/q" ;;
-  "-L") cat "$d/list" ;;
-  *) echo "lab nvidia-smi: arguments not replayed: $*" >&2; exit 2 ;;
-esac
+import json, os, re, sys, time
+d = "{STATE}"
+args = sys.argv[1:]
+if os.path.exists(d + "/hang"):
+    time.sleep(3600)
+def read(name):
+    try:
+        with open(d + "/" + name) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+def option(prefix):
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+fmt = (option("--format=") or "csv").split(",")
+def emit(header, rows):
+    if "noheader" not in fmt:
+        print(", ".join(header))
+    for row in rows:
+        print(", ".join(row))
+gpu_fields, app_fields = option("--query-gpu="), option("--query-compute-apps=")
+if gpu_fields:
+    lines = read("query").splitlines()
+    names = [re.sub(r" \\[.*\\]$", "", h.strip()) for h in lines[0].split(",")]
+    extra = json.loads(read("extra") or "{{}}")
+    alias = {{"clocks.sm": "clocks.current.sm", "clocks.gr": "clocks.current.graphics",
+             "clocks.mem": "clocks.current.memory"}}
+    wanted = [alias.get(f, f) for f in gpu_fields.split(",")]
+    if wanted == names:
+        sys.stdout.write(read("query"))
+        sys.exit(0)
+    for field in wanted:
+        if field not in names and field not in extra:
+            print(f'Field "{{field}}" is not a valid field to query.', file=sys.stderr)
+            sys.exit(2)
+    rows = []
+    for line in lines[1:]:
+        values = dict(zip(names, (v.strip() for v in line.split(","))))
+        row = []
+        for field in wanted:
+            value = values.get(field, str(extra.get(field, "")))
+            if "nounits" in fmt:
+                value = re.sub(r" (MiB|W|MHz|%)$", "", value)
+            row.append(value)
+        rows.append(row)
+    emit(wanted, rows)
+elif app_fields:
+    rows = []
+    for name, live in (("apps", True), ("apps-stuck", False)):
+        for line in read(name).splitlines():
+            bus, pid, mib = (v.strip() for v in line.split(","))
+            if not live or os.path.exists("/proc/" + pid):
+                values = {{"gpu_bus_id": bus, "pid": pid, "used_memory": mib,
+                          "process_name": "python3", "gpu_uuid": ""}}
+                rows.append([values[f] for f in app_fields.split(",")])
+    emit(app_fields.split(","), rows)
+else:
+    replayed = {{"topo -m": "topo", "nvlink --status": "nvlink", "-q": "q", "-L": "list"}}
+    key = " ".join(args)
+    if key not in replayed:
+        print("lab nvidia-smi: arguments not replayed: " + key, file=sys.stderr)
+        sys.exit(2)
+    sys.stdout.write(read(replayed[key]))
 """
 
 
@@ -57,9 +120,25 @@ def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = Fa
                       for g in nvidia_smi.nvidia_smi_query((CAPTURES / REPLAYED["query"])
                                                         .read_text()))
     commands.append(f"printf '%s' {shlex.quote(listing)} > {STATE}/list")
+    commands.append(f"printf '%s' {shlex.quote(json.dumps(EXTRA))} > {STATE}/extra")
     if hang:
         commands.append(f": > {STATE}/hang")
     node_sh(lab, node, " && ".join(commands))
+
+
+def set_fields(lab: Lab, node: str, **fields: str) -> None:
+    """Give every stand-in GPU of ``node`` these query fields (dots written as ``__``:
+    ``compute_mode="Exclusive_Process"``)."""
+    extra = {**EXTRA, **{k.replace("__", "."): v for k, v in fields.items()}}
+    node_sh(lab, node, f"printf '%s' {shlex.quote(json.dumps(extra))} > {STATE}/extra")
+
+
+def list_process(lab: Lab, node: str, bus_id: str, pid: int, mib: int, *,
+                 stuck: bool = False) -> None:
+    """List ``pid`` as a compute process on the stand-in GPU ``bus_id`` while it lives, or
+    always (``stuck``: a process the node cannot signal, of another PID namespace)."""
+    name = "apps-stuck" if stuck else "apps"
+    node_sh(lab, node, f"echo {shlex.quote(f'{bus_id}, {pid}, {mib}')} >> {STATE}/{name}")
 
 
 def remove(lab: Lab, node: str) -> None:
