@@ -48,7 +48,8 @@ def test_values_with_spaces_equals_signs_brackets_and_nothing_are_kept() -> None
 @pytest.mark.parametrize(("name", "version", "cgroup"), [
     ("lab", "22.05.8", False), ("defaults", "22.05.8", True),
     ("no_cgroup_plugin", "22.05.8", False), ("except_nofile", "22.05.8", True),
-    ("propagate_list", "22.05.8", True), ("task_prolog", "22.05.8", False),
+    ("propagate_list", "22.05.8", True), ("propagate_none", "22.05.8", True),
+    ("task_prolog", "22.05.8", False),
     ("19.05.5", "19.05.5", True), ("2.3.2", "2.3.2", False)])
 def test_every_capture_is_read(name: str, version: str, cgroup: bool) -> None:
     config = parse_show_config((SLURM / f"scontrol_show_config_{name}.txt").read_text())
