@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.slurm import findings
+from gpufleet.slurm.config import SlurmConfig, parse_show_config
 
 UPDATE_ATTEMPTS = 4
 SETTLE_S = 0.5  # longer than another run's read-then-write of one reason
@@ -35,7 +36,7 @@ _FREE_TEXT = re.compile(r"(?:^|\s)(Reason|Comment|Extra)=")
 _REASON_MARK = re.compile(r"^(?P<text>.*?) \[(?P<user>[^@\]\s]*)@(?P<time>[^\]\s]+)\](?P<rest>.*)$")
 _NOT_ANSWERING = ("Unable to contact slurm controller", "Zero Bytes were transmitted",
                   "Socket timed out", "Connection refused", "Communication connection failure")
-_GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
+_GPU_GRES = re.compile(r"(?:^|,)\s*gpu(?::(?P<type>[^:(,]+))?:(?P<count>\d+)")
 
 
 class SlurmError(GpufleetError):
@@ -85,11 +86,14 @@ class SlurmNode:
     @property
     def gpus(self) -> int:
         """GPUs in the node's configured GRES (``gpu:8``, ``gpu:h200:8(S:0-1)``)."""
-        total = 0
-        for item in self.gres.split(","):
-            match = _GPU_GRES.match(item.strip())
-            total += int(match.group(1)) if match else 0
-        return total
+        return sum(count for _, count in self.gpu_types)
+
+    @property
+    def gpu_types(self) -> tuple[tuple[str | None, int], ...]:
+        """Each ``gpu`` entry of the node's GRES as its type (None where untyped) and
+        count: ``gpu:a100:4(S:0),gpu:v100:4(S:1)`` is ``(("a100", 4), ("v100", 4))``."""
+        return tuple((match["type"], int(match["count"]))
+                     for match in _GPU_GRES.finditer(self.gres))
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,10 @@ class Slurm:
         if not found:
             raise SlurmError(f"no Slurm node named {name!r}")
         return found[0]
+
+    def config(self) -> SlurmConfig:
+        """The configuration slurmctld runs with (``scontrol show config``)."""
+        return parse_show_config(self.run(["scontrol", "show", "config"]))
 
     def partitions(self) -> list[SlurmPartition]:
         """Every partition slurmctld knows."""

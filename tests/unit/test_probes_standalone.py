@@ -23,6 +23,7 @@ NEEDS = {
     "probe_common": {"torch"},
     "reachability": set(),
     "image_stack": {"torch"},  # inside the image, when it has torch
+    "job_view": set(),
 }
 
 
