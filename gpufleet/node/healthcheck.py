@@ -69,8 +69,10 @@ PREFIX = "gf "
 LEGACY = "gpufleet: "
 MESSAGE_LIMIT = 160
 MOST = 40
-LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap"}
-LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/"}
+LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap",
+           "p": "prolog", "e": "epilog"}
+LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/", "p": "prolog/",
+          "e": "epilog/"}
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
 _PUNCTUATION = str.maketrans({'"': "'", "{": "(", "}": ")", "[": "(", "]": ")"})
 _SLURM_FIELD = re.compile(r"\b(Reason|Comment|Extra)=")
