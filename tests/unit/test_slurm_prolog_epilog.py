@@ -25,7 +25,10 @@ from typing import Any
 
 import pytest
 
+from gpufleet.inventory.load import load_inventory
 from gpufleet.node import healthcheck as program
+from gpufleet.provision.role import RoleVars
+from gpufleet.roles import slurm_healthcheck
 from tests.conftest import FIXTURES
 from tests.unit.test_slurm_healthcheck import SMI, Node, _drained, _lines, _script
 
@@ -324,6 +327,39 @@ def test_a_healthy_prolog_passes_records_the_gpus_and_asks_slurm_nothing(node: J
                                                    "1 skipped in ")
     [logged] = node.syslog()
     assert logged.startswith("<30>gpufleet-prolog[")
+
+
+def test_the_roles_wrappers_run_the_program_as_prolog_and_epilog(node: JobNode) -> None:
+    """What slurmd runs: Prolog=/Epilog= name the wrappers, which take no arguments."""
+    sbin = node.tmp / "sbin"
+    sbin.mkdir()
+    hosts = node.tmp / "hosts.yml"
+    hosts.write_text("all:\n  hosts:\n    gpu01:\n      slurm_healthcheck: true\n"
+                     "      slurm_prolog: true\n      slurm_epilog: true\n"
+                     f"      slurm_healthcheck_python: {sys.executable}\n"
+                     f"      slurm_healthcheck_path: {sbin}/gpufleet-healthcheck\n"
+                     f"      slurm_healthcheck_config: {node.config}\n"
+                     f"      slurm_prolog_path: {sbin}/gpufleet-prolog\n"
+                     f"      slurm_epilog_path: {sbin}/gpufleet-epilog\n")
+    role = slurm_healthcheck.ROLE
+    v = RoleVars(load_inventory(hosts).hosts["gpu01"], role.defaults)
+    role.check(v)
+    for path, text in ((sbin / "gpufleet-healthcheck", role.program(v)),
+                       (sbin / "gpufleet-prolog", role.wrapper(v, "prolog")),
+                       (sbin / "gpufleet-epilog", role.wrapper(v, "epilog"))):
+        path.write_text(text)
+        path.chmod(0o755)
+    environment = {"PATH": f"{node.bin}:/usr/bin:/bin", **JOB}
+    prolog = subprocess.run([str(sbin / "gpufleet-prolog")], capture_output=True, text=True,
+                            timeout=30, check=False, env=environment)
+    assert prolog.returncode == 0, prolog.stdout + prolog.stderr
+    assert prolog.stdout.splitlines()[-1].startswith("prolog node04 job 42: 0 failed, 6 passed")
+    assert node.record().exists()
+    epilog = subprocess.run([str(sbin / "gpufleet-epilog")], capture_output=True, text=True,
+                            timeout=30, check=False, env=environment)
+    assert epilog.returncode == 0, epilog.stdout + epilog.stderr
+    assert "PASS gpu_config: as the prolog recorded on 1 GPU(s)" in epilog.stdout
+    assert not node.record().exists()
 
 
 def test_a_job_without_gpus_skips_the_gpu_checks(node: JobNode) -> None:
