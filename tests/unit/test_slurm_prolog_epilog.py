@@ -555,6 +555,13 @@ def test_memory_not_released_or_changed_settings_fail_the_epilog(node: JobNode) 
                                    "absent)")
 
 
+def test_a_job_gpu_gone_fails_the_epilog(node: JobNode) -> None:
+    proc = node.job("epilog", env={"SLURM_JOB_GPUS": "0,3"})
+    assert _lines(proc)["gpu_processes"] == ("FAIL gpu_processes: job 42's GPU(s) 3 not found "
+                                             "by nvidia-smi")
+    assert _reason(node).startswith("gf epilog/gpu_processes: job 42's GPU(s) 3 not found")
+
+
 def test_a_corrupt_job_record_is_skipped_and_removed(node: JobNode) -> None:
     node.record().parent.mkdir(parents=True)
     node.record().write_text("{not json")
