@@ -1,14 +1,22 @@
-"""Slurm's health check program on every node: gpufleet-healthcheck and what it expects.
+"""Slurm's health check, prolog and epilog on every node: gpufleet-healthcheck and what it
+expects.
 
-Installs the standalone program (``gpufleet/healthcheck/program.py``, standard library only)
+Installs the standalone program (``gpufleet/node/healthcheck.py``, standard library only)
 as ``/usr/local/sbin/gpufleet-healthcheck`` and its expectations as
 ``/etc/gpufleet/healthcheck.json``: the GPU count, the critical Xids, the local port range
-the nccl_env role sets, and where bootstrap records the node's versions. slurm.conf then
-names it as ``HealthCheckProgram`` (see docs/slurm.md).
+the nccl_env role sets, where bootstrap records the node's versions, and the prolog's and
+epilog's budgets, limits and state directory. With ``slurm_prolog`` / ``slurm_epilog`` it
+also installs ``/usr/local/sbin/gpufleet-prolog`` / ``gpufleet-epilog``, two-line wrappers
+that run the program in that context (Slurm's Prolog= and Epilog= take no arguments).
+slurm.conf then names them as ``HealthCheckProgram``, ``Prolog`` and ``Epilog`` (see
+docs/slurm.md); the slurm_node role declares the same four prolog/epilog variables, with
+the same defaults, to check those lines.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Mapping
 from importlib import resources
 from typing import ClassVar
@@ -25,6 +33,9 @@ from gpufleet.roles import nccl_env
 # because bootstrap imports the role registry.
 STATE_FILE = "/etc/gpufleet/node.json"
 PROGRAM = resources.files("gpufleet.node").joinpath("healthcheck.py")
+WRAPPERS = {"prolog": ("slurm_prolog", "slurm_prolog_path"),
+            "epilog": ("slurm_epilog", "slurm_epilog_path")}
+_PORT = re.compile(r"^[A-Za-z0-9_.-]+/\d+\Z")
 
 
 class SlurmHealthcheckRole(RoleBase):
@@ -40,6 +51,24 @@ class SlurmHealthcheckRole(RoleBase):
         "slurm_healthcheck_xids": Var(list(CRITICAL_XIDS), "list", "Xids that drain"),
         "slurm_healthcheck_nvidia_smi_timeout_s": Var(4, "integer", "nvidia-smi deadline"),
         "slurm_healthcheck_budget_s": Var(9, "integer", "the whole program's deadline"),
+        "slurm_prolog": Var(False, "boolean", "install gpufleet-prolog for Slurm's Prolog="),
+        "slurm_prolog_path": Var("/usr/local/sbin/gpufleet-prolog", "string",
+                                 "where the prolog wrapper goes"),
+        "slurm_epilog": Var(False, "boolean", "install gpufleet-epilog for Slurm's Epilog="),
+        "slurm_epilog_path": Var("/usr/local/sbin/gpufleet-epilog", "string",
+                                 "where the epilog wrapper goes"),
+        "slurm_prolog_budget_s": Var(5, "integer", "the prolog's deadline"),
+        "slurm_epilog_budget_s": Var(30, "integer", "the epilog's deadline"),
+        "slurm_epilog_kill_grace_s": Var(5, "integer", "seconds between the epilog's SIGTERM "
+                                                       "and SIGKILL"),
+        "slurm_epilog_max_used_mib": Var(1024, "integer", "the most memory (MiB) a job's GPU "
+                                                          "may still use after it"),
+        "slurm_job_memlock_min_kib": Var(None, "integer", "least RLIMIT_MEMLOCK (KiB) slurmd "
+                                                          "gives jobs; unset: unlimited"),
+        "slurm_fabric_ports": Var(None, "list", "InfiniBand/RoCE ports (mlx5_0/1) the prolog "
+                                                "needs ACTIVE; unset: every port"),
+        "slurm_healthcheck_state_dir": Var("/var/lib/gpufleet", "string",
+                                           "the prolog's and epilog's state files"),
         "gpu_count": Var(None, "integer", "GPUs the node must have"),
         "nccl_env": Var(None, "mapping", "the nccl_env role's settings: their local port "
                                          "range is the one the program expects"),
@@ -52,25 +81,42 @@ class SlurmHealthcheckRole(RoleBase):
         super().check(v)
         if not self.active(v):
             return
-        for key in ("slurm_healthcheck_path", "slurm_healthcheck_config"):
+        for key in ("slurm_healthcheck_path", "slurm_healthcheck_config",
+                    "slurm_healthcheck_state_dir"):
             v.path(key)
         self.program(v)
         self.config(v)
+        for context in WRAPPERS:
+            self.wrapper(v, context)
         if v.get("nccl_env") is not None:
             nccl_env.ROLE.settings(RoleVars(v.host, nccl_env.ROLE.defaults))
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:
-        return {k: v.string(k) for k in ("slurm_healthcheck_path", "slurm_healthcheck_config")}
+        keys = ["slurm_healthcheck_path", "slurm_healthcheck_config",
+                *(path for flag, path in WRAPPERS.values() if v.boolean(flag))]
+        return {k: v.string(k) for k in keys}
 
     def request(self, v: RoleVars) -> FactRequest:
-        return FactRequest(files=frozenset({v.string("slurm_healthcheck_path"),
-                                            v.string("slurm_healthcheck_config")}))
+        return FactRequest(files=frozenset(self.managed_files(v).values()))
 
     def program(self, v: RoleVars) -> str:
         """The program as installed: its interpreter line and a managed-file note."""
         python = v.path("slurm_healthcheck_python", "the program's interpreter line")
         source = PROGRAM.read_text().split("\n", 1)[1]
         return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
+
+    def wrapper(self, v: RoleVars, context: str) -> str:
+        """gpufleet-prolog or gpufleet-epilog: the program in that context, with the role's
+        configuration (Slurm runs Prolog= and Epilog= without arguments)."""
+        flag, path = WRAPPERS[context]
+        v.boolean(flag)
+        v.path(path, f"Slurm's {context.capitalize()}=")
+        program = shlex.quote(v.path("slurm_healthcheck_path"))
+        config = shlex.quote(v.path("slurm_healthcheck_config"))
+        return (f"#!/bin/sh\n# {HEADER.format(role=self.name)}\n"
+                f"# Slurm's {context.capitalize()}=: gpufleet-healthcheck's {context} checks "
+                "(docs/slurm.md)\n"
+                f'exec {program} --config {config} --context {context} "$@"\n')
 
     def config(self, v: RoleVars) -> str:
         """healthcheck.json: the node's expectations, validated here rather than on the node."""
@@ -90,7 +136,30 @@ class SlurmHealthcheckRole(RoleBase):
                       state_file=STATE_FILE,
                       nvidia_smi_timeout_s=self._seconds(v, "slurm_healthcheck_nvidia_smi_"
                                                             "timeout_s", 1),
-                      budget_s=self._seconds(v, "slurm_healthcheck_budget_s", 4))
+                      budget_s=self._seconds(v, "slurm_healthcheck_budget_s", 4),
+                      **self.job_settings(v))
+
+    def job_settings(self, v: RoleVars) -> dict[str, object]:
+        """The prolog's and epilog's keys of healthcheck.json, validated."""
+        memlock = v.get("slurm_job_memlock_min_kib")
+        ports = v.get("slurm_fabric_ports")
+        if ports is not None:
+            ports = v.items("slurm_fabric_ports")
+            if not all(isinstance(p, str) and _PORT.match(p) for p in ports):
+                raise v.fail("slurm_fabric_ports", "a list of InfiniBand/RoCE ports as "
+                             "device/port (mlx5_0/1)", v.get("slurm_fabric_ports"))
+        return {
+            "prolog_budget_s": self._bounded(v, "slurm_prolog_budget_s", 3, 60, "seconds"),
+            "epilog_budget_s": self._bounded(v, "slurm_epilog_budget_s", 3, 300, "seconds"),
+            "epilog_kill_grace_s": self._bounded(v, "slurm_epilog_kill_grace_s", 0, 60,
+                                                 "seconds"),
+            "epilog_max_used_mib": self._bounded(v, "slurm_epilog_max_used_mib", 0, None,
+                                                 "MiB"),
+            "job_memlock_min_kib": None if memlock is None else self._bounded(
+                v, "slurm_job_memlock_min_kib", 1, None, "KiB"),
+            "fabric_ports": ports,
+            "state_dir": v.path("slurm_healthcheck_state_dir"),
+        }
 
     @staticmethod
     def _seconds(v: RoleVars, key: str, least: int) -> int:
@@ -100,9 +169,20 @@ class SlurmHealthcheckRole(RoleBase):
                            f"(slurmd kills the program after 60), got {value}")
         return value
 
+    @staticmethod
+    def _bounded(v: RoleVars, key: str, least: int, most: int | None, unit: str) -> int:
+        value = v.integer(key)
+        if value < least or (most is not None and value > most):
+            span = f"at least {least}" if most is None else f"{least}-{most}"
+            raise VarError(f"host {v.host.name}: variable {key} must be {span} {unit}, "
+                           f"got {value}")
+        return value
+
     def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
         files = [(v.string("slurm_healthcheck_path"), self.program(v), 0o755),
-                 (v.string("slurm_healthcheck_config"), self.config(v), 0o644)]
+                 (v.string("slurm_healthcheck_config"), self.config(v), 0o644),
+                 *((v.string(path), self.wrapper(v, context), 0o755)
+                   for context, (flag, path) in WRAPPERS.items() if v.boolean(flag))]
         return [c for path, content, mode in files
                 if (c := file_change(self.name, facts, path, content, mode=mode)) is not None]
 

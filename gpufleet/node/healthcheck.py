@@ -1,26 +1,50 @@
 #!/usr/bin/python3
-"""gpufleet-healthcheck: the fast node-local checks, suitable as Slurm's HealthCheckProgram.
+"""gpufleet-healthcheck: the node-local checks Slurm runs, as its health check, prolog and epilog.
 
-Runs on the node with the standard library only (no gpufleet install), in under 10 s:
+Runs on the node with the standard library only (no gpufleet install). One catalogue of
+checks; each runs in the contexts it is tagged with:
 
-  gpus        nvidia-smi answers within its deadline and sees the expected GPU count
-  ecc         no uncorrectable ECC error since the driver loaded, no row remapping pending
-              or failed
-  xid         no critical Xid event in the kernel log since boot
-  driver      the loaded NVIDIA kernel module is the version bootstrap recorded
-  nccl        the installed libnccl2 is the version bootstrap recorded
-  port_range  net.ipv4.ip_local_port_range is the expected (or recorded) range
+  periodic  slurmd's HealthCheckProgram (the default; under 10 s)
+  prolog    slurmd's Prolog, at each job's start: only the job's GPUs (under 5 s)
+  epilog    slurmd's Epilog, at each job's end: the job's GPUs cleaned and compared
+
+  gpus           periodic, prolog  nvidia-smi answers; the expected GPU count, or the job's
+                                   GPUs exist
+  gpu_processes  prolog, epilog    no compute process on the job's GPUs (the epilog kills
+                                   what is left: SIGTERM, then SIGKILL)
+  ecc            periodic, prolog  no uncorrectable ECC error since the driver loaded, no
+                                   row remapping pending or failed
+  gpu_memory     epilog            the job's GPUs' memory is released
+  xid            periodic, prolog  no critical Xid since boot; in the prolog, none newer than
+                                   the last one a prolog saw (state_dir/gate.json)
+  driver, nccl   periodic          the loaded driver and libnccl2 are the versions bootstrap
+                                   recorded
+  port_range     periodic          net.ipv4.ip_local_port_range is the expected range
+  fabric_ports   prolog            every InfiniBand/RoCE port (or those configured) is ACTIVE
+  memlock        prolog            slurmd's RLIMIT_MEMLOCK, which jobs get, is unlimited
+  gpu_config     prolog, epilog    the prolog records the job's GPUs' application clocks,
+                                   compute mode and MIG mode (state_dir/jobs/<job>.json);
+                                   the epilog finds them unchanged
+
+The context is ``--context``, else the name the program was run by (gpufleet-prolog,
+gpufleet-epilog: Slurm's Prolog= takes no arguments), else periodic. The prolog and epilog
+read the job from SLURM_JOB_ID and SLURM_JOB_GPUS (else CUDA_VISIBLE_DEVICES): GPU indexes
+or UUIDs as nvidia-smi lists them; a job without GPUs skips the GPU checks.
 
 It prints one line per check (PASS, FAIL or SKIP) and exits 1 when a check failed, 2 on a
-bad configuration. The checks get ``budget_s`` (9 s) less 3 s, which stay for scontrol,
-so a hung nvidia-smi still leaves time to drain the node.
+bad configuration. Each context has a budget (``budget_s``, ``prolog_budget_s``,
+``epilog_budget_s``); every command gets at most the time left of it, less a reserve (3 s,
+2 s in the prolog and epilog) that stays for scontrol, so a hung nvidia-smi still leaves
+time to drain the node.
 
 With --drain, or when slurmd runs it (SLURMD_NODENAME is set), it keeps its findings in
 the node's drain reason, beside gpufleet's other findings (a failed conformance check, a
 drifted role) in the format of gpufleet/slurm/findings.py, which this program carries a
-copy of: a failed check adds its finding (the reason then starts ``gf hc/<check>: ...``),
-a check that passes again clears only its own, and the node is resumed once no finding of
-anyone's is left. A node that an operator drained is left alone.
+copy of: a failed check adds its finding (the reason then starts ``gf hc/<check>: ...``,
+``gf prolog/<check>: ...`` or ``gf epilog/<check>: ...``). The periodic run clears the
+findings (its own, the prolog's and the epilog's) of each check it passes, and resumes the
+node once no finding of anyone's is left; the prolog and epilog only drain, and only ask
+Slurm anything when a check failed. A node that an operator drained is left alone.
 
 Expectations come from a JSON file (default /etc/gpufleet/healthcheck.json, written by
 gpufleet's slurm_healthcheck role) and the node's recorded state /etc/gpufleet/node.json
@@ -34,12 +58,14 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 CONFIG = "/etc/gpufleet/healthcheck.json"
@@ -51,14 +77,32 @@ DEFAULTS: dict[str, Any] = {
     "nvidia_smi_timeout_s": 4.0,
     "budget_s": 9.0,
     "syslog_socket": "/dev/log",
+    "prolog_budget_s": 5.0,
+    "epilog_budget_s": 30.0,
+    "epilog_kill_grace_s": 5.0,
+    "epilog_max_used_mib": 1024,
+    "job_memlock_min_kib": None,
+    "fabric_ports": None,
+    "state_dir": "/var/lib/gpufleet",
 }
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+INFINIBAND_DIR = "/sys/class/infiniband"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_QUERY = ("index,pci.bus_id,name,ecc.errors.uncorrected.volatile.total,"
              "remapped_rows.pending,remapped_rows.failure")
+SETTINGS = ("clocks.applications.graphics", "clocks.applications.memory", "compute_mode",
+            "mig.mode.current")
+JOB_QUERY = GPU_QUERY + ",uuid,memory.used," + ",".join(SETTINGS)
+APPS_QUERY = "gpu_bus_id,pid,used_memory"
 SLURM_RESERVE_S = 3.0
+JOB_RESERVE_S = 2.0  # the prolog's and epilog's: Slurm drains on their failure anyway
 KILL_GRACE_S = 0.5  # after SIGKILL: a tool still not ended by then is left behind
+POLL_S = 0.25  # between two looks at the GPUs while the epilog waits
+STATE_LIMIT = 65536  # bytes of a state file: a larger one is read as empty
+JOBS_MOST = 256  # job records kept in state_dir/jobs (the oldest go first)
+LINE_LIMIT = 300  # characters of the Xid line gate.json keeps
 SYSLOG_TAG = "gpufleet-healthcheck"
 SYSLOG_FACILITY = 3  # daemon (RFC 5424), as LBNL NHC logs
 SYSLOG_ERR, SYSLOG_INFO = 3, 6
@@ -69,8 +113,10 @@ PREFIX = "gf "
 LEGACY = "gpufleet: "
 MESSAGE_LIMIT = 160
 MOST = 40
-LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap"}
-LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/"}
+LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap",
+           "p": "prolog", "e": "epilog"}
+LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/", "p": "prolog/",
+          "e": "epilog/"}
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
 _PUNCTUATION = str.maketrans({'"': "'", "{": "(", "}": ")", "[": "(", "]": ")"})
 _SLURM_FIELD = re.compile(r"\b(Reason|Comment|Extra)=")
@@ -83,9 +129,21 @@ EXIT_USAGE = 2
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
                   r"(?:\.[0-7])?)\):\s*(\d+),\s*(.*?)\s*$")
 _XID_CONTEXT = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")
+_STAMP = re.compile(r"\[\s*(\d+\.\d+)\]")
 _MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 _REASON = re.compile(r"\sReason=(.*?)(?: \[[^\]\s]*@[^\]\s]+\])?(?: (?:Comment|Extra)=.*)?$")
+_JOB_ID = re.compile(r"^\d{1,20}$")
+_PORT = re.compile(r"^[A-Za-z0-9_.-]+/\d+$")
+
+# The contexts: the name each is run by, its findings' letter, its budget and its reserve.
+CONTEXTS = ("periodic", "prolog", "epilog")
+BY_NAME = {"gpufleet-prolog": "prolog", "gpufleet-epilog": "epilog"}
+LETTER_OF = {"periodic": "h", "prolog": "p", "epilog": "e"}
+BUDGET_OF = {"periodic": "budget_s", "prolog": "prolog_budget_s", "epilog": "epilog_budget_s"}
+RESERVE_OF = {"periodic": SLURM_RESERVE_S, "prolog": JOB_RESERVE_S, "epilog": JOB_RESERVE_S}
+TAG_OF = {"periodic": SYSLOG_TAG, "prolog": "gpufleet-prolog", "epilog": "gpufleet-epilog"}
+LABEL_OF = {"periodic": "healthcheck", "prolog": "prolog", "epilog": "epilog"}
 
 
 class ConfigError(Exception):
@@ -170,9 +228,9 @@ def last_line(text: str) -> str:
 
 # ---- parsers ---------------------------------------------------------------------------------
 
-def parse_gpus(text: str) -> list[dict[str, str]]:
-    """Rows of ``nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits``."""
-    keys = GPU_QUERY.split(",")
+def parse_gpus(text: str, query: str = GPU_QUERY) -> list[dict[str, str]]:
+    """Rows of ``nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits``."""
+    keys = query.split(",")
     rows = []
     for line in text.splitlines():
         if not line.strip():
@@ -184,15 +242,74 @@ def parse_gpus(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def parse_xids(text: str) -> list[tuple[str, int, str]]:
-    """(PCI address, Xid, message) of every ``NVRM: Xid`` line of a kernel log."""
+def bus_id(text: str) -> str:
+    """A PCI address in one spelling: ``00000000:3B:00.0`` and ``0000:3b:00.0`` are one."""
+    parts = text.strip().lower().split(":")
+    if len(parts) == 3 and re.fullmatch(r"[0-9a-f]{1,8}", parts[0]):
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    return text.strip().lower()
+
+
+@dataclass(frozen=True)
+class App:
+    """A compute process nvidia-smi lists: its GPU's PCI address, pid and memory (MiB)."""
+
+    bus: str
+    pid: int
+    used: str
+
+    def shown(self) -> str:
+        comm = _comm(self.pid)
+        used = f"{self.used} MiB" if self.used.isdigit() else self.used
+        return f"pid {self.pid}" + (f" ({comm}, {used})" if comm else f" ({used})")
+
+
+def parse_compute_apps(text: str) -> list[App]:
+    """Rows of ``nvidia-smi --query-compute-apps=APPS_QUERY --format=csv,noheader,nounits``:
+    ``00000000:3B:00.0, 4242, 1024`` (none: no output, or a "No running processes found"
+    line as nvidia-smi's table prints it)."""
+    apps = []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().lower().startswith("no running"):
+            continue
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != 3 or not values[1].isdigit():
+            raise ValueError(f"unexpected nvidia-smi line {line.strip()[:80]!r}")
+        apps.append(App(bus_id(values[0]), int(values[1]), values[2]))
+    return apps
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid`` line: its kernel time stamp (seconds since boot, when printed), the
+    line from ``NVRM:`` on (what identifies it, whichever log printed it), PCI address, Xid
+    and message."""
+
+    stamp: float | None
+    line: str
+    pci: str
+    xid: int
+    message: str
+
+
+def parse_xid_events(text: str) -> list[XidEvent]:
+    """Every ``NVRM: Xid`` event of a kernel log (dmesg, journalctl -o short-monotonic,
+    syslog): the stamp is the last ``[seconds]`` before ``NVRM:``."""
     events = []
     for line in text.splitlines():
         match = _XID.search(line)
         if match:
-            events.append((match.group(1).lower(), int(match.group(2)),
-                           _XID_CONTEXT.sub("", match.group(3))))
+            stamps = _STAMP.findall(line[:match.start()])
+            events.append(XidEvent(float(stamps[-1]) if stamps else None,
+                                   line[match.start():].strip()[:LINE_LIMIT],
+                                   match.group(1).lower(), int(match.group(2)),
+                                   _XID_CONTEXT.sub("", match.group(3))))
     return events
+
+
+def parse_xids(text: str) -> list[tuple[str, int, str]]:
+    """(PCI address, Xid, message) of every ``NVRM: Xid`` line of a kernel log."""
+    return [(e.pci, e.xid, e.message) for e in parse_xid_events(text)]
 
 
 def parse_port_range(text: str) -> tuple[int, int]:
@@ -212,6 +329,8 @@ def parse_slurm_node(text: str) -> tuple[str, str | None]:
     reason = _REASON.search(line)
     return state.group(1), (reason.group(1).strip() or None) if reason else None
 
+
+# ---- the findings in a drain reason (a copy of gpufleet/slurm/findings.py) -------------------
 
 def _one_line(text: str) -> str:
     """Control characters to spaces, double quotes to single, braces and brackets to
@@ -268,25 +387,26 @@ def message_of(reason: str | None) -> str:
     return body.split(": ", 1)[1] if ": " in body else ""
 
 
-def reconcile_reason(reason: str | None, results: list[Result], now: float
-                     ) -> tuple[str | None, bool]:
+def reconcile_reason(reason: str | None, results: list[Result], now: float,
+                     letter: str = "h", clears: str = "hpe") -> tuple[str | None, bool]:
     """The reason after this run (None: no finding left) and whether it is gpufleet's to
-    change: the health check's failed checks added, its passed checks cleared, every other
-    finding kept."""
+    change: the run's failed checks added as findings of ``letter``, the findings of the
+    sources ``clears`` names (the periodic run: its own, the prolog's and the epilog's; the
+    prolog and epilog: none) cleared for its passed checks, every other finding kept."""
     current = parse_findings(reason)
     if current is None and reason:
         return reason, False
     failing = {r.check: r.message for r in results if r.status == "FAIL"}
-    passed = {r.check for r in results if r.status == "PASS"}
-    kept = [f for f in current or [] if not (f[0] == "h" and f[1] in passed - set(failing))]
+    cleared = {r.check for r in results if r.status == "PASS"} - set(failing)
+    kept = [f for f in current or [] if not (f[0] in clears and f[1] in cleared)]
     known = {(f[0], f[1]) for f in kept}
-    findings = kept + [("h", c, int(now)) for c in failing if ("h", c) not in known]
+    findings = kept + [(letter, c, int(now)) for c in failing if (letter, c) not in known]
     if not findings:
         return None, True
     if current is not None and findings == current:
         return reason, True  # nothing opened or cleared: the reason stays as it is
-    letter, ident, since = findings[0]
-    if letter == "h" and ident in failing:
+    first, ident, since = findings[0]
+    if first == letter and ident in failing:
         message = failing[ident]
     elif current and current[0] == findings[0] and message_of(reason):
         message = message_of(reason)
@@ -295,46 +415,267 @@ def reconcile_reason(reason: str | None, results: list[Result], now: float
     return render_reason(findings, message), True
 
 
+# ---- state files: gate.json and the job records ----------------------------------------------
+
+def read_state(path: str) -> tuple[dict[str, Any], str]:
+    """A state file's object and, when it could not be used, why: absent, over
+    STATE_LIMIT bytes, not a JSON object or unreadable are all read as empty (only that
+    file's history is lost)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(STATE_LIMIT + 1)
+    except FileNotFoundError:
+        return {}, "absent"
+    except OSError as exc:
+        return {}, f"unreadable: {exc.strerror}"
+    if len(raw) > STATE_LIMIT:
+        return {}, f"over {STATE_LIMIT} bytes, read as empty"
+    try:
+        data = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return {}, "corrupt, read as empty"
+    if not isinstance(data, dict):
+        return {}, "not a JSON object, read as empty"
+    return data, ""
+
+
+def write_state(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file beside it, renamed over it):
+    a reader sees the old file or the new one, never half of one. Raises OSError."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    text = json.dumps(data, sort_keys=True)
+    if len(text) > STATE_LIMIT:
+        raise OSError(f"{path}: {len(text)} bytes, more than {STATE_LIMIT}")
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as fh:
+            fh.write(text + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def gate_path(config: dict[str, Any]) -> str:
+    return os.path.join(config["state_dir"], "gate.json")
+
+
+def job_record_path(config: dict[str, Any], job: str) -> str:
+    return os.path.join(config["state_dir"], "jobs", f"{job}.json")
+
+
+def prune_records(directory: str) -> None:
+    """Keep the JOBS_MOST newest job records (an epilog that never ran leaves one)."""
+    with contextlib.suppress(OSError):
+        names = [n for n in os.listdir(directory) if n.endswith(".json")]
+        if len(names) <= JOBS_MOST:
+            return
+        paths = sorted((os.path.join(directory, n) for n in names), key=os.path.getmtime)
+        for path in paths[:len(paths) - JOBS_MOST]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def boot_id() -> str:
+    try:
+        with open(BOOT_ID_FILE) as fh:
+            return fh.read().strip()
+    except OSError:
+        return "unknown"
+
+
+# ---- the job and what one run's checks share -------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """The job a prolog or epilog runs for: its id (None when SLURM_JOB_ID is not a job
+    number) and its GPUs as Slurm names them (indexes, or UUIDs)."""
+
+    id: str | None
+    gpus: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"job {self.id}" if self.id else "the job"
+
+
+def job_from_env(env: dict[str, str]) -> Job:
+    """The job from slurmd's environment: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES."""
+    listed = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    gpus = tuple(g.strip() for g in listed.split(",") if g.strip() and g.strip() != "NoDevFiles")
+    ident = env.get("SLURM_JOB_ID", "")
+    return Job(ident if _JOB_ID.match(ident) else None, gpus)
+
+
+@dataclass
+class GpuData:
+    """One nvidia-smi GPU query: its rows, or why there are none (``missing``: no
+    nvidia-smi)."""
+
+    rows: list[dict[str, str]] | None
+    error: str = ""
+    missing: bool = False
+
+
+@dataclass
+class Run:
+    """What one run's checks share: the context, configuration, deadline, the job (prolog
+    and epilog), bootstrap's recorded versions (periodic) and the GPU data, asked once."""
+
+    context: str
+    config: dict[str, Any]
+    deadline: Deadline
+    job: Job = field(default_factory=lambda: Job(None, ()))
+    recorded: dict[str, Any] | None = None
+    left_behind: bool = field(default=False, init=False)  # the epilog could not kill all
+    _gpus: GpuData | None = field(default=None, init=False, repr=False)
+
+    def gpus(self, refresh: bool = False) -> GpuData:
+        """The GPUs (GPU_QUERY in the periodic run, JOB_QUERY in the prolog and epilog)."""
+        if self._gpus is None or refresh:
+            self._gpus = self._query_gpus()
+        return self._gpus
+
+    def _query_gpus(self) -> GpuData:
+        query = GPU_QUERY if self.context == "periodic" else JOB_QUERY
+        out = self.smi([f"--query-gpu={query}", "--format=csv,noheader,nounits"])
+        if out is None:
+            return GpuData(None, "nvidia-smi not found", missing=True)
+        if out.rc is None:
+            return GpuData(None, f"nvidia-smi {out.text}")
+        if out.rc != 0:
+            return GpuData(None, f"nvidia-smi failed: {last_line(out.text)}")
+        try:
+            return GpuData(parse_gpus(out.text, query))
+        except ValueError as exc:
+            return GpuData(None, str(exc))
+
+    def smi(self, args: list[str]) -> Output | None:
+        return run(["nvidia-smi", *args], self.deadline, float(self.config["nvidia_smi_timeout_s"]))
+
+    def job_gpus(self) -> tuple[list[dict[str, str]], list[str]]:
+        """The job's GPUs' rows and the job's GPUs nvidia-smi does not list (call only with
+        GPU data)."""
+        rows = self.gpus().rows or []
+        found, missing = [], []
+        for gpu in self.job.gpus:
+            row = next((r for r in rows if gpu in (r["index"], r.get("uuid"))), None)
+            if row is None:
+                missing.append(gpu)
+            elif row not in found:
+                found.append(row)
+        return found, missing
+
+    def apps(self) -> list[App] | str:
+        """The compute processes on the job's GPUs, or why nvidia-smi could not list them."""
+        out = self.smi([f"--query-compute-apps={APPS_QUERY}", "--format=csv,noheader,nounits"])
+        if out is None:
+            return "nvidia-smi not found"
+        if out.rc is None:
+            return f"nvidia-smi --query-compute-apps {out.text}"
+        if out.rc != 0:
+            return f"nvidia-smi --query-compute-apps failed: {last_line(out.text)}"
+        try:
+            listed = parse_compute_apps(out.text)
+        except ValueError as exc:
+            return str(exc)
+        buses = {bus_id(r["pci.bus_id"]) for r in self.job_gpus()[0]}
+        return [a for a in listed if a.bus in buses]
+
+
+def _gpu(row: dict[str, str]) -> str:
+    return f"GPU{row['index']} {row['pci.bus_id']}"
+
+
+def _comm(pid: int) -> str:
+    """A process's command name, "" when it cannot be read (gone, another namespace)."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _job_gpus_or_skip(run: Run, check: str) -> tuple[list[dict[str, str]], Result | None]:
+    """The job's GPUs' rows, or the Result that ends ``check`` first: SKIP without GPUs or
+    GPU data (the gpus check says why), FAIL for a GPU of the job nvidia-smi does not list
+    in the epilog (which has no gpus check)."""
+    if not run.job.gpus:
+        return [], Result(check, "SKIP", f"{run.job.name} has no GPUs")
+    data = run.gpus()
+    if data.rows is None:
+        if run.context == "epilog" and check == "gpu_processes":
+            return [], Result(check, "FAIL", f"cannot list {run.job.name}'s GPUs: {data.error}")
+        return [], Result(check, "SKIP", "no GPU data")
+    rows, missing = run.job_gpus()
+    if missing and run.context == "epilog" and check == "gpu_processes":
+        return [], Result(check, "FAIL", f"{run.job.name}'s GPU(s) {', '.join(missing)} not "
+                                         "found by nvidia-smi")
+    if not rows:
+        return [], Result(check, "SKIP", "none of the job's GPUs found (see gpus)")
+    return rows, None
+
+
 # ---- checks ----------------------------------------------------------------------------------
 
 def _number(value: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def check_gpus(config: dict[str, Any], deadline: Deadline) -> tuple[Result, list[Result]]:
-    """The gpus check, and the ecc check from the same nvidia-smi answer."""
-    expected = config["gpu_count"]
-    cap = float(config["nvidia_smi_timeout_s"])
-    out = run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-              deadline, cap)
-    if out is None:
+def check_gpus(run: Run) -> Result:
+    """nvidia-smi answers within its deadline and sees the expected GPU count (periodic),
+    or every GPU of the job (prolog)."""
+    if run.context == "prolog":
+        return _job_gpus_found(run)
+    expected = run.config["gpu_count"]
+    data = run.gpus()
+    if data.missing:
         if expected:
-            return Result("gpus", "FAIL", f"nvidia-smi not found; {expected} GPU(s) "
-                                          "expected"), [Result("ecc", "SKIP", "no GPU data")]
-        return Result("gpus", "SKIP", "no nvidia-smi and no GPUs expected"), \
-            [Result("ecc", "SKIP", "no GPU data")]
-    if out.rc is None:
-        return Result("gpus", "FAIL", f"nvidia-smi {out.text}"), \
-            [Result("ecc", "SKIP", "no GPU data")]
-    if out.rc != 0:
-        return Result("gpus", "FAIL", f"nvidia-smi failed: {last_line(out.text)}"), \
-            [Result("ecc", "SKIP", "no GPU data")]
-    try:
-        rows = parse_gpus(out.text)
-    except ValueError as exc:
-        return Result("gpus", "FAIL", str(exc)), [Result("ecc", "SKIP", "no GPU data")]
-    names = sorted({r["name"] for r in rows})
-    found = f"{len(rows)} GPU(s)" + (f" ({', '.join(names)})" if names else "")
-    gpus = Result("gpus", "PASS", found) if expected in (None, len(rows)) else \
-        Result("gpus", "FAIL", f"{found}, expected {expected}")
-    return gpus, [ecc_result(rows)]
+            return Result("gpus", "FAIL", f"nvidia-smi not found; {expected} GPU(s) expected")
+        return Result("gpus", "SKIP", "no nvidia-smi and no GPUs expected")
+    if data.rows is None:
+        return Result("gpus", "FAIL", data.error)
+    names = sorted({r["name"] for r in data.rows})
+    found = f"{len(data.rows)} GPU(s)" + (f" ({', '.join(names)})" if names else "")
+    if expected in (None, len(data.rows)):
+        return Result("gpus", "PASS", found)
+    return Result("gpus", "FAIL", f"{found}, expected {expected}")
+
+
+def _job_gpus_found(run: Run) -> Result:
+    job = run.job
+    if not job.gpus:
+        return Result("gpus", "SKIP", f"{job.name} has no GPUs")
+    data = run.gpus()
+    if data.missing:
+        return Result("gpus", "FAIL", f"nvidia-smi not found; {job.name} has GPU(s) "
+                                      f"{', '.join(job.gpus)}")
+    if data.rows is None:
+        return Result("gpus", "FAIL", data.error)
+    rows, missing = run.job_gpus()
+    if missing:
+        return Result("gpus", "FAIL", f"{job.name}'s GPU(s) {', '.join(missing)} not found "
+                                      f"(nvidia-smi lists {len(data.rows)} GPU(s))")
+    return Result("gpus", "PASS", f"{job.name}'s {len(rows)} GPU(s): "
+                                  + ", ".join(_gpu(r) for r in rows))
+
+
+def check_ecc(run: Run) -> Result:
+    """Uncorrectable ECC errors and row remapping on every GPU (periodic) or the job's."""
+    if run.context == "periodic":
+        rows = run.gpus().rows
+        return Result("ecc", "SKIP", "no GPU data") if rows is None else ecc_result(rows)
+    job_rows, ended = _job_gpus_or_skip(run, "ecc")
+    return ended or ecc_result(job_rows)
 
 
 def ecc_result(rows: list[dict[str, str]]) -> Result:
     """Uncorrectable ECC errors and row remapping, per GPU."""
     problems = []
     for row in rows:
-        gpu = f"GPU{row['index']} {row['pci.bus_id']}"
+        gpu = _gpu(row)
         errors = _number(row["ecc.errors.uncorrected.volatile.total"])
         if errors:
             problems.append(f"{gpu}: {errors} uncorrectable ECC error(s)")
@@ -347,23 +688,290 @@ def ecc_result(rows: list[dict[str, str]]) -> Result:
     return Result("ecc", "PASS", f"no uncorrectable ECC error on {len(rows)} GPU(s)")
 
 
-def check_xid(config: dict[str, Any], deadline: Deadline) -> Result:
-    """Critical Xid events in the kernel log since boot (dmesg, else journalctl -k -b)."""
+def check_gpu_processes(run: Run) -> Result:
+    """No compute process on the job's GPUs: before the job (prolog) a process there is
+    another's; after it (epilog) what is left is killed."""
+    rows, ended = _job_gpus_or_skip(run, "gpu_processes")
+    if ended:
+        return ended
+    if run.context == "epilog":
+        return _kill_leftovers(run, rows)
+    apps = run.apps()
+    if isinstance(apps, str):
+        return Result("gpu_processes", "FAIL", apps)
+    if apps:
+        where = {bus_id(r["pci.bus_id"]): _gpu(r) for r in rows}
+        return Result("gpu_processes", "FAIL", "compute process(es) on the job's GPUs: "
+                      + "; ".join(f"{a.shown()} on {where[a.bus]}" for a in apps))
+    return Result("gpu_processes", "PASS",
+                  f"no compute process on {run.job.name}'s {len(rows)} GPU(s)")
+
+
+def _kill_leftovers(run: Run, rows: list[dict[str, str]]) -> Result:
+    """SIGTERM to every process nvidia-smi lists on the job's GPUs, SIGKILL to those still
+    listed after ``epilog_kill_grace_s``; one still listed a grace later cannot be killed.
+    Never pid 0 or 1, this program or its parent."""
+    apps = run.apps()
+    if isinstance(apps, str):
+        return Result("gpu_processes", "FAIL", apps)
+    if not apps:
+        return Result("gpu_processes", "PASS",
+                      f"no process left on {run.job.name}'s {len(rows)} GPU(s)")
+    where = {bus_id(r["pci.bus_id"]): _gpu(r) for r in rows}
+    shown = {a.pid: f"{a.shown()} on {where[a.bus]}" for a in apps}
+    spared = {0, 1, os.getpid(), os.getppid()}
+    notes: dict[int, str] = {}
+    targets: list[App] = apps
+    left: list[App] | str = apps
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in sorted({a.pid for a in targets} - spared):
+            notes[pid] = _signal(pid, sig)
+        left = _wait_gone(run, float(run.config["epilog_kill_grace_s"]))
+        if isinstance(left, str) or not left:
+            break
+        targets = left
+    if isinstance(left, str):
+        run.left_behind = True
+        return Result("gpu_processes", "FAIL", f"after killing: {left}")
+    if left:
+        run.left_behind = True
+        why = {a.pid: "not signalled" if a.pid in spared else notes.get(a.pid) or
+               "still listed after SIGKILL" for a in left}
+        return Result("gpu_processes", "FAIL", "cannot kill " + "; ".join(
+            f"{shown.get(a.pid, f'pid {a.pid}')}: {why[a.pid]}" for a in left))
+    return Result("gpu_processes", "PASS", f"killed {len(shown)} leftover process(es): "
+                  + "; ".join(shown[p] for p in sorted(shown)))
+
+
+def _signal(pid: int, sig: int) -> str:
+    """Send ``sig``; "" when sent, else why not."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return "no such process here (another PID namespace?), still listed"
+    except PermissionError:
+        return "not permitted"
+    return ""
+
+
+def _wait_gone(run: Run, grace: float) -> list[App] | str:
+    """The processes still on the job's GPUs once they are all gone or ``grace`` s (or the
+    budget) is spent."""
+    until = time.monotonic() + grace
+    while True:
+        left = run.apps()
+        wait = min(until - time.monotonic(), run.deadline.left(grace))
+        if isinstance(left, str) or not left or wait <= 0:
+            return left
+        time.sleep(min(POLL_S, wait))
+
+
+def check_gpu_memory(run: Run) -> Result:
+    """The job's GPUs' memory is released (memory.used at most ``epilog_max_used_mib``; a
+    GPU with no process still shows some), waiting up to ``epilog_kill_grace_s``."""
+    rows, ended = _job_gpus_or_skip(run, "gpu_memory")
+    if ended:
+        return ended
+    if run.left_behind:
+        return Result("gpu_memory", "SKIP", "processes left on the GPUs (see gpu_processes)")
+    most = int(run.config["epilog_max_used_mib"])
+    until = time.monotonic() + float(run.config["epilog_kill_grace_s"])
+    while True:
+        data = run.gpus(refresh=True)
+        if data.rows is None:
+            return Result("gpu_memory", "FAIL", data.error)
+        rows = run.job_gpus()[0]
+        used = {_gpu(r): _number(r["memory.used"]) for r in rows}
+        over = {gpu: mib for gpu, mib in used.items() if mib is not None and mib > most}
+        wait = min(until - time.monotonic(), run.deadline.left(until - time.monotonic()))
+        if not over or wait <= 0:
+            break
+        time.sleep(min(POLL_S, wait))
+    if over:
+        return Result("gpu_memory", "FAIL", "; ".join(f"{gpu}: {mib} MiB used"
+                                                      for gpu, mib in over.items())
+                      + f" (at most {most} MiB once the job ended)")
+    known = [mib for mib in used.values() if mib is not None]
+    if not known:
+        return Result("gpu_memory", "SKIP", "nvidia-smi does not report memory.used")
+    return Result("gpu_memory", "PASS", f"at most {max(known)} MiB used on {len(known)} "
+                                        f"GPU(s) (limit {most} MiB)")
+
+
+def check_gpu_config(run: Run) -> Result:
+    """The prolog records the job's GPUs' application clocks, compute mode and MIG mode;
+    the epilog compares, then removes the record."""
+    if run.job.id is None:
+        return Result("gpu_config", "SKIP", "no job number in SLURM_JOB_ID")
+    path = job_record_path(run.config, run.job.id)
+    if run.context == "epilog":
+        try:
+            return _compare_record(run, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    rows, ended = _job_gpus_or_skip(run, "gpu_config")
+    if ended:
+        return ended
+    record = {"job": run.job.id, "time": int(time.time()),
+              "gpus": {bus_id(r["pci.bus_id"]): {k: r[k] for k in ("index", *SETTINGS)}
+                       for r in rows}}
+    try:
+        write_state(path, record)
+    except OSError as exc:
+        return Result("gpu_config", "SKIP", f"cannot record for the epilog: {exc}")
+    prune_records(os.path.dirname(path))
+    return Result("gpu_config", "PASS", f"{len(rows)} GPU(s) recorded for the epilog: "
+                  + "; ".join(f"{_gpu(r)} {_settings(r)}" for r in rows))
+
+
+def _settings(row: dict[str, str]) -> str:
+    return (f"clocks {row['clocks.applications.graphics']}/"
+            f"{row['clocks.applications.memory']} MHz, compute mode {row['compute_mode']}, "
+            f"MIG {row['mig.mode.current']}")
+
+
+def _compare_record(run: Run, path: str) -> Result:
+    rows, ended = _job_gpus_or_skip(run, "gpu_config")
+    if ended:
+        return ended
+    record, why = read_state(path)
+    recorded = record.get("gpus")
+    if not isinstance(recorded, dict):
+        return Result("gpu_config", "SKIP", f"no record of {run.job.name} ({path} "
+                                            f"{why or 'has no GPUs'})")
+    changed = []
+    for row in rows:
+        was = recorded.get(bus_id(row["pci.bus_id"]))
+        if not isinstance(was, dict):
+            continue
+        diffs = [f"{k} {row[k]}, recorded {was.get(k)}" for k in SETTINGS
+                 if str(was.get(k)) != row[k]]
+        if diffs:
+            changed.append(f"{_gpu(row)}: " + ", ".join(diffs))
+    if changed:
+        return Result("gpu_config", "FAIL", "; ".join(changed))
+    return Result("gpu_config", "PASS", f"as the prolog recorded on {len(rows)} GPU(s)")
+
+
+def kernel_log(deadline: Deadline) -> tuple[str | None, str]:
+    """The kernel log since boot (dmesg, else journalctl -k -b), or None and why not."""
     reasons = []
-    for argv in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short"]):
+    for argv in (["dmesg"],
+                 ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"]):
         out = run(argv, deadline, 2.0)
         if out is not None and out.rc == 0:
-            critical = set(config["critical_xids"])
-            events = parse_xids(out.text)
-            bad = [e for e in events if e[1] in critical]
-            if bad:
-                pci, xid, message = bad[0]
-                more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-                return Result("xid", "FAIL", f"Xid {xid} on {pci}: {message}{more}")
-            return Result("xid", "PASS", f"no critical Xid since boot ({len(events)} Xid "
-                                         "event(s) in all)")
+            return out.text, ""
         reasons.append(f"{argv[0]}: " + ("not found" if out is None else last_line(out.text)))
-    return Result("xid", "FAIL", "kernel log unreadable: " + "; ".join(reasons))
+    return None, "; ".join(reasons)
+
+
+def check_xid(run: Run) -> Result:
+    """Critical Xid events in the kernel log: since boot (periodic), or newer than the
+    newest a prolog saw before (prolog)."""
+    text, why = kernel_log(run.deadline)
+    if text is None:
+        return Result("xid", "FAIL", "kernel log unreadable: " + why)
+    critical = set(run.config["critical_xids"])
+    events = parse_xid_events(text)
+    if run.context == "prolog":
+        return _xid_since_gate(run.config, events, critical)
+    bad = [e for e in events if e.xid in critical]
+    if bad:
+        return Result("xid", "FAIL", _xid_shown(bad))
+    return Result("xid", "PASS", f"no critical Xid since boot ({len(events)} Xid event(s) in "
+                                 "all)")
+
+
+def _xid_shown(bad: list[XidEvent]) -> str:
+    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+    return f"Xid {bad[0].xid} on {bad[0].pci}: {bad[0].message}{more}"
+
+
+def new_xid_events(events: list[XidEvent], gate: dict[str, Any], boot: str) -> list[XidEvent]:
+    """The events after the newest one gate.json holds: all of them after a reboot or
+    without a gate; after that event's last appearance when the log still holds it; else
+    (the log rotated) those stamped later, and those without a stamp."""
+    seen = gate.get("xid")
+    if gate.get("boot_id") != boot or not isinstance(seen, dict):
+        return events
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].line == seen.get("line") and events[i].stamp == seen.get("stamp"):
+            return events[i + 1:]
+    stamp = seen.get("stamp")
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+        return [e for e in events if e.stamp is None or e.stamp > stamp]
+    return events
+
+
+def _xid_since_gate(config: dict[str, Any], events: list[XidEvent], critical: set[int]
+                    ) -> Result:
+    path = gate_path(config)
+    gate, why = read_state(path)
+    boot = boot_id()
+    new = new_xid_events(events, gate, boot)
+    notes = [f"{path} {why}"] if why and why != "absent" else []
+    if new:
+        newest = {"stamp": new[-1].stamp, "line": new[-1].line}
+        try:
+            write_state(path, {"boot_id": boot, "xid": newest})
+        except OSError as exc:
+            notes.append(f"gate not saved: {exc}")
+    note = "".join(f"; {n}" for n in notes)
+    bad = [e for e in new if e.xid in critical]
+    if bad:
+        return Result("xid", "FAIL", f"new since the last prolog: {_xid_shown(bad)}{note}")
+    return Result("xid", "PASS", f"no new critical Xid ({len(new)} new Xid event(s), "
+                                 f"{len(events)} since boot){note}")
+
+
+def check_fabric_ports(run: Run) -> Result:
+    """Every InfiniBand/RoCE port (``fabric_ports``: those named, ``mlx5_0/1``) is ACTIVE."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for device in sorted(os.listdir(INFINIBAND_DIR)):
+            ports = os.path.join(INFINIBAND_DIR, device, "ports")
+            with contextlib.suppress(OSError):
+                for port in sorted(os.listdir(ports), key=lambda p: (len(p), p)):
+                    found[f"{device}/{port}"] = _port_state(os.path.join(ports, port, "state"))
+    wanted = run.config["fabric_ports"]
+    if wanted is None and not found:
+        return Result("fabric_ports", "SKIP", f"no InfiniBand/RoCE port in {INFINIBAND_DIR}")
+    if not (wanted if wanted is not None else found):
+        return Result("fabric_ports", "SKIP", "fabric_ports is empty")
+    names = list(wanted) if wanted is not None else list(found)
+    bad = [f"{n} {found.get(n, 'absent')}" for n in names if found.get(n) != "ACTIVE"]
+    if bad:
+        return Result("fabric_ports", "FAIL", "not ACTIVE: " + ", ".join(bad))
+    return Result("fabric_ports", "PASS", f"{len(names)} port(s) ACTIVE: " + ", ".join(names))
+
+
+def _port_state(path: str) -> str:
+    """``ACTIVE`` from ``4: ACTIVE``; ``unreadable`` when the file cannot be read."""
+    try:
+        with open(path) as fh:
+            return fh.read().strip().split(":")[-1].strip() or "empty"
+    except OSError:
+        return "unreadable"
+
+
+def check_memlock(run: Run) -> Result:
+    """The prolog's RLIMIT_MEMLOCK: slurmd's, which a job gets when Slurm does not propagate
+    the submitter's; RDMA (NCCL over InfiniBand) pins memory, so unlimited, or at least
+    ``job_memlock_min_kib``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    least = run.config["job_memlock_min_kib"]
+
+    def shown(limit: int) -> str:
+        return "unlimited" if limit == resource.RLIM_INFINITY else f"{limit // 1024} KiB"
+
+    if soft == resource.RLIM_INFINITY:
+        return Result("memlock", "PASS", "unlimited")
+    if least is not None and soft >= least * 1024:
+        return Result("memlock", "PASS", f"{shown(soft)}, at least {least} KiB")
+    want = "unlimited" if least is None else f"at least {least} KiB"
+    return Result("memlock", "FAIL", f"{shown(soft)} (hard limit {shown(hard)}), {want} "
+                                     "needed: slurmd's limit, which jobs get")
 
 
 def loaded_driver() -> str:
@@ -387,24 +995,28 @@ def installed_nccl(deadline: Deadline) -> str | None:
     return "absent"
 
 
+def version_result(check: str, recorded: dict[str, Any] | None, state_file: str,
+                   deadline: Deadline) -> Result:
+    """The driver or NCCL version against the one bootstrap recorded."""
+    if recorded is None:
+        return Result(check, "SKIP", f"no recorded state ({state_file} absent: node not "
+                                     "bootstrapped)")
+    want = recorded.get(check)
+    if want is None:
+        return Result(check, "SKIP", f"no {check} version in {state_file}")
+    actual = loaded_driver() if check == "driver" else installed_nccl(deadline)
+    if actual is None:
+        return Result(check, "FAIL", "dpkg-query did not answer in time")
+    if actual == want:
+        return Result(check, "PASS", f"{actual}, as recorded")
+    return Result(check, "FAIL", f"{actual}, recorded {want}")
+
+
 def check_versions(recorded: dict[str, Any] | None, state_file: str,
                    deadline: Deadline) -> list[Result]:
     """The driver and NCCL versions against those bootstrap recorded."""
-    if recorded is None:
-        why = f"no recorded state ({state_file} absent: node not bootstrapped)"
-        return [Result("driver", "SKIP", why), Result("nccl", "SKIP", why)]
-    results = []
-    for check, actual in (("driver", loaded_driver()), ("nccl", installed_nccl(deadline))):
-        want = recorded.get(check)
-        if want is None:
-            results.append(Result(check, "SKIP", f"no {check} version in {state_file}"))
-        elif actual is None:
-            results.append(Result(check, "FAIL", "dpkg-query did not answer in time"))
-        elif actual == want:
-            results.append(Result(check, "PASS", f"{actual}, as recorded"))
-        else:
-            results.append(Result(check, "FAIL", f"{actual}, recorded {want}"))
-    return results
+    return [version_result(check, recorded, state_file, deadline)
+            for check in ("driver", "nccl")]
 
 
 def check_port_range(config: dict[str, Any], recorded: dict[str, Any] | None) -> Result:
@@ -422,6 +1034,39 @@ def check_port_range(config: dict[str, Any], recorded: dict[str, Any] | None) ->
     if live != want:
         return Result("port_range", "FAIL", f"{shown}, expected {want[0]}-{want[1]}")
     return Result("port_range", "PASS", shown)
+
+
+# ---- the catalogue ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its name (the finding's id), the contexts it runs in, and what it does."""
+
+    name: str
+    contexts: tuple[str, ...]
+    func: Callable[[Run], Result]
+
+
+CATALOGUE = (
+    Check("gpus", ("periodic", "prolog"), check_gpus),
+    Check("gpu_processes", ("prolog", "epilog"), check_gpu_processes),
+    Check("ecc", ("periodic", "prolog"), check_ecc),
+    Check("gpu_memory", ("epilog",), check_gpu_memory),
+    Check("xid", ("periodic", "prolog"), check_xid),
+    Check("driver", ("periodic",),
+          lambda r: version_result("driver", r.recorded, r.config["state_file"], r.deadline)),
+    Check("nccl", ("periodic",),
+          lambda r: version_result("nccl", r.recorded, r.config["state_file"], r.deadline)),
+    Check("port_range", ("periodic",), lambda r: check_port_range(r.config, r.recorded)),
+    Check("fabric_ports", ("prolog",), check_fabric_ports),
+    Check("memlock", ("prolog",), check_memlock),
+    Check("gpu_config", ("prolog", "epilog"), check_gpu_config),
+)
+
+
+def run_checks(run: Run) -> list[Result]:
+    """Every check of the catalogue tagged with the run's context, in catalogue order."""
+    return [check.func(run) for check in CATALOGUE if run.context in check.contexts]
 
 
 # ---- configuration and recorded state --------------------------------------------------------
@@ -443,6 +1088,14 @@ def load_json(path: str, what: str) -> dict[str, Any] | None:
     return data
 
 
+def _seconds(value: Any, least: float) -> bool:
+    return isinstance(value, (int, float)) and value >= least
+
+
+def _count(value: Any, optional: bool = False) -> bool:
+    return (optional and value is None) or (isinstance(value, int) and value >= 0)
+
+
 def load_config(path: str) -> dict[str, Any]:
     """The defaults overlaid with the configuration file; unknown or mistyped keys fail."""
     data = load_json(path, "the health check configuration") or {}
@@ -453,18 +1106,27 @@ def load_config(path: str) -> dict[str, Any]:
         if key not in DEFAULTS:
             raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(DEFAULTS)})")
         config[key] = value
+    ports = config["fabric_ports"]
     checks = {
-        "gpu_count": config["gpu_count"] is None or (isinstance(config["gpu_count"], int)
-                                                     and config["gpu_count"] >= 0),
+        "gpu_count": _count(config["gpu_count"], optional=True),
         "critical_xids": isinstance(config["critical_xids"], list)
         and all(isinstance(x, int) for x in config["critical_xids"]),
         "port_range": config["port_range"] is None or isinstance(config["port_range"], str),
         "state_file": isinstance(config["state_file"], str),
-        "nvidia_smi_timeout_s": isinstance(config["nvidia_smi_timeout_s"], (int, float)),
-        "budget_s": isinstance(config["budget_s"], (int, float))
-        and config["budget_s"] > SLURM_RESERVE_S,
+        "nvidia_smi_timeout_s": _seconds(config["nvidia_smi_timeout_s"], 0),
+        "budget_s": _seconds(config["budget_s"], 0) and config["budget_s"] > SLURM_RESERVE_S,
         "syslog_socket": config["syslog_socket"] is None
         or isinstance(config["syslog_socket"], str),
+        "prolog_budget_s": _seconds(config["prolog_budget_s"], 0)
+        and config["prolog_budget_s"] > JOB_RESERVE_S,
+        "epilog_budget_s": _seconds(config["epilog_budget_s"], 0)
+        and config["epilog_budget_s"] > JOB_RESERVE_S,
+        "epilog_kill_grace_s": _seconds(config["epilog_kill_grace_s"], 0),
+        "epilog_max_used_mib": _count(config["epilog_max_used_mib"]),
+        "job_memlock_min_kib": _count(config["job_memlock_min_kib"], optional=True),
+        "fabric_ports": ports is None or (isinstance(ports, list) and all(
+            isinstance(p, str) and _PORT.match(p) for p in ports)),
+        "state_dir": isinstance(config["state_dir"], str) and config["state_dir"].startswith("/"),
     }
     for key, ok in checks.items():
         if not ok or isinstance(config[key], bool):
@@ -498,20 +1160,22 @@ def node_state(node: str, deadline: Deadline) -> tuple[str, str | None]:
         raise SlurmUnavailable(str(exc)) from None
 
 
-def slurm_action(node: str, results: list[Result], deadline: Deadline) -> tuple[str, bool]:
-    """Keep the health check's findings in the node's drain reason: drain for a new one,
-    resume once no finding of anyone's is left; the line to print and whether scontrol did
-    what was needed."""
+def slurm_action(node: str, results: list[Result], deadline: Deadline, letter: str = "h",
+                 clears: str = "hpe") -> tuple[str, bool]:
+    """Keep the run's findings in the node's drain reason: drain for a new one, resume once
+    no finding of anyone's is left (``clears`` empty: never); the line to print and
+    whether scontrol did what was needed."""
     try:
         state, reason = node_state(node, deadline)
     except SlurmUnavailable as exc:
         return f"slurm: {exc}", False
     held = "DRAIN" in state.split("+")[1:] or state.split("+")[0] == "DOWN"
-    wanted, ours = reconcile_reason(reason if held else None, results, time.time())
+    wanted, ours = reconcile_reason(reason if held else None, results, time.time(), letter,
+                                    clears)
     if not ours:
         return f"slurm: {node} left alone: drained by someone else: {reason}", True
     if wanted is None:
-        if held:
+        if held and clears:
             return _update(node, "resume", ["state=resume"], f"was {reason}", deadline)
         return f"slurm: {node} {state}", True
     if held and reason == wanted:
@@ -530,10 +1194,19 @@ def _update(node: str, verb: str, args: list[str], detail: str,
 
 # ---- main ------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def context_of(chosen: str | None, program: str) -> str:
+    """``--context``, else the name the program was run by, else periodic."""
+    return chosen or BY_NAME.get(os.path.basename(program), "periodic")
+
+
+def main(argv: list[str] | None = None, program: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpufleet-healthcheck",
-                                     description="Fast node-local GPU node checks.")
+                                     description="Node-local GPU node checks for Slurm's "
+                                                 "health check, prolog and epilog.")
     parser.add_argument("--config", default=CONFIG, help=f"expectations (default {CONFIG})")
+    parser.add_argument("--context", choices=CONTEXTS,
+                        help="which checks to run (default: from the program's name, "
+                             "gpufleet-prolog or gpufleet-epilog, else periodic)")
     parser.add_argument("--drain", action="store_true",
                         help="drain this node in Slurm on failure, resume it when healthy")
     parser.add_argument("--no-drain", action="store_true",
@@ -541,47 +1214,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", help="Slurm node name (default: SLURMD_NODENAME or the "
                                        "short host name)")
     args = parser.parse_args(argv)
+    context = context_of(args.context, program or sys.argv[0])
     started = time.monotonic()
     try:
         config = load_config(args.config)
-        recorded = recorded_versions(config["state_file"])
+        recorded = recorded_versions(config["state_file"]) if context == "periodic" else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    budget = float(config["budget_s"])
-    deadline = Deadline(budget - SLURM_RESERVE_S)
-    gpus, ecc = check_gpus(config, deadline)
-    results = [gpus, *ecc, check_xid(config, deadline),
-               *check_versions(recorded, config["state_file"], deadline),
-               check_port_range(config, recorded)]
+    budget = float(config[BUDGET_OF[context]])
+    reserve = RESERVE_OF[context]
+    job = job_from_env(dict(os.environ)) if context != "periodic" else Job(None, ())
+    results = run_checks(Run(context, config, Deadline(budget - reserve), job, recorded))
     for result in results:
         print(result.line())
     ok = True
     slurm: list[str] = []
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    if (args.drain or os.environ.get("SLURMD_NODENAME")) and not args.no_drain:
+    failed = [r.line() for r in results if r.status == "FAIL"]
+    if ((args.drain or os.environ.get("SLURMD_NODENAME")) and not args.no_drain
+            and (context == "periodic" or failed)):
         left = budget - (time.monotonic() - started)
-        line, ok = slurm_action(node, results, Deadline(max(left, SLURM_RESERVE_S)))
+        line, ok = slurm_action(node, results, Deadline(max(left, reserve)),
+                                LETTER_OF[context], "hpe" if context == "periodic" else "")
         print(line)
         slurm.append(line)
     counts = {s: sum(r.status == s for r in results) for s in ("FAIL", "PASS", "SKIP")}
-    verdict = (f"healthcheck {node}: {counts['FAIL']} failed, {counts['PASS']} passed, "
-               f"{counts['SKIP']} skipped in {time.monotonic() - started:.2f}s")
+    subject = f"{node} {job.name}" if context != "periodic" else node
+    verdict = (f"{LABEL_OF[context]} {subject}: {counts['FAIL']} failed, {counts['PASS']} "
+               f"passed, {counts['SKIP']} skipped in {time.monotonic() - started:.2f}s")
     print(verdict)
-    failed = [r.line() for r in results if r.status == "FAIL"]
     if config["syslog_socket"]:
         log_verdict(config["syslog_socket"], "; ".join([verdict, *failed, *slurm]),
-                    bool(failed) or not ok)
+                    bool(failed) or not ok, TAG_OF[context])
     return EXIT_FAILED if counts["FAIL"] or not ok else 0
 
 
-def log_verdict(address: str, message: str, error: bool) -> None:
-    """The run's verdict to syslog (facility daemon, tag gpufleet-healthcheck, priority err
-    when a check failed, else info), as one datagram; slurmd discards the program's output,
-    so this is where an operator finds every run. A missing syslog socket costs nothing."""
+def log_verdict(address: str, message: str, error: bool, tag: str = SYSLOG_TAG) -> None:
+    """The run's verdict to syslog (facility daemon, tag gpufleet-healthcheck,
+    gpufleet-prolog or gpufleet-epilog, priority err when a check failed, else info), as
+    one datagram; slurmd discards the program's output, so this is where an operator finds
+    every run. A missing syslog socket costs nothing."""
     priority = SYSLOG_FACILITY * 8 + (SYSLOG_ERR if error else SYSLOG_INFO)
     text = _one_line(message).encode()[:SYSLOG_LIMIT].decode(errors="ignore")
-    packet = f"<{priority}>{SYSLOG_TAG}[{os.getpid()}]: {text}".encode()
+    packet = f"<{priority}>{tag}[{os.getpid()}]: {text}".encode()
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
         out.settimeout(0.5)
         out.sendto(packet, address)

@@ -2,7 +2,9 @@
 
 A node gpufleet drains stays drained while any finding is open: a failed conformance check
 (``conformance``, by suite/check), a drifted role (``drift``), a failed health check
-(``healthcheck``, run by slurmd on the node) or a failed bootstrap step (``bootstrap``).
+(``healthcheck``, run by slurmd on the node), a failed check of the node program's Slurm
+prolog or epilog (``prolog``, ``epilog``, run by slurmd at each job's start and end) or a
+failed bootstrap step (``bootstrap``).
 A run clears only the findings it checked again and passed; the others stay, whoever
 raised them. The findings live in the reason itself, the one place every controller and
 the node's own health check read and write, so they survive a controller's restart and two
@@ -30,8 +32,10 @@ from dataclasses import dataclass
 
 PREFIX = "gf "
 LEGACY = "gpufleet: "
-SOURCES = {"conformance": "c", "drift": "d", "healthcheck": "h", "bootstrap": "b"}
-LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap": "bootstrap/"}
+SOURCES = {"conformance": "c", "drift": "d", "healthcheck": "h", "bootstrap": "b",
+           "prolog": "p", "epilog": "e"}
+LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap": "bootstrap/",
+          "prolog": "prolog/", "epilog": "epilog/"}
 MESSAGE_LIMIT = 160
 MOST = 40  # findings kept in one reason (each role and check is at most one)
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")

@@ -81,6 +81,8 @@ def test_the_text_cannot_break_the_reason() -> None:
 @pytest.mark.parametrize("reason", [
     render([Finding("conformance", "gpu/health", T0), Finding("drift", "nccl_env", T1)], "ECC"),
     render([Finding("healthcheck", "xid", T0)], "Xid 79 on 0000:3b:00"),
+    render([Finding("prolog", "gpu_processes", T0), Finding("epilog", "gpu_memory", T1)],
+           "compute process(es) on the job's GPUs: pid 4242 (python3, 1024 MiB) on GPU0"),
     "gpufleet: drift/nccl_env/file /etc/nccl.conf: desired 127 bytes",
     "gpufleet: certify failed",
     "maintenance: replace PSU",
@@ -126,3 +128,30 @@ def test_holds_tells_whether_a_reason_shows_a_run() -> None:
     assert not findings.holds(current, "drift", {"driver": "differs"}, [])
     assert not findings.holds(current, "drift", {}, ["nccl_env"])
     assert findings.holds(current, "healthcheck", {}, ["gpu/health"])
+
+
+def test_the_prolog_and_epilog_write_their_own_sources() -> None:
+    reason = program.render_reason([("p", "xid", T0), ("e", "gpu_processes", T1)], "Xid 79")
+    assert reason == (f"gf prolog/xid: Xid 79 (+1 more) {{gf1 p:xid@{T0} e:gpu_processes@{T1}}}")
+    assert reason == render([Finding("prolog", "xid", T0), Finding("epilog", "gpu_processes", T1)],
+                            "Xid 79")
+    assert parse(reason) == [Finding("prolog", "xid", T0), Finding("epilog", "gpu_processes", T1)]
+    assert render([Finding("epilog", "gpu_memory", T0)], "GPU0: 2048 MiB used").startswith(
+        "gf epilog/gpu_memory: GPU0: 2048 MiB used {gf1 e:gpu_memory@")
+
+
+def test_the_prolog_only_adds_and_the_health_check_clears_what_it_checks_again() -> None:
+    """The prolog never resumes a node; the periodic health check clears the prolog's and
+    the epilog's findings of the checks it runs itself (gpus, ecc, xid), never the others
+    (gpu_processes: a running job's processes are legitimate outside the prolog)."""
+    drained = render([Finding("prolog", "ecc", T0), Finding("epilog", "gpu_processes", T0)],
+                     "GPU0: 2 uncorrectable ECC error(s)")
+    passing = [program.Result("ecc", "PASS", "ok"), program.Result("gpus", "PASS", "ok")]
+    assert program.reconcile_reason(drained, passing, T1, "p", "") == (drained, True)
+    after, ours = program.reconcile_reason(drained, passing, T1)
+    assert ours and after == render([Finding("epilog", "gpu_processes", T0)],
+                                    "open since 2025-12-01T11:53Z")
+    failing = [program.Result("gpus", "FAIL", "job 42's GPU(s) 3 not found")]
+    added, _ = program.reconcile_reason(drained, failing, T1, "p", "")
+    assert parse(added) == [Finding("prolog", "ecc", T0), Finding("epilog", "gpu_processes", T0),
+                            Finding("prolog", "gpus", T1)]

@@ -489,9 +489,63 @@ def test_role_is_inactive_unless_asked(tmp_path: Path) -> None:
     assert not slurm_healthcheck.ROLE.active(RoleVars(host, slurm_healthcheck.ROLE.defaults))
 
 
+def test_role_installs_the_prolog_and_epilog_when_asked(tmp_path: Path) -> None:
+    v, ctx = _host(tmp_path, "      slurm_prolog: true\n      slurm_epilog: yes\n"
+                             "      slurm_fabric_ports: [mlx5_0/1, mlx5_3/1]\n"
+                             "      slurm_job_memlock_min_kib: 65536\n")
+    changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+    assert [(c.item, c.action) for c in changes][2:] == [
+        ("slurm_healthcheck/file /usr/local/sbin/gpufleet-prolog", "create"),
+        ("slurm_healthcheck/file /usr/local/sbin/gpufleet-epilog", "create")]
+    assert slurm_healthcheck.ROLE.wrapper(v, "prolog") == (
+        "#!/bin/sh\n# Managed by gpufleet (role slurm_healthcheck); local edits are reported "
+        "as drift and replaced.\n# Slurm's Prolog=: gpufleet-healthcheck's prolog checks "
+        "(docs/slurm.md)\nexec /usr/local/sbin/gpufleet-healthcheck --config "
+        '/etc/gpufleet/healthcheck.json --context prolog "$@"\n')
+    config = json.loads(slurm_healthcheck.ROLE.config(v))
+    assert {k: config[k] for k in ("prolog_budget_s", "epilog_budget_s", "epilog_kill_grace_s",
+                                   "epilog_max_used_mib", "job_memlock_min_kib",
+                                   "fabric_ports", "state_dir")} == {
+        "prolog_budget_s": 5, "epilog_budget_s": 30, "epilog_kill_grace_s": 5,
+        "epilog_max_used_mib": 1024, "job_memlock_min_kib": 65536,
+        "fabric_ports": ["mlx5_0/1", "mlx5_3/1"], "state_dir": "/var/lib/gpufleet"}
+    written = tmp_path / "healthcheck.json"
+    written.write_text(slurm_healthcheck.ROLE.config(v))
+    assert program.load_config(str(written))["fabric_ports"] == ["mlx5_0/1", "mlx5_3/1"]
+    assert set(slurm_healthcheck.ROLE.managed_files(v)) == {
+        "slurm_healthcheck_path", "slurm_healthcheck_config", "slurm_prolog_path",
+        "slurm_epilog_path"}
+
+
+def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None:
+    """The slurm_node role checks slurm.conf's Prolog= and Epilog= lines with the same four
+    variables: the names and defaults are shared."""
+    assert {k: slurm_healthcheck.ROLE.defaults[k] for k in (
+        "slurm_prolog", "slurm_prolog_path", "slurm_epilog", "slurm_epilog_path")} == {
+        "slurm_prolog": False, "slurm_prolog_path": "/usr/local/sbin/gpufleet-prolog",
+        "slurm_epilog": False, "slurm_epilog_path": "/usr/local/sbin/gpufleet-epilog"}
+    v, ctx = _host(tmp_path)
+    assert len(slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)) == 2
+
+
 @pytest.mark.parametrize(("extra", "error"), [
     ("      slurm_healthcheck_python: python3\n", "slurm_healthcheck_python must be an "
                                                    "absolute path"),
+    ("      slurm_prolog: true\n      slurm_prolog_path: 'gpufleet-prolog'\n",
+     r"slurm_prolog_path must be an absolute path of letters, digits and \. _ - / \(Slurm's "
+     r"Prolog=\)"),
+    ("      slurm_epilog: true\n      slurm_epilog_path: \"/usr/sbin/x y\"\n",
+     "slurm_epilog_path must be an absolute"),
+    ("      slurm_prolog: maybe\n", "slurm_prolog must be a boolean"),
+    ("      slurm_prolog_budget_s: 2\n", "slurm_prolog_budget_s must be 3-60 seconds, got 2"),
+    ("      slurm_epilog_budget_s: 301\n", "slurm_epilog_budget_s must be 3-300 seconds"),
+    ("      slurm_epilog_kill_grace_s: -1\n", "slurm_epilog_kill_grace_s must be 0-60 seconds"),
+    ("      slurm_epilog_max_used_mib: lots\n", "slurm_epilog_max_used_mib must be an integer"),
+    ("      slurm_job_memlock_min_kib: 0\n", "slurm_job_memlock_min_kib must be at least 1 KiB"),
+    ("      slurm_fabric_ports: [mlx5_0]\n", r"slurm_fabric_ports must be a list of InfiniBand/"
+                                             r"RoCE ports as device/port \(mlx5_0/1\), got"),
+    ("      slurm_healthcheck_state_dir: var/lib\n", "slurm_healthcheck_state_dir must be an "
+                                                      "absolute path"),
     ("      gpu_count: -1\n", "gpu_count must be 0 or more"),
     ("      slurm_healthcheck_xids: [79, x]\n", "slurm_healthcheck_xids must be a list of Xid"),
     ("      slurm_healthcheck_budget_s: 70\n", "slurm_healthcheck_budget_s must be 4-50"),
