@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 PREFIX = "gf "
 LEGACY = "gpufleet: "
-SOURCES = {"conformance": "c", "drift": "d", "healthcheck": "h", "bootstrap": "b"}
-LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap": "bootstrap/"}
+SOURCES = {"conformance": "c", "drift": "d", "healthcheck": "h", "bootstrap": "b", "gang": "g"}
+LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap": "bootstrap/",
+          "gang": "gang/"}
 MESSAGE_LIMIT = 160
 MOST = 40  # findings kept in one reason (each role and check is at most one)
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
