@@ -68,6 +68,7 @@ SCONTROL_TIMEOUT_S = 5.0
 BYE_S = 2.0  # rank 0 keeps its store up this long for the others to read the verdict
 STORE_OP_S = 2.0  # the watchdog's store reads
 ITERS = 5  # timed AllReduces after the checked one
+SHOWN = 8  # failures the summary line names
 DISTINCT_MAX = 4096  # ranks fill rank+1 up to here: exact sums in float32, and a culprit
 MAX_HOSTS = 65536
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -361,6 +362,14 @@ def bandwidth_failure(nodelist: str, busbw: float, minimum: float | None, world:
                    attributed=False)
 
 
+def fail_line(failures: Sequence[Failure], job: Job, seconds: float) -> str:
+    """Rank 0's summary of a failed run: the checks and nodes, the first SHOWN of them."""
+    named = ", ".join(f"{f.check} {f.node}" for f in failures[:SHOWN])
+    more = f" (+{len(failures) - SHOWN} more)" if len(failures) > SHOWN else ""
+    return (f"gf gang: FAIL: {named}{more}; {job.world} node(s) ({job.nodelist}), "
+            f"{seconds:.1f}s")
+
+
 # ---- the drain reason (the format of gpufleet/slurm/findings.py) --------------------------------
 
 def one_line(text: str) -> str:
@@ -567,9 +576,7 @@ def finish(run: Run, store: Store | None, failures: list[Failure], summary: str 
                 store.set("verdict", json.dumps([asdict(f) for f in failures]))
         for failure in failures:
             say(failure.line())
-        named = ", ".join(f"{f.check} {f.node}" for f in failures)
-        say(f"gf gang: FAIL: {named}; {job.world} node(s) ({job.nodelist}), "
-            f"{run.waited():.1f}s" if failures else f"gf gang: PASS: {summary}")
+        say(fail_line(failures, job, run.waited()) if failures else f"gf gang: PASS: {summary}")
         if run.args.drain and failures:
             for line in drain(failures, DRAIN_BUDGET_S, int(time.time())):
                 say(line)
@@ -669,7 +676,8 @@ def rendezvous(run: Run, store: Store, gpus: int) -> str:
             joined = present(store, "joined", job.world)
             failures = join_failures(job.nodes, job.nodelist, joined, run.waited(),
                                      f"{job.master}:{job.port} (up after {run.store_up:.1f}s)")
-            store.set("plan", json.dumps({"failures": [asdict(f) for f in failures]}))
+            with contextlib.suppress(Exception):
+                store.set("plan", json.dumps({"failures": [asdict(f) for f in failures]}))
             finish(run, store, failures, joined=len(joined))
         counts = {rank: int(json.loads(store.get(f"joined/{rank}"))["gpus"])
                   for rank in range(job.world)}

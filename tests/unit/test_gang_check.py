@@ -255,9 +255,16 @@ def test_bus_bandwidth_and_its_gate() -> None:
         "busbw", "node[01-04]", "10.07 GB/s, below --min-busbw-gbps 400", attributed=False)
 
 
-def test_a_failure_line_names_the_node() -> None:
+def test_a_failure_line_names_the_node_and_the_summary_the_first_few() -> None:
     assert Failure("rendezvous", "node03", "did not join within 30.0s (rank 2)").line() == \
         "gf gang/rendezvous: node03: did not join within 30.0s (rank 2)"
+    job = gang.job_from_environ(dict(SRUN, SLURM_JOB_NODELIST="n[1-12]", SLURM_NTASKS="12",
+                                     SLURMD_NODENAME="n2"), gang.parse_args([]))
+    missing = gang.join_failures(job.nodes, job.nodelist, {0, 1}, 30.0)
+    assert gang.fail_line(missing, job, 30.04) == (
+        "gf gang: FAIL: rendezvous n3, rendezvous n4, rendezvous n5, rendezvous n6, "
+        "rendezvous n7, rendezvous n8, rendezvous n9, rendezvous n10 (+2 more); "
+        "12 node(s) (n[1-12]), 30.0s")
 
 
 # ---- the drain reason: the findings format ---------------------------------------------------
