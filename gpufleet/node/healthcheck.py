@@ -114,9 +114,9 @@ LEGACY = "gpufleet: "
 MESSAGE_LIMIT = 160
 MOST = 40
 LETTERS = {"c": "conformance", "d": "drift", "h": "healthcheck", "b": "bootstrap",
-           "p": "prolog", "e": "epilog"}
+           "p": "prolog", "e": "epilog", "g": "gang"}
 LABELS = {"c": "", "d": "drift/", "h": "hc/", "b": "bootstrap/", "p": "prolog/",
-          "e": "epilog/"}
+          "e": "epilog/", "g": "gang/"}
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
 _PUNCTUATION = str.maketrans({'"': "'", "{": "(", "}": ")", "[": "(", "]": ")"})
 _SLURM_FIELD = re.compile(r"\b(Reason|Comment|Extra)=")

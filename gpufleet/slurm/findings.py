@@ -33,9 +33,9 @@ from dataclasses import dataclass
 PREFIX = "gf "
 LEGACY = "gpufleet: "
 SOURCES = {"conformance": "c", "drift": "d", "healthcheck": "h", "bootstrap": "b",
-           "prolog": "p", "epilog": "e"}
+           "prolog": "p", "epilog": "e", "gang": "g"}
 LABELS = {"conformance": "", "drift": "drift/", "healthcheck": "hc/", "bootstrap": "bootstrap/",
-          "prolog": "prolog/", "epilog": "epilog/"}
+          "prolog": "prolog/", "epilog": "epilog/", "gang": "gang/"}
 MESSAGE_LIMIT = 160
 MOST = 40  # findings kept in one reason (each role and check is at most one)
 _TRAILER = re.compile(r" \{gf1 (?P<body>[^{}]*)\}$")
