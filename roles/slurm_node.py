@@ -231,23 +231,24 @@ class SlurmNodeRole(RoleBase):
 
     def plan(self, facts: Facts, v: RoleVars, ctx: PlanContext) -> list[Change]:
         changes: list[Change] = []
-        systemd = bool(facts.get("systemd"))
         reload = Run("systemctl daemon-reload", "systemctl daemon-reload")
-        rereads: list[str] = []  # what slurmd must be restarted for
+        dropin = None
         too_high = self._nr_open(facts, v)
         if too_high is not None:
             changes.append(too_high)
         else:
-            files = [(LIMITS_FILE, self.limits_file(v))]
-            files += [(DROPIN, self.dropin(v))] if systemd else []  # without, nothing reads it
-            for path, content in files:
-                change = file_change(self.name, facts, path, content)
-                if change is not None and path == DROPIN:
-                    change.steps.append(reload)
-                    rereads.append("its limits")
-                changes += [change] if change else []
-        changes += self._configs(facts, v, rereads)
-        changes += self._slurmd(facts, v, rereads, reload)
+            limits = file_change(self.name, facts, LIMITS_FILE, self.limits_file(v))
+            changes += [limits] if limits else []
+            if facts.get("systemd"):  # without systemd nothing reads a drop-in
+                dropin = file_change(self.name, facts, DROPIN, self.dropin(v))
+            if dropin is not None:
+                dropin.steps.append(reload)
+                changes.append(dropin)
+        configs = self._configs(facts, v)
+        changes += configs
+        written = [c.resource.rsplit("/", 1)[-1] for c in configs  # gres.conf, cgroup.conf
+                   if not any(isinstance(step, Fail) for step in c.steps)]
+        changes += self._slurmd(facts, v, written, dropin is not None, reload)
         if v.boolean("slurm_conf_check"):
             changes += self._slurm_conf(facts, v)
         return changes
@@ -265,24 +266,19 @@ class SlurmNodeRole(RoleBase):
                           "setting it would fail every login and slurmd's start; raise "
                           "fs.nr_open first or lower slurm_job_nofile")], kind="file")
 
-    def _configs(self, facts: Facts, v: RoleVars, rereads: list[str]) -> list[Change]:
+    def _configs(self, facts: Facts, v: RoleVars) -> list[Change]:
         """gres.conf and cgroup.conf, where the inventory hands them to gpufleet."""
-        changes: list[Change] = []
+        changes: list[Change | None] = []
         paths = self.paths(v)
         if "slurm_gres_conf_manage" in paths:
             path = paths["slurm_gres_conf_manage"]
             content = self._gres(facts, v, path)
-            if isinstance(content, Change):
-                changes.append(content)
-            elif (change := file_change(self.name, facts, path, content)) is not None:
-                changes.append(change)
-                rereads.append("gres.conf")
+            changes.append(content if isinstance(content, Change) else
+                           file_change(self.name, facts, path, content))
         if "slurm_cgroup_conf_manage" in paths:
-            path = paths["slurm_cgroup_conf_manage"]
-            if (change := file_change(self.name, facts, path, self.cgroup_conf(v))) is not None:
-                changes.append(change)
-                rereads.append("cgroup.conf")
-        return changes
+            changes.append(file_change(self.name, facts, paths["slurm_cgroup_conf_manage"],
+                                       self.cgroup_conf(v)))
+        return [c for c in changes if c is not None]
 
     def _gres(self, facts: Facts, v: RoleVars, path: str) -> str | Change:
         """gres.conf's content, or the failing change that says why it cannot be written."""
@@ -307,10 +303,11 @@ class SlurmNodeRole(RoleBase):
             return Change(self.name, f"file {path}", "verify", "a GPU model with no type name",
                           "a GRES type", [Fail(str(exc))], kind="file")
 
-    def _slurmd(self, facts: Facts, v: RoleVars, rereads: list[str], reload: Run
+    def _slurmd(self, facts: Facts, v: RoleVars, files: list[str], dropin: bool, reload: Run
                 ) -> list[Change]:
         """Restarting slurmd when it runs with other limits than wanted, or must read a
-        changed file (``rereads``); a manual change where no systemd unit restarts it."""
+        changed configuration file (``files``); where it is unknown, when its drop-in changes
+        too; a manual change where no systemd unit restarts it."""
         slurmd: Slurmd | None = facts.get("slurmd")
         systemd = bool(facts.get("systemd"))
         if slurmd is not None and slurmd.pid == 0:
@@ -319,9 +316,8 @@ class SlurmNodeRole(RoleBase):
         memlock = "unlimited" if kib is None else str(kib * 1024)
         nofile = str(self.nofile(v))
         wanted = f"memlock {memory(memlock)}, nofile {nofile}"
-        files = [r for r in rereads if r != "its limits"]
         if slurmd is None:
-            if not rereads or not systemd:
+            if not (files or dropin) or not systemd:
                 return []
             before = f"unknown ({facts.why_absent('slurmd')})"
         else:

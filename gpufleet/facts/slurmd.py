@@ -76,23 +76,22 @@ def conf_lines(text: str) -> list[tuple[int, str]]:
     """slurm.conf's logical lines with the number of the line each starts on: comments cut,
     continued lines joined, escapes resolved, blank lines left out."""
     lines: list[tuple[int, str]] = []
-    pending, start = "", 0
+    pending: str | None = None  # a line continued on the next
+    start = 0
     for number, raw in enumerate(text.splitlines(), 1):
         part = _strip_comment(raw)
-        if not pending:
-            start = number
+        if pending is None:
+            pending, start = "", number
         stripped = part.rstrip()
-        slashes = len(stripped) - len(stripped.rstrip("\\"))
-        if slashes % 2:
+        if (len(stripped) - len(stripped.rstrip("\\"))) % 2:
             pending += stripped[:-1]
             continue
-        logical = re.sub(r"\\(.)", r"\1", pending + part).rstrip()
-        pending = ""
-        if logical.strip():
-            lines.append((start, logical))
-    if pending.strip():
-        lines.append((start, re.sub(r"\\(.)", r"\1", pending).rstrip()))
-    return lines
+        lines.append((start, pending + part))
+        pending = None
+    if pending is not None:
+        lines.append((start, pending))
+    return [(n, logical) for n, line in lines
+            if (logical := re.sub(r"\\(.)", r"\1", line).rstrip()).strip()]
 
 
 def _strip_comment(line: str) -> str:
