@@ -12,6 +12,8 @@ import pytest
 from rich.console import Console
 
 from gpufleet import exitcodes
+from gpufleet import roles as role_registry
+from gpufleet.bootstrap import provision_node
 from gpufleet.connect.fleet import FleetOptions
 from gpufleet.drift import drain as drift_drain
 from gpufleet.drift.run import DriftOptions, check_fleet, exit_code
@@ -124,3 +126,11 @@ def test_drift_reports_it_a_remediation_leaves_it_and_it_drains_nothing(
     drift_drain.drain_drifted(target, run)
     [[(_, [findings])]] = updates
     assert findings.failed == {} and "site" in findings.passed
+
+
+def test_bootstrap_provisioning_leaves_manual_changes_to_certification(
+        target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(role_registry, "ALL", [SiteRole(tmp_path / "marker")])
+    detail, data = provision_node(target.inventory, target.hosts[0], FleetOptions(), False)
+    assert detail == "1 change(s) applied; left to an operator: site/slurm.conf Prolog"
+    assert data == {"applied": [f"site/file {tmp_path / 'marker'}"]}
