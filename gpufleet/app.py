@@ -209,13 +209,16 @@ def provision_cmd(inventory: str | None, *, limit: str | None = None, check: boo
     duration = time.monotonic() - started
     con = _console(out, json_path)
     provision_report.print_plans(con, outcomes, diff, "PLAN" if check else "CHANGES")
-    notes = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
-             if o.value and o.value.reboot_pending}
+    reboots = {n: f"reboot required: {o.value.reboot_pending}" for n, o in outcomes.items()
+               if o.value and o.value.reboot_pending}
+    notes = dict(reboots)
+    for name, note in provision_report.manual_notes(outcomes).items():
+        notes[name] = f"{notes[name]}; {note}" if name in notes else note
     terminal.print_recap(con, outcomes, notes)
     if json_path:
         write_json(json_path, provision_report.to_json(target, outcomes, duration, check))
     code = _outcome_code(outcomes)
-    if code == exitcodes.OK and notes and not check:
+    if code == exitcodes.OK and reboots and not check:
         return exitcodes.REBOOT_REQUIRED
     return code
 

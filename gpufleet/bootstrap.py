@@ -276,12 +276,14 @@ def provision_node(inventory: Inventory, host: Host, fleet: FleetOptions, reboot
     left = check[host.name]
     if left.status == "unreachable":
         raise NodeUnreachable(str(left.error))
-    if left.status == "failed" or (left.value and left.value.plan and left.value.plan.changes):
-        items = [c.item for c in left.value.plan.changes] if left.value and left.value.plan \
-            else [str(left.error)]
+    plan = left.value.plan if left.value else None
+    if left.status == "failed" or (plan and plan.applicable):  # manual ones: certify's to judge
+        items = [c.item for c in plan.applicable] if plan else [str(left.error)]
         raise GpufleetError(f"not converged after provisioning: {', '.join(items)}")
     changes = [c.item for c in (run.applied if run else [])]
-    detail = f"{len(changes)} change(s) applied" + (", rebooted" if run and run.rebooted else "")
+    manual = [c.item for c in plan.changes if c.manual] if plan else []
+    detail = f"{len(changes)} change(s) applied" + (", rebooted" if run and run.rebooted else "") \
+        + (f"; left to an operator: {', '.join(manual)}" if manual else "")
     return detail, {"applied": changes}
 
 

@@ -34,6 +34,7 @@ class DriftItem:
     diff: str | None = None
     reboot_required: bool = False
     new: bool = False
+    manual: bool = False  # an operator must make the change (provisioning cannot)
 
     @property
     def item(self) -> str:
@@ -52,7 +53,7 @@ class DriftItem:
 
 def item_from_change(host: str, change: Change) -> DriftItem:
     return DriftItem(host, change.role, change.resource, change.kind, change.after,
-                     change.before, change.diff, change.pending_reboot)
+                     change.before, change.diff, change.pending_reboot, manual=change.manual)
 
 
 @dataclass

@@ -109,7 +109,8 @@ _SEVERITY = {"error": 0, "unreachable": 1, "drifted": 2, "clean": 3}
 
 
 def _item_key(item: DriftItem) -> tuple[Any, ...]:
-    return (item.role, item.resource, item.desired, item.actual, item.new, item.diff)
+    note = " ".join(word for word, on in (("NEW", item.new), ("manual", item.manual)) if on)
+    return (item.role, item.resource, item.desired, item.actual, note, item.diff)
 
 
 def _print_hosts(out: Console, run: DriftRun) -> None:
@@ -145,9 +146,9 @@ def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:
                       show_lines=False)
         for col in ("role", "item", "desired", "actual", ""):
             table.add_column(col, overflow="fold")
-        for role, resource, desired, actual, new, _ in key:
+        for role, resource, desired, actual, note, _ in key:
             table.add_row(markup(role), markup(resource), markup(desired), markup(actual),
-                          "NEW" if new else "")
+                          note)
         out.print(table)
         if diff:
             for *_, item_diff in key:

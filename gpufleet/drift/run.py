@@ -136,7 +136,7 @@ def exit_code(run: DriftRun) -> int:
         return exitcodes.UNREACHABLE
     if run.remediation:
         failed = any(r["status"] not in ("ok", "changed") for r in run.remediation.values())
-        unfixable = any(i.role == compare.CONSISTENCY_ROLE
+        unfixable = any(i.role == compare.CONSISTENCY_ROLE or i.manual
                         for h in run.hosts.values() for i in h.items)
         return exitcodes.FAILED if failed or unfixable else exitcodes.OK
     return exitcodes.FAILED if run.items else exitcodes.OK

@@ -7,6 +7,7 @@ can hang names it as its ``guard``: it then runs under the per-snippet deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shlex
@@ -279,4 +280,6 @@ def _default(obj: Any) -> Any:
                 "bytes": obj.size, "sha256": obj.sha256}
     if isinstance(obj, (set, frozenset, tuple)):
         return sorted(obj) if isinstance(obj, (set, frozenset)) else list(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a role's own fact
+        return dataclasses.asdict(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

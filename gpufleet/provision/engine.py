@@ -139,9 +139,9 @@ def provision(inventory: Inventory, hosts: Sequence[Host], roles: Sequence[Role]
         conn.budget.progress = run
         extra = options.extra_facts(host) if options.extra_facts else None
         run.facts, run.plan = gather_and_plan(inventory, host, roles, conn, extra)
-        if options.check or run.plan.empty:
+        if options.check or not run.plan.applicable:  # manual changes alone: nothing to do
             run.reboot_pending = _pending_reason(run.plan)
-            return TaskResult(run, changed=not run.plan.empty)
+            return TaskResult(run, changed=bool(run.plan.applicable))
         holder = nodelock.Holder.this_run(options.command, conn.budget.remaining())
         try:
             lock = nodelock.acquire(conn, holder, options.apply.lock_timeout_s)
@@ -187,7 +187,7 @@ def _verify_after_reboot(inventory: Inventory, host: Host, roles: Sequence[Role]
     finally:
         conn.close()
     run.facts = facts
-    if not plan.empty:
-        left = ", ".join(f"{c.item} ({c.before} -> {c.after})" for c in plan.changes)
+    if plan.applicable:
+        left = ", ".join(f"{c.item} ({c.before} -> {c.after})" for c in plan.applicable)
         return TaskResult(run, changed=True, failed=f"not converged after reboot: {left}")
     return TaskResult(run, changed=True)

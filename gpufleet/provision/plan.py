@@ -94,11 +94,17 @@ class Fail:
         raise GpufleetError(self.message)
 
 
+MANUAL = "manual"
+"""The action of a change gpufleet reports but never applies: a setting of a file the site
+owns (slurm.conf), which an operator changes. Such a change has no steps; provisioning
+shows it and goes on, drift reports it, and it stays until the operator has made it."""
+
+
 @dataclass
 class Change:
     """One resource that differs from its desired state, and how to fix it. ``kind`` (for
     reports: package, hold, file, link, sysctl, reboot ...) defaults to the resource's first
-    word."""
+    word. A change whose action is :data:`MANUAL` has no steps."""
 
     role: str
     resource: str
@@ -113,6 +119,13 @@ class Change:
     def __post_init__(self) -> None:
         if not self.kind:  # "package libnccl2" is of kind package, "file /etc/x" of kind file
             self.kind = self.resource.split(" ", 1)[0]
+        if self.manual and self.steps:
+            raise ValueError(f"{self.item}: a manual change has no steps")
+
+    @property
+    def manual(self) -> bool:
+        """Whether an operator must make this change (gpufleet only reports it)."""
+        return self.action == MANUAL
 
     @property
     def item(self) -> str:
@@ -147,6 +160,11 @@ class Plan:
     @property
     def reboot_required(self) -> bool:
         return any(c.pending_reboot for c in self.changes)
+
+    @property
+    def applicable(self) -> list[Change]:
+        """The changes provisioning applies: every one but the manual ones."""
+        return [c for c in self.changes if not c.manual]
 
     def steps(self) -> list[tuple[Change, Step]]:
         """Each step once, with the first change that asked for it, in plan order."""

@@ -50,6 +50,17 @@ def print_plans(con: Console, outcomes: dict[str, Outcome[HostRun]], diff: bool,
                             bool(run.reboot_pending))
 
 
+def manual_notes(outcomes: dict[str, Outcome[HostRun]]) -> dict[str, str]:
+    """For the recap: the hosts whose plan has changes left to an operator."""
+    notes = {}
+    for name, outcome in outcomes.items():
+        run = outcome.value
+        manual = [c for c in run.plan.changes if c.manual] if run and run.plan else []
+        if manual:
+            notes[name] = f"{len(manual)} change(s) for an operator (manual)"
+    return notes
+
+
 def summary(outcomes: dict[str, Outcome[HostRun]]) -> dict[str, int]:
     """The provision report's counts: hosts per outcome as the recap counts them, hosts
     with a reboot pending, and the changes planned and applied (as the hosts' entries
@@ -101,7 +112,9 @@ def print_plan(out: Console, plan: Plan, diff: bool, applied: list[Change] | Non
     for change in plan.changes:
         style = "magenta" if change.pending_reboot else "yellow"
         tag = ""
-        if applied is not None:
+        if change.manual:  # never applied: an operator makes it
+            tag = "" if applied is None else "MANUAL "
+        elif applied is not None:
             ok = id(change) in done and not (change.pending_reboot and reboot_pending)
             tag = "done " if ok else ("PENDING " if change.pending_reboot else "NOT DONE ")
             style = "green" if ok else ("magenta" if change.pending_reboot else "red")

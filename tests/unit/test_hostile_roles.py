@@ -134,6 +134,9 @@ ACTIVE = {
                 "pytorch_index_url": "https://download.pytorch.org/whl/cu126"},
     "nccl_env": {"nccl_env": {"NCCL_SOCKET_IFNAME": "eth0"}, "gloo_socket_ifname": "eth0"},
     "slurm_healthcheck": {"slurm_healthcheck": True, "nccl_env": {"NCCL_DEBUG": "WARN"}},
+    "slurm_node": {"slurm_node": True, "slurm_gres_conf_manage": True, "slurm_gres_type": "h200",
+                   "slurm_cgroup_conf_manage": True, "slurm_prolog": True,
+                   "slurm_epilog": True, "gpu_count": 8},
     "firewall": {"firewall_enabled": True, "gpufleet_controllers": ["10.0.0.1"],
                  "firewall_ssh_cidrs": ["10.1.0.0/16"], "firewall_extra_cidrs": ["10.2.0.0/16"]},
 }

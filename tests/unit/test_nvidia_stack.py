@@ -457,7 +457,7 @@ def test_every_role_is_one_module_found_by_the_registry() -> None:
     names = [r.name for r in roles.ALL]
     for expected in ("nvidia_repo", "driver", "fabricmanager", "persistenced", "cuda",
                      "nccl", "dcgm", "ofed", "peermem", "pytorch", "nccl_env",
-                     "slurm_healthcheck", "firewall"):
+                     "slurm_node", "slurm_healthcheck", "firewall"):
         assert expected in names
     assert names == [r.name for r in sorted(roles.ALL, key=lambda r: r.order)]
     assert roles.owner_of("driver") == "driver" and roles.owner_of("torch") == "pytorch"
