@@ -9,8 +9,8 @@ A node without Slurm (no ``gpufleet_scheduler: slurm`` and no ``--launcher slurm
 ``scontrol``/``srun`` on the controller) skips every check, saying why; a node Slurm
 starts no job on now (drained, down, busy) skips the checks of the step.
 
-Variables: slurm_job_step_gpus (1 on a node with GPUs), slurm_job_min_memlock_kib
-(unlimited), slurm_job_min_nofile (131072), slurm_job_min_shm_gb (host_min_shm_gb, 1),
+Variables: slurm_job_step_gpus (1 on a node with GPUs), slurm_job_memlock
+(unlimited), slurm_job_nofile (131072), slurm_job_min_shm_gb (host_min_shm_gb, 1),
 slurm_job_require_device_confinement (true), slurm_job_task_plugin (task/cgroup),
 slurm_job_gres_type (a type naming the GPU model), slurm_job_timeout_s (120); the
 nccl_env role's nccl_env and gloo_socket_ifname; gpufleet_scheduler, gpufleet_slurm_conf,
@@ -106,8 +106,9 @@ def test_job_memlock(node: Node, conformance: ConformanceSession,
     if view.memlock is None:
         pytest.fail(f"unknown: {view.why('memlock')}")
     record_property("memlock_bytes", [view.memlock.soft, view.memlock.hard])
+    memlock = node.typed(SlurmJobSettings).slurm_job_memlock
     problem = checks.memlock_problem(view.memlock,
-                                     node.typed(SlurmJobSettings).slurm_job_min_memlock_kib,
+                                     None if memlock == "unlimited" else int(memlock),
                                      _session(node, conformance, "memlock"))
     assert problem is None, problem
 
@@ -119,7 +120,7 @@ def test_job_nofile(node: Node, conformance: ConformanceSession,
         pytest.fail(f"unknown: {view.why('nofile')}")
     record_property("nofile", [view.nofile.soft, view.nofile.hard])
     problem = checks.nofile_problem(view.nofile,
-                                    node.typed(SlurmJobSettings).slurm_job_min_nofile,
+                                    node.typed(SlurmJobSettings).slurm_job_nofile,
                                     _session(node, conformance, "nofile"))
     assert problem is None, problem
 

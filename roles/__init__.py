@@ -12,7 +12,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.engine import active_roles, fact_request
-from gpufleet.provision.role import PlanContext, Role, RoleVars
+from gpufleet.provision.role import PlanContext, Role, RoleVars, Var
 
 
 def _discover() -> list[Role]:
@@ -70,6 +70,21 @@ def torch_pin_problems(torch: dict[str, object], host: Host) -> list[str]:
         return []
     return verify(torch, v.string("pytorch_version"), v.opt_string("pytorch_cuda"),
                   v.opt_string("pytorch_nccl"))
+
+
+def job_limits() -> dict[str, Var]:
+    """The declarations of the limits a Slurm job must get (``slurm_job_memlock``,
+    ``slurm_job_nofile``), shared by the slurm_node role and the suites that check them."""
+    from gpufleet.roles.slurm_node import ROLE  # noqa: PLC0415 - the registry's own module
+
+    return {key: ROLE.variables[key] for key in ("slurm_job_memlock", "slurm_job_nofile")}
+
+
+def job_memlock_kib(v: RoleVars) -> int | None:
+    """``slurm_job_memlock`` in KiB, None for unlimited; a bad value fails naming it."""
+    from gpufleet.roles.slurm_node import SlurmNodeRole  # noqa: PLC0415 - as above
+
+    return SlurmNodeRole.memlock_kib(v)
 
 
 def host_request(host: Host) -> FactRequest:

@@ -27,7 +27,7 @@ from gpufleet.facts.xids import CRITICAL_XIDS
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
-from gpufleet.roles import nccl_env
+from gpufleet.roles import nccl_env, slurm_node
 
 # Where bootstrap records the node's versions (gpufleet.bootstrap.STATE_FILE); not imported,
 # because bootstrap imports the role registry.
@@ -63,8 +63,7 @@ class SlurmHealthcheckRole(RoleBase):
                                                        "and SIGKILL"),
         "slurm_epilog_max_used_mib": Var(1024, "integer", "the most memory (MiB) a job's GPU "
                                                           "may still use after it"),
-        "slurm_job_memlock_min_kib": Var(None, "integer", "least RLIMIT_MEMLOCK (KiB) slurmd "
-                                                          "gives jobs; unset: unlimited"),
+        "slurm_job_memlock": slurm_node.ROLE.variables["slurm_job_memlock"],
         "slurm_fabric_ports": Var(None, "list", "InfiniBand/RoCE ports (mlx5_0/1) the prolog "
                                                 "needs ACTIVE; unset: every port"),
         "slurm_healthcheck_state_dir": Var("/var/lib/gpufleet", "string",
@@ -141,7 +140,6 @@ class SlurmHealthcheckRole(RoleBase):
 
     def job_settings(self, v: RoleVars) -> dict[str, object]:
         """The prolog's and epilog's keys of healthcheck.json, validated."""
-        memlock = v.get("slurm_job_memlock_min_kib")
         ports = v.get("slurm_fabric_ports")
         if ports is not None:
             ports = v.items("slurm_fabric_ports")
@@ -155,8 +153,7 @@ class SlurmHealthcheckRole(RoleBase):
                                                  "seconds"),
             "epilog_max_used_mib": self._bounded(v, "slurm_epilog_max_used_mib", 0, None,
                                                  "MiB"),
-            "job_memlock_min_kib": None if memlock is None else self._bounded(
-                v, "slurm_job_memlock_min_kib", 1, None, "KiB"),
+            "job_memlock_min_kib": slurm_node.SlurmNodeRole.memlock_kib(v),
             "fabric_ports": ports,
             "state_dir": v.path("slurm_healthcheck_state_dir"),
         }

@@ -558,10 +558,8 @@ def test_the_labs_generated_conf(tmp_path: Path) -> None:
     lab = LabConfig(root=tmp_path / "lab")
     text = LabSlurm(lab).render_config(SlurmSettings(), [Node(lab, 1), Node(lab, 2)])
     assert [r[:3] for r in findings(text, "", tmp_path)] == [
-        ("slurm.conf PropagateResourceLimits", MANUAL,
-         "absent: every limit of the submitting shell is propagated, memlock too"),
-        ("slurm.conf TaskPlugin", MANUAL, "task/none (/etc/slurm/slurm.conf:20)"),
-        ("slurm.conf ProctrackType", MANUAL, "proctrack/linuxproc (/etc/slurm/slurm.conf:19)")]
+        ("slurm.conf TaskPlugin", MANUAL, "task/none (/etc/slurm/slurm.conf:21)"),
+        ("slurm.conf ProctrackType", MANUAL, "proctrack/linuxproc (/etc/slurm/slurm.conf:20)")]
 
 
 # ---- the facts' snippets and parsers -----------------------------------------------------

@@ -492,7 +492,7 @@ def test_role_is_inactive_unless_asked(tmp_path: Path) -> None:
 def test_role_installs_the_prolog_and_epilog_when_asked(tmp_path: Path) -> None:
     v, ctx = _host(tmp_path, "      slurm_prolog: true\n      slurm_epilog: yes\n"
                              "      slurm_fabric_ports: [mlx5_0/1, mlx5_3/1]\n"
-                             "      slurm_job_memlock_min_kib: 65536\n")
+                             "      slurm_job_memlock: 65536\n")
     changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
     assert [(c.item, c.action) for c in changes][2:] == [
         ("slurm_healthcheck/file /usr/local/sbin/gpufleet-prolog", "create"),
@@ -541,7 +541,8 @@ def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None
     ("      slurm_epilog_budget_s: 301\n", "slurm_epilog_budget_s must be 3-300 seconds"),
     ("      slurm_epilog_kill_grace_s: -1\n", "slurm_epilog_kill_grace_s must be 0-60 seconds"),
     ("      slurm_epilog_max_used_mib: lots\n", "slurm_epilog_max_used_mib must be an integer"),
-    ("      slurm_job_memlock_min_kib: 0\n", "slurm_job_memlock_min_kib must be at least 1 KiB"),
+    ("      slurm_job_memlock: 0\n", "slurm_job_memlock must be unlimited or a positive "
+                                     "number of KiB"),
     ("      slurm_fabric_ports: [mlx5_0]\n", r"slurm_fabric_ports must be a list of InfiniBand/"
                                              r"RoCE ports as device/port \(mlx5_0/1\), got"),
     ("      slurm_healthcheck_state_dir: var/lib\n", "slurm_healthcheck_state_dir must be an "

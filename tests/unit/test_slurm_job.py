@@ -166,7 +166,7 @@ def test_memlock_unlimited_passes_and_a_declared_floor_is_honoured() -> None:
     assert slurmds is not None
     assert checks.memlock_problem(slurmds, 8192, None) is None
     assert checks.memlock_problem(slurmds, 8193, None) == (
-        "a job step gets memlock 8 MiB, below slurm_job_min_memlock_kib 8193: NCCL over "
+        "a job step gets memlock 8 MiB, below slurm_job_memlock 8193 KiB: NCCL over "
         "InfiniBand/RoCE fails at init; set LimitMEMLOCK=infinity for slurmd and "
         "PropagateResourceLimitsExcept=MEMLOCK")
 
@@ -177,7 +177,7 @@ def test_nofile_below_the_floor_fails_and_at_it_passes() -> None:
     message = checks.nofile_problem(nofile, 131072, Limit(1048576, 1048576))
     assert message is not None and message.startswith(
         "a job step gets nofile 1024 (hard 20000) (an SSH session gets 1048576), below "
-        "slurm_job_min_nofile 131072: DataLoader workers and NCCL's connections fail with "
+        "slurm_job_nofile 131072: DataLoader workers and NCCL's connections fail with "
         "'Too many open files'")
     assert checks.nofile_problem(Limit(131072, 131072), 131072, None) is None
     assert checks.nofile_problem(Limit(None, None), 131072, None) is None
@@ -586,7 +586,8 @@ def test_slurm_job_is_in_no_set_and_in_all() -> None:
     suite = registry.suite("slurm_job")
     assert suite not in registry.bootstrap_suites() and not suite.cross_node
     defaults = registry.defaults()
-    assert defaults["slurm_job_min_nofile"] == 131072
+    assert defaults["slurm_job_nofile"] == 131072
+    assert defaults["slurm_job_memlock"] == "unlimited"
     assert defaults["slurm_job_step_gpus"] is None and defaults["slurm_job_min_shm_gb"] is None
     assert defaults["slurm_job_require_device_confinement"] is True
 
@@ -595,7 +596,8 @@ def test_slurm_job_is_in_no_set_and_in_all() -> None:
     ({"slurm_job_step_gpus": -1}, "slurm_job_step_gpus must be an integer from 0 to 64"),
     ({"slurm_job_step_gpus": "two"}, "slurm_job_step_gpus must be an integer"),
     ({"slurm_job_timeout_s": 5}, "slurm_job_timeout_s must be an integer from 10 to 3600"),
-    ({"slurm_job_min_nofile": 0}, "slurm_job_min_nofile must be an integer above 0"),
+    ({"slurm_job_nofile": 0}, "slurm_job_nofile must be an integer above 0"),
+    ({"slurm_job_memlock": 0}, "slurm_job_memlock must be unlimited or a positive number"),
     ({"slurm_job_min_shm_gb": 0}, "slurm_job_min_shm_gb must be a number above 0"),
     ({"slurm_job_require_device_confinement": "perhaps"}, "must be a boolean"),
     ({"gpufleet_scheduler": "pbs"}, "gpufleet_scheduler must be slurm or none")])

@@ -191,7 +191,7 @@ def memlock_problem(job: Limit, min_kib: int | None, session: Limit | None) -> s
     if job.soft is None or (min_kib is not None and job.soft >= min_kib * 1024):
         return None
     ssh = f" (an SSH session gets {size(session.soft)})" if session is not None else ""
-    floor = f", below slurm_job_min_memlock_kib {min_kib}" if min_kib is not None else ""
+    floor = f", below slurm_job_memlock {min_kib} KiB" if min_kib is not None else ""
     return (f"a job step gets memlock {size(job.soft)}{ssh}{floor}: NCCL over "
             "InfiniBand/RoCE fails at init; set LimitMEMLOCK=infinity for slurmd and "
             "PropagateResourceLimitsExcept=MEMLOCK")
@@ -206,7 +206,7 @@ def nofile_problem(job: Limit, minimum: int, session: Limit | None) -> str | Non
     ssh = (f" (an SSH session gets {'unlimited' if session.soft is None else session.soft})"
            if session is not None else "")
     return (f"a job step gets nofile {job.soft} (hard {hard}){ssh}, below "
-            f"slurm_job_min_nofile {minimum}: DataLoader workers and NCCL's connections fail "
+            f"slurm_job_nofile {minimum}: DataLoader workers and NCCL's connections fail "
             "with 'Too many open files'; raise LimitNOFILE for slurmd, and add NOFILE to "
             "PropagateResourceLimitsExcept where the submitting shells' limit is lower")
 

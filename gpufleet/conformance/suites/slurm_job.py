@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet import roles
 from gpufleet.conformance.checks import host_sizing as host_sizing_checks
 from gpufleet.conformance.checks import slurm_job as slurm_job_checks
 from gpufleet.conformance.registry import Settings, Suite, declared, setting
@@ -24,11 +25,8 @@ class SlurmJobSettings(Settings):
     slurm_job_step_gpus: int | None = setting(
         None, "integer", "GPUs the probe's step asks for (default: 1 on a node with GPUs, "
                          "else 0; 0: no --gres)")
-    slurm_job_min_memlock_kib: int | None = setting(
-        None, "integer", "a job step's memlock floor in KiB (default: unlimited)")
-    slurm_job_min_nofile: int = setting(
-        131072, "integer", "a job step's open-files floor (soft limit); slurmd.service's "
-                           "LimitNOFILE")
+    slurm_job_memlock: int | str = declared(roles.job_limits()["slurm_job_memlock"])
+    slurm_job_nofile: int = declared(roles.job_limits()["slurm_job_nofile"])
     slurm_job_min_shm_gb: float | None = setting(
         None, "number", "a job step's /dev/shm floor in GB (default: host_min_shm_gb)")
     host_min_shm_gb: float = declared(HostSizingSettings.variables()["host_min_shm_gb"])
@@ -50,9 +48,9 @@ def _check(v: RoleVars) -> None:
     if not 10 <= v.integer("slurm_job_timeout_s") <= 3600:
         raise v.fail("slurm_job_timeout_s", "an integer from 10 to 3600",
                      v.get("slurm_job_timeout_s"))
-    for key in ("slurm_job_min_memlock_kib", "slurm_job_min_nofile"):
-        if v.get(key) is not None and v.integer(key) < 1:
-            raise v.fail(key, "an integer above 0", v.get(key))
+    roles.job_memlock_kib(v)
+    if v.integer("slurm_job_nofile") < 1:
+        raise v.fail("slurm_job_nofile", "an integer above 0", v.get("slurm_job_nofile"))
     if v.get("slurm_job_min_shm_gb") is not None and v.number("slurm_job_min_shm_gb") <= 0:
         raise v.fail("slurm_job_min_shm_gb", "a number above 0", v.get("slurm_job_min_shm_gb"))
 
