@@ -27,12 +27,13 @@ from gpufleet.facts.xids import CRITICAL_XIDS
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
-from gpufleet.roles import nccl_env, slurm_node
+from gpufleet.roles import nccl_env, pytorch, slurm_node
 
 # Where bootstrap records the node's versions (gpufleet.bootstrap.STATE_FILE); not imported,
 # because bootstrap imports the role registry.
 STATE_FILE = "/etc/gpufleet/node.json"
 PROGRAM = resources.files("gpufleet.node").joinpath("healthcheck.py")
+GANG_CHECK = resources.files("gpufleet.node").joinpath("gang_check.py")
 WRAPPERS = {"prolog": ("slurm_prolog", "slurm_prolog_path"),
             "epilog": ("slurm_epilog", "slurm_epilog_path")}
 _PORT = re.compile(r"^[A-Za-z0-9_.-]+/\d+\Z")
@@ -68,6 +69,11 @@ class SlurmHealthcheckRole(RoleBase):
                                                 "needs ACTIVE; unset: every port"),
         "slurm_healthcheck_state_dir": Var("/var/lib/gpufleet", "string",
                                            "the prolog's and epilog's state files"),
+        "slurm_gang_check": Var(False, "boolean", "install gpufleet-gang-check, a multi-node "
+                                                  "job's first step"),
+        "slurm_gang_check_path": Var("/usr/local/sbin/gpufleet-gang-check", "string",
+                                     "where it goes"),
+        "pytorch_venv": pytorch.ROLE.variables["pytorch_venv"],
         "gpu_count": Var(None, "integer", "GPUs the node must have"),
         "nccl_env": Var(None, "mapping", "the nccl_env role's settings: their local port "
                                          "range is the one the program expects"),
@@ -87,12 +93,15 @@ class SlurmHealthcheckRole(RoleBase):
         self.config(v)
         for context in WRAPPERS:
             self.wrapper(v, context)
+        v.path("slurm_gang_check_path")
+        self.gang_check(v)
         if v.get("nccl_env") is not None:
             nccl_env.ROLE.settings(RoleVars(v.host, nccl_env.ROLE.defaults))
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:
         keys = ["slurm_healthcheck_path", "slurm_healthcheck_config",
-                *(path for flag, path in WRAPPERS.values() if v.boolean(flag))]
+                *(path for flag, path in WRAPPERS.values() if v.boolean(flag)),
+                *(["slurm_gang_check_path"] if v.boolean("slurm_gang_check") else [])]
         return {k: v.string(k) for k in keys}
 
     def request(self, v: RoleVars) -> FactRequest:
@@ -102,6 +111,12 @@ class SlurmHealthcheckRole(RoleBase):
         """The program as installed: its interpreter line and a managed-file note."""
         python = v.path("slurm_healthcheck_python", "the program's interpreter line")
         source = PROGRAM.read_text().split("\n", 1)[1]
+        return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
+
+    def gang_check(self, v: RoleVars) -> str:
+        """gpufleet-gang-check as installed: run by the pytorch role's venv, which has torch."""
+        python = v.path("pytorch_venv", "the gang check's interpreter") + "/bin/python"
+        source = GANG_CHECK.read_text().split("\n", 1)[1]
         return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
 
     def wrapper(self, v: RoleVars, context: str) -> str:
@@ -179,7 +194,9 @@ class SlurmHealthcheckRole(RoleBase):
         files = [(v.string("slurm_healthcheck_path"), self.program(v), 0o755),
                  (v.string("slurm_healthcheck_config"), self.config(v), 0o644),
                  *((v.string(path), self.wrapper(v, context), 0o755)
-                   for context, (flag, path) in WRAPPERS.items() if v.boolean(flag))]
+                   for context, (flag, path) in WRAPPERS.items() if v.boolean(flag)),
+                 *([(v.string("slurm_gang_check_path"), self.gang_check(v), 0o755)]
+                   if v.boolean("slurm_gang_check") else [])]
         return [c for path, content, mode in files
                 if (c := file_change(self.name, facts, path, content, mode=mode)) is not None]
 

@@ -34,7 +34,7 @@ from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import slurm_healthcheck
 from gpufleet.slurm import client, findings
 from gpufleet.slurm.findings import Finding
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 SLURM = FIXTURES / "slurm"
 PROGRAM = Path(program.__file__)
@@ -515,6 +515,30 @@ def test_role_installs_the_prolog_and_epilog_when_asked(tmp_path: Path) -> None:
     assert set(slurm_healthcheck.ROLE.managed_files(v)) == {
         "slurm_healthcheck_path", "slurm_healthcheck_config", "slurm_prolog_path",
         "slurm_epilog_path"}
+
+
+def test_role_installs_the_gang_check_for_the_training_venv_when_asked(tmp_path: Path
+                                                                       ) -> None:
+    v, ctx = _host(tmp_path, "      slurm_gang_check: true\n"
+                             "      pytorch_venv: /opt/train\n")
+    changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+    assert [(c.item, c.action) for c in changes][2:] == [
+        ("slurm_healthcheck/file /usr/local/sbin/gpufleet-gang-check", "create")]
+    installed = slurm_healthcheck.ROLE.gang_check(v)
+    assert installed.startswith("#!/opt/train/bin/python\n# Managed by gpufleet (role "
+                                "slurm_healthcheck)")
+    source = (ROOT / "gpufleet" / "node" / "gang_check.py").read_text()
+    assert installed.endswith(source.split("\n", 1)[1])
+    script = tmp_path / "gpufleet-gang-check"
+    script.write_text(installed.replace("/opt/train/bin/python", sys.executable, 1))
+    script.chmod(0o755)
+    usage = subprocess.run([str(script), "--timeout", "0"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert usage.returncode == 2, usage
+    assert "slurm_gang_check_path" in slurm_healthcheck.ROLE.managed_files(v)
+    v, ctx = _host(tmp_path, "      slurm_gang_check: true\n      pytorch_venv: venv\n")
+    with pytest.raises(VarError, match="pytorch_venv must be an absolute path"):
+        slurm_healthcheck.ROLE.check(v)
 
 
 def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None:
