@@ -371,6 +371,12 @@ def conf_findings(conf: SlurmConf, v: RoleVars, slurmd: Slurmd | None) -> list[C
         names = {f.strip().lower() for f in flags.value.split(",")} if flags else set()
         if not names & ALLOC_FLAGS:
             found.append(finding("PrologFlags", shown(flags), "PrologFlags=Alloc"))
+        # A batch job whose prolog failed is requeued held (priority 0) unless told.
+        scheduler = conf.last("SchedulerParameters")
+        params = {p.strip().lower() for p in scheduler.value.split(",")} if scheduler else set()
+        if "nohold_on_prolog_fail" not in params:
+            found.append(finding("SchedulerParameters", shown(scheduler),
+                                 "SchedulerParameters includes nohold_on_prolog_fail"))
     propagated = memlock_propagated(conf)
     if propagated is not None:
         found.append(finding("PropagateResourceLimits", propagated,

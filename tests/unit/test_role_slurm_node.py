@@ -48,6 +48,7 @@ GOOD_CONF = textwrap.dedent("""\
     TaskPlugin=task/affinity,task/cgroup
     PropagateResourceLimitsExcept=MEMLOCK
     PrologFlags=Alloc,Contain
+    SchedulerParameters=bf_continue,nohold_on_prolog_fail
     Prolog=/usr/local/sbin/gpufleet-prolog
     Epilog=/usr/local/sbin/gpufleet-epilog
     """)
@@ -380,6 +381,8 @@ def test_every_missing_setting_is_a_manual_change_never_a_file_change(tmp_path: 
         ("slurm_node/slurm.conf Epilog", MANUAL, "absent",
          "Epilog=/usr/local/sbin/gpufleet-epilog"),
         ("slurm_node/slurm.conf PrologFlags", MANUAL, "absent", "PrologFlags=Alloc"),
+        ("slurm_node/slurm.conf SchedulerParameters", MANUAL, "absent",
+         "SchedulerParameters includes nohold_on_prolog_fail"),
         ("slurm_node/slurm.conf PropagateResourceLimits", MANUAL,
          "absent: every limit of the submitting shell is propagated, memlock too",
          "PropagateResourceLimitsExcept=MEMLOCK"),
@@ -409,12 +412,13 @@ def test_keys_any_case_comments_quotes_continuations_and_escapes(tmp_path: Path)
             "PropagateResourceLimitsExcept=\\\n"
             "  MEMLOCK,NOFILE\n"
             "prologflags=contain\n"
+            "schedulerparameters=NOHOLD_ON_PROLOG_FAIL\n"
             "prolog=/usr/local/sbin/gpufleet\\-prolog\n"
             "Epilog=/srv/epilog\\#1\n")
     assert findings(text, "slurm_prolog: true\n", tmp_path) == []
     conf = parse_conf(CONF, {CONF: text})
     assert [(s.value, s.where) for s in conf.all("Epilog")] == [
-        ("/srv/epilog#1", "/etc/slurm/slurm.conf:8")]
+        ("/srv/epilog#1", "/etc/slurm/slurm.conf:9")]
     assert conf.last("propagateresourcelimitsexcept") is not None
     assert conf_lines("A=1 \\\\\nB=2\n") == [(1, "A=1 \\"), (2, "B=2")]
 
@@ -517,6 +521,8 @@ def test_slurms_own_example_conf(tmp_path: Path) -> None:
     assert findings(text, "slurm_prolog: true\n", tmp_path) == [
         ("slurm.conf Prolog", MANUAL, "absent", "Prolog=/usr/local/sbin/gpufleet-prolog"),
         ("slurm.conf PrologFlags", MANUAL, "absent", "PrologFlags=Alloc"),
+        ("slurm.conf SchedulerParameters", MANUAL, "absent",
+         "SchedulerParameters includes nohold_on_prolog_fail"),
         ("slurm.conf PropagateResourceLimits", MANUAL,
          "absent: every limit of the submitting shell is propagated, memlock too",
          "PropagateResourceLimitsExcept=MEMLOCK"),
@@ -545,6 +551,8 @@ def test_slurm_gcps_conf_and_the_cloud_conf_it_includes(tmp_path: Path) -> None:
                 "90-gpufleet\n"
     assert findings(text, variables, tmp_path, files=files) == [
         ("slurm.conf PrologFlags", MANUAL, "absent", "PrologFlags=Alloc"),
+        ("slurm.conf SchedulerParameters", MANUAL, "absent",
+         "SchedulerParameters includes nohold_on_prolog_fail"),
         ("slurm.conf PropagateResourceLimits", MANUAL,
          "absent: every limit of the submitting shell is propagated, memlock too",
          "PropagateResourceLimitsExcept=MEMLOCK")]
