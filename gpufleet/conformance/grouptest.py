@@ -14,7 +14,11 @@ nodes that fails every group holding both. The search:
    together, from the same rack when there is one): a suspect that fails with a good
    reference too is a bad node; when both pass with references, the pair is re-tested
    before it is blamed (confirm before blame);
-4. looks for further faults in what is left once each found one is taken out.
+4. looks for further faults in what is left once each found one is taken out;
+5. names a node common to two bad pairs or more as the bad node when it failed every
+   group it was in and each of its partners passed without it: the pairs were found
+   against a reference that was that node (a good pair's run failed by chance, so no node
+   was known good when the search began), and one bad node explains them all.
 
 Single nodes are never tested here: each node has passed on its own before.
 """
@@ -244,6 +248,42 @@ class _Searcher:
         return sorted(unique.values(), key=len, reverse=True)
 
 
+def common_nodes(faults: list[Fault], trials: Sequence[Trial]) -> list[Fault]:
+    """``faults`` with the bad pairs that share a node merged into that node's fault where
+    the node explains them: it is in two of them or more, no group holding it and another
+    node passed in ``trials``, and each of its partners passed in a group without it. Pairs
+    no single node explains are kept."""
+    out = list(faults)
+    while True:
+        pairs = [f for f in out if f.kind == "pair"]
+        counts: dict[str, int] = {}
+        for fault in pairs:
+            for name in fault.nodes:
+                counts[name] = counts.get(name, 0) + 1
+        found = next((n for n in sorted(counts, key=lambda n: (-counts[n], n))
+                      if counts[n] >= 2 and _explains(n, pairs, trials)), None)
+        if found is None:
+            return out
+        merged = [f for f in pairs if found in f.nodes]
+        partners = [next(n for n in f.nodes if n != found) for f in merged]
+        evidence = list(dict.fromkeys(t for f in merged for t in f.evidence))
+        node = Fault("node", (found,), merged[0].problem, all(f.confirmed for f in merged),
+                     evidence, f"fails with {', '.join(partners)}, which pass without it")
+        at = out.index(merged[0])
+        out = [f for f in out if not (f.kind == "pair" and found in f.nodes)]
+        out.insert(at, node)
+
+
+def _explains(name: str, pairs: list[Fault], trials: Sequence[Trial]) -> bool:
+    """Whether ``name`` failed every group it was in with another node, and each of its
+    partners in ``pairs`` passed in a group without it."""
+    partners = {n for f in pairs if name in f.nodes for n in f.nodes if n != name}
+    if any(t.ok and name in t.group and len(t.group) >= 2 for t in trials):
+        return False
+    return all(any(t.ok and p in t.group and name not in t.group and len(t.group) >= 2
+                   for t in trials) for p in partners)
+
+
 class _Exhausted(Exception):
     """The search used the rounds it was given."""
 
@@ -278,4 +318,5 @@ def find_faults(nodes: Sequence[str], test: Tester, *, domains: dict[str, str] |
                     break
     except _Exhausted:
         pass
+    search.faults = common_nodes(search.faults, [*known, *search.trials])
     return search

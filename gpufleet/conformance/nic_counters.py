@@ -14,9 +14,19 @@ controller when it is a name); a node none of whose interfaces holds it is unkno
 
 TCP retransmits are laid on paths, not on senders: the probes read each connection's
 segments, retransmitted and sent, from its socket before it closes (``Path``); a path over
-its share is lossy, and the node common to the lossy paths is named (both ends of a lossy
-path no other lossy path explains). The SYNs a connect to a filtered port sends again are
-the measurement's own and count against no one.
+its share is lossy, and the node common to the lossy paths is named. A lossy path no other
+lossy path explains is weighed on all the other evidence (``weigh``): its sender's other
+paths out against its receiver's other paths in, over every phase, lossy or not, each side
+pooled. One path over the ratio and the others under it by chance is what random loss
+gives on a short run, so a side is read from its pooled counts, not from its paths'
+verdicts: the end whose side retransmitted more than MIN_RETRANSMITS segments, at a rate
+above the other side's that chance does not explain (a one-sided exact binomial test:
+were both rates the same, the two sides' retransmits together, each landing on a side in
+proportion to the segments it sent, would split at least this unevenly less than
+SIGNIFICANCE of the time), is named alone; else both ends are (one path cannot tell which
+end loses). The floor keeps a clean path's tail-loss probes (a segment or two per
+connection, however few segments it sent) from pointing at anyone. The SYNs a connect to a
+filtered port sends again are the measurement's own and count against no one.
 
 A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where declared;
 else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
@@ -31,6 +41,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import math
 import re
 import socket
 import time
@@ -51,6 +62,7 @@ from gpufleet.facts.parsers import network
 
 KINDS = ("drops", "errors", "pause", "ecn", "retransmits")
 MIN_RETRANSMITS = 10  # fewer retransmitted segments never fail a node, whatever the ratio
+SIGNIFICANCE = 0.01  # how unlikely under equal rates a side's share of retransmits must be
 SAMPLE_TIMEOUT_S = 30.0
 ETHTOOL_LIMIT_S = 10.0
 RESOLVE_TIMEOUT_S = 5.0
@@ -478,9 +490,12 @@ def attribute(phases: Iterable[Mapping[str, NodeCounters]], ratios: Mapping[str,
               ) -> None:
     """Lay each phase's lossy paths on nodes (``NodeCounters.lossy``): a node on lossy
     paths with two partners or more, over every phase, is the one common to them; a lossy
-    path whose ends are on no other is laid on both (one path cannot tell which end
-    loses). A path is judged with its source's ``net_max_retransmit_ratio`` (``ratios``)."""
+    path with no such end is weighed (``weigh``) on the sender's other paths out and the
+    receiver's other paths in, and laid on the end they point at, else on both (one path
+    cannot tell which end loses). A path is judged with its source's
+    ``net_max_retransmit_ratio`` (``ratios``)."""
     chosen = list(phases)
+    every = [p for counters in chosen for c in counters.values() for p in c.paths or []]
     lossy: list[list[Path]] = []
     partners: dict[str, set[str]] = {}
     for counters in chosen:
@@ -496,23 +511,94 @@ def attribute(phases: Iterable[Mapping[str, NodeCounters]], ratios: Mapping[str,
                                "no per-connection counts from this node")
     common = {n for n, ps in partners.items() if len(ps) >= 2}
     for counters, found in zip(chosen, lossy, strict=True):
-        named: dict[str, list[Path]] = {}
+        named: dict[tuple[str, str], list[Path]] = {}
         for path in found:
             ends = [n for n in (path.source, path.target) if n in common]
-            for end in ends or [path.source, path.target]:
-                named.setdefault(end, []).append(path)
-        for name, paths in named.items():
+            if ends:
+                for end in ends:
+                    named.setdefault((end, f"{end} is common to the lossy paths"),
+                                     []).append(path)
+                continue
+            weighed = weigh(path, every)
+            if weighed is not None:
+                named.setdefault(weighed, []).append(path)
+                continue
+            for end in (path.source, path.target):
+                named.setdefault((end, "the only lossy path of both ends: either may lose"),
+                                 []).append(path)
+        for (name, why), paths in named.items():
             if name in counters:
-                counters[name].lossy.append(_lossy_message(name, paths, ratios, name in common))
+                counters[name].lossy.append(_lossy_message(paths, ratios, why))
 
 
-def _lossy_message(name: str, paths: list[Path], ratios: Mapping[str, float],
-                   common: bool) -> str:
+@dataclass(frozen=True)
+class Side:
+    """One end's other paths in the direction a lossy path crossed it, pooled: a sender's
+    paths out to other nodes, or a receiver's paths in from other nodes."""
+
+    node: str
+    way: str
+    retransmits: int
+    segments: int
+
+    def higher(self, other: Side) -> bool:
+        """Whether this side retransmitted more than MIN_RETRANSMITS and at a rate above
+        ``other``'s that chance does not explain: were both sides' rates the same, their
+        retransmits together would fall this unevenly (or more) under SIGNIFICANCE of the
+        time, each landing on a side in proportion to the segments it sent."""
+        if self.retransmits <= MIN_RETRANSMITS or not other.segments:
+            return False
+        share = self.segments / (self.segments + other.segments)
+        return binomial_tail(self.retransmits + other.retransmits, share,
+                             self.retransmits) < SIGNIFICANCE
+
+    def describe(self) -> str:
+        return (f"{self.node}'s other paths {self.way} retransmitted {self.retransmits:,} of "
+                f"{self.segments:,} segments")
+
+
+def binomial_tail(count: int, share: float, least: int) -> float:
+    """The chance that at least ``least`` of ``count`` events, each landing with chance
+    ``share``, land; 1 when ``least`` is at most the expected number."""
+    if least <= count * share:
+        return 1.0
+    if share <= 0.0:
+        return 0.0
+    if share >= 1.0:
+        return 1.0
+    total = 0.0
+    for k in range(least, count + 1):
+        term = math.exp(math.lgamma(count + 1) - math.lgamma(k + 1) - math.lgamma(count - k + 1)
+                        + k * math.log(share) + (count - k) * math.log1p(-share))
+        total += term
+        if term < total * 1e-12:
+            break
+    return min(1.0, total)
+
+
+def weigh(path: Path, every: Iterable[Path]) -> tuple[str, str] | None:
+    """The end of a lossy ``path`` the other paths point at, and why: the receiver when
+    its other paths in (``every`` path of the measurements, lossy or not) retransmitted at a
+    rate significantly above the sender's other paths out (``Side.higher``), the sender the
+    other way round; None when they do not tell."""
+    paths = list(every)
+    out = [p for p in paths if p.source == path.source and p.target != path.target]
+    into = [p for p in paths if p.target == path.target and p.source != path.source]
+    sender = Side(path.source, "out", sum(p.retransmits for p in out),
+                  sum(p.segments for p in out))
+    receiver = Side(path.target, "in", sum(p.retransmits for p in into),
+                    sum(p.segments for p in into))
+    for end, other in ((receiver, sender), (sender, receiver)):
+        if end.higher(other):
+            return end.node, (f"{end.node} is common to the retransmitting paths "
+                              f"({end.describe()}, {other.describe()})")
+    return None
+
+
+def _lossy_message(paths: list[Path], ratios: Mapping[str, float], why: str) -> str:
     retransmits = sum(p.retransmits for p in paths)
     segments = sum(p.segments for p in paths)
     ratio = max(ratios.get(p.source, 0.0) for p in paths)
-    why = (f"{name} is common to the lossy paths" if common else
-           "the only lossy path of both ends: either may lose")
     return (f"TCP retransmitted {retransmits:,} of {segments:,} segments sent on "
             f"{', '.join(p.describe() for p in paths)} ({retransmits / max(1, segments):.1%}; "
             f"net_max_retransmit_ratio {ratio:g}): {why}")

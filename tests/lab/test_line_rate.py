@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -32,9 +33,12 @@ from tests.lab.conftest import PROVISIONED, node_sh
 from tests.lab.test_provision import override
 
 # Small sizes, one timed all-reduce each, and no absolute threshold across nodes: the
-# line-rate gate is what fails.
-FAST = {"allreduce_sizes": "64K,1M", "allreduce_iters": 1, "allreduce_timeout_s": 60,
-        "allreduce_bisect_timeout_s": 30, "allreduce_busbw_thresholds": {"cpu": {1: 0.01, 2: 0}}}
+# line-rate gate is what fails. A pair or search run may take three times the slowest
+# single-node run (allreduce_bisect_timeout_s left to its default): on a loaded machine a
+# run starts in 35 s, and a fixed 30 s timed out good pairs, whose failures then misled
+# the search and cost the counters their per-connection counts.
+FAST = {"allreduce_sizes": "64K,1M", "allreduce_iters": 1, "allreduce_timeout_s": 90,
+        "allreduce_busbw_thresholds": {"cpu": {1: 0.01, 2: 0}}}
 
 
 def _run(inventory: Path, tmp_path: Path, name: str, suites: str, limit: str = PROVISIONED
@@ -99,11 +103,6 @@ def test_a_clean_lab_passes_the_line_rate_and_every_counter(provisioned: Path,
     assert set(data["reachability"]["counters"]) == set(PROVISIONED.split(":"))
 
 
-# Random loss and a throttled link make this verdict probabilistic: it failed one CI
-# rehearsal in three (the bisection named two pairs, not their common node; a sender
-# shared the blame). It runs in the scale tier (./scripts/test -m scale) until the
-# attribution holds on every run.
-@pytest.mark.scale
 def test_a_throttled_link_fails_the_line_rate_on_its_node(provisioned: Path, throttled: None,
                                                           tmp_path: Path) -> None:
     code, results, _ = _run(provisioned, tmp_path, "throttled", "allreduce",
@@ -164,11 +163,6 @@ def test_lost_segments_fail_the_counters_of_the_lossy_node(provisioned: Path, lo
             if p["retransmits"] > 10} == {"node02", "node04"}
 
 
-# Random loss and a throttled link make this verdict probabilistic: it failed one CI
-# rehearsal in three (the bisection named two pairs, not their common node; a sender
-# shared the blame). It runs in the scale tier (./scripts/test -m scale) until the
-# attribution holds on every run.
-@pytest.mark.scale
 def test_segments_lost_on_their_way_into_a_node_fail_that_node_not_its_senders(
         provisioned: Path, lossy_receive: None, tmp_path: Path) -> None:
     code, results, data = _run(provisioned, tmp_path, "lossy-receive", "allreduce")
@@ -177,8 +171,8 @@ def test_segments_lost_on_their_way_into_a_node_fail_that_node_not_its_senders(
     assert _counter_outcomes(results, "nic_counters_during_allreduce") == {
         "node01": "pass", "node02": "pass", "node03": "pass", "node04": "fail"}, messages
     assert code == 1
-    assert "-> node04" in messages["node04"] and "node04 is common to the lossy paths" in \
-        messages["node04"], messages["node04"]
+    assert "-> node04" in messages["node04"] and re.search(
+        r"node04 is common to the (lossy|retransmitting) paths", messages["node04"]), messages
     senders = data["allreduce"]["hierarchy"]["counters"]["all"]
     assert any(p["target"] == "node04" and p["retransmits"] > 0
                for n in ("node01", "node03") for p in senders[n]["paths"]), senders

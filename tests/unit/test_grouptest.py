@@ -10,9 +10,11 @@ import random
 import pytest
 
 from gpufleet.conformance.grouptest import (
+    Fault,
     Group,
     Search,
     Trial,
+    common_nodes,
     find_faults,
     max_rounds,
     split,
@@ -177,3 +179,61 @@ def test_a_bad_node_is_tested_against_a_reference_from_its_own_rack() -> None:
     assert fault.nodes == ("node07",)
     partners = {n for t in fault.evidence for n in t.group} - {"node07"}
     assert {racks[n] for n in partners} == {"r2"}
+
+
+SLOW = ("busbw 0.00245 GB/s at 1048576 bytes is 0.00196 of the slowest line rate (node01: "
+        "eth0 10 Gb/s), under allreduce_min_line_rate_fraction 0.004")
+
+
+def test_a_good_pair_that_failed_by_chance_does_not_split_a_bad_node_into_two_pairs() -> None:
+    # A CI run of three nodes, node03's link throttled: the pairs level ran node01+node02
+    # and node03+node01 at once, and node01+node02 failed by chance too. No node was known
+    # good, so node03 was the reference of both suspects (node01, node02); each failed
+    # with it and passed with the other: two pairs, node01+node03 and node02+node03, in 4
+    # rounds. node03, common to both, failed every group it was in: it is the bad node.
+    fleet = Fleet(names(3), bad={"node03"})
+    known = [Trial(("node01", "node02"), False, SLOW.replace("0.00245", "0.00461")
+                   .replace("0.00196", "0.00369")),
+             Trial(("node03", "node01"), False, SLOW), Trial(tuple(names(3)), False, SLOW)]
+    search = find_faults(fleet.nodes, fleet.test, known=known)
+    assert search.rounds == 4
+    assert [set(g) for r in fleet.rounds for g in r] == [
+        {"node01", "node03"}, {"node02", "node03"}, {"node01", "node02"},
+        {"node01", "node02"}]
+    [fault] = search.faults
+    assert (fault.kind, fault.nodes, fault.confirmed) == ("node", ("node03",), True)
+    assert fault.note == "fails with node01, node02, which pass without it"
+    assert {frozenset(t.group) for t in fault.evidence} == {
+        frozenset(("node01", "node03")), frozenset(("node02", "node03")),
+        frozenset(("node01", "node02"))}
+
+
+def _pair(a: str, b: str) -> Fault:
+    return Fault("pair", (a, b), "hung in the first collective", True,
+                 [Trial((a, b), False, "hung in the first collective")])
+
+
+def test_pairs_that_share_a_node_stay_pairs_unless_that_node_explains_them() -> None:
+    pairs = [_pair("node01", "node03"), _pair("node02", "node03")]
+    failed = [Trial(("node01", "node03"), False), Trial(("node02", "node03"), False)]
+    good = Trial(("node01", "node02"), True)
+    [node] = common_nodes(pairs, [*failed, good])
+    assert (node.kind, node.nodes) == ("node", ("node03",))
+    # node03 passed with node04: its paths to node01 and node02 fail, not node03
+    assert common_nodes(pairs, [*failed, good, Trial(("node03", "node04"), True)]) == pairs
+    # node02 never passed without node03: nothing tells node03 from node02
+    assert common_nodes(pairs, [*failed, Trial(("node01", "node04"), True)]) == pairs
+    # one pair, or pairs with no node in common, are what they are
+    assert common_nodes(pairs[:1], [*failed, good]) == pairs[:1]
+    apart = [_pair("node01", "node02"), _pair("node03", "node04")]
+    assert common_nodes(apart, [Trial(("node01", "node02"), False),
+                                Trial(("node03", "node04"), False),
+                                Trial(("node01", "node03"), True),
+                                Trial(("node02", "node04"), True)]) == apart
+
+
+def test_bad_pairs_that_share_a_node_which_passes_elsewhere_are_found_as_pairs() -> None:
+    wanted = {frozenset(("node01", "node03")), frozenset(("node02", "node03"))}
+    fleet = Fleet(names(4), pairs=wanted)
+    search = find_faults(fleet.nodes, fleet.test, limit=100)
+    assert found(search) == (set(), wanted)
