@@ -73,7 +73,7 @@ if gpu_fields:
         values = dict(zip(names, (v.strip() for v in line.split(","))))
         row = []
         for field in wanted:
-            value = values.get(field, str(extra.get(field, "")))
+            value = str(extra[field]) if field in extra else values.get(field, "")
             if "nounits" in fmt:
                 value = re.sub(r" (MiB|W|MHz|%)$", "", value)
             row.append(value)

@@ -259,3 +259,85 @@ def test_fifty_job_starts_on_a_clean_lab_pass_the_prolog_and_epilog(job_lab: Lab
     print(f"prolog on {STARTS} job starts: median {statistics.median(seconds):.3f} s, "
           f"worst {seconds[-1]:.3f} s")
     assert seconds[-1] < 5, seconds  # the prolog's own budget
+
+
+def _program(lab: Lab, node: str, context: str, job: int, *, wrap: str = "") -> tuple[int, str]:
+    """The prolog or epilog on ``node`` as slurmd runs it for a job with both GPUs."""
+    env = f"SLURMD_NODENAME={node} SLURM_JOB_ID={job} SLURM_JOB_GPUS=0,1"
+    program = PROLOG if context == "prolog" else EPILOG
+    command = f"{env} {program}"
+    if wrap:
+        command = f"{wrap} {shlex.quote(command)}"
+    proc = subprocess.run(lab.exec_argv(node, f"{command}; echo rc=$?"),
+                          capture_output=True, text=True, timeout=60, check=False)
+    out, _, rc = proc.stdout.rpartition("rc=")
+    return int(rc), out + proc.stderr
+
+
+XID_LOG = "[ 4242.125000] NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus."
+FABRIC = ("unshare -m sh -ec 'mount -t tmpfs none /sys/class && "
+          "mkdir -p /sys/class/infiniband/mlx5_0/ports/1 /sys/class/infiniband/mlx5_1/ports/1 && "
+          "echo \"4: ACTIVE\" > /sys/class/infiniband/mlx5_0/ports/1/state && "
+          "echo \"1: DOWN\" > /sys/class/infiniband/mlx5_1/ports/1/state && exec sh -c \"$0\"'")
+FAULTS: dict[str, tuple[str, str, str]] = {
+    # check: (what injects the fault on the node, what the prolog runs under, what undoes it)
+    "gpus": ("", "", ""),
+    "gpu_processes": (f"echo '{BUS['1']}, 1, 4096' > {fakegpu.STATE}/apps-stuck", "",
+                      f"rm -f {fakegpu.STATE}/apps-stuck"),
+    "ecc": ("", "", ""),
+    "xid": (f"printf '%s\\n' '#!/bin/sh' {shlex.quote('echo ' + shlex.quote(XID_LOG))} "
+            "> /usr/local/bin/dmesg && chmod 755 /usr/local/bin/dmesg", "",
+            "rm -f /usr/local/bin/dmesg"),
+    "fabric_ports": ("", FABRIC, ""),
+    "memlock": ("", "ulimit -l 64 && sh -c", ""),
+}
+
+
+@pytest.mark.parametrize("check", sorted(FAULTS))
+def test_each_prolog_check_fails_only_the_node_with_its_fault(job_lab: Lab, slurm: Slurm,
+                                                              check: str) -> None:
+    inject, wrap, undo = FAULTS[check]
+    if check == "gpus":
+        fakegpu.install(job_lab, "node02", drop_last_gpu=True)
+    if check == "ecc":
+        fakegpu.set_fields(job_lab, "node02", ecc__errors__uncorrected__volatile__total="2")
+    if inject:
+        node_sh(job_lab, "node02", inject)
+    try:
+        code, out = _program(job_lab, "node02", "prolog", 9000, wrap=wrap)
+        assert code == 1, out
+        assert f"FAIL {check}: " in out, out
+        drained = _node(slurm, "node02")
+        assert drained.drained and (drained.reason or "").startswith(f"gf prolog/{check}: "), \
+            (drained.reason, out)
+        code, out = _program(job_lab, "node01", "prolog", 9001)
+        assert code == 0 and "FAIL" not in out, out
+        assert [n.name for n in slurm.nodes() if n.drained] == ["node02"]
+    finally:
+        if undo:
+            node_sh(job_lab, "node02", undo)
+        if check in {"gpus", "ecc"}:
+            fakegpu.install(job_lab, "node02")
+        for node, job in (("node02", 9000), ("node01", 9001)):
+            _program(job_lab, node, "epilog", job)
+        _resume(job_lab, slurm, "node02")
+
+
+def test_the_epilog_drains_a_gpu_a_job_left_in_another_mode_or_with_memory_held(
+        job_lab: Lab, slurm: Slurm) -> None:
+    try:
+        code, out = _program(job_lab, "node03", "prolog", 9100)
+        assert code == 0, out
+        fakegpu.set_fields(job_lab, "node03", compute_mode="Exclusive_Process",
+                           memory__used="96000 MiB")
+        code, out = _program(job_lab, "node03", "epilog", 9100)
+        assert code == 1, out
+        assert "FAIL gpu_config: " in out and "Exclusive_Process" in out, out
+        assert "FAIL gpu_memory: " in out, out
+        reason = _node(slurm, "node03").reason or ""
+        assert reason.startswith(("gf epilog/gpu_config: ", "gf epilog/gpu_memory: ")), reason
+        assert "e:gpu_config@" in reason and "e:gpu_memory@" in reason, reason
+        assert not any(n.drained for n in slurm.nodes() if n.name != "node03")
+    finally:
+        fakegpu.install(job_lab, "node03")
+        _resume(job_lab, slurm, "node03")
