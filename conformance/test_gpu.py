@@ -1,7 +1,8 @@
 """gpu: count and model as the inventory says; NVLink between every GPU pair where expected
 and no inactive link; PCIe link; no uncorrectable ECC errors, no pending or failed row
-remapping; no critical Xid in the kernel log since boot; no thermal or power slowdown;
-temperature under the limit; persistence mode on.
+remapping; no Xid in the kernel log since boot that NVIDIA's catalogue, read in context,
+says needs a GPU reset, a reboot or a person (gpufleet/facts/xids.py); no thermal or power
+slowdown; temperature under the limit; persistence mode on.
 
 NVSwitch fabric up on every GPU and fabricmanager at the driver's version; DCGM's
 diagnostics pass where DCGM is installed. Every GPU's compute capability is supported by the
@@ -10,8 +11,8 @@ node and per group.
 
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
 gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
-gpu_critical_xids (48 56 57 62 63 64 74 79 92 94 95 119 120 140: fail), gpu_xid_policy
-(Xid -> fail, warn or ignore, over the default policy in gpufleet/conformance/gpu.py),
+gpu_critical_xids (Xids that fail whatever their class; none by default), gpu_xid_policy
+(Xid -> fail, warn or ignore, over the catalogue's class),
 gpu_xid_window_h (only Xids of the last N hours count; default: since boot),
 gpu_dcgm_diag_level (1; 0 turns the diagnostics off), gpu_mixed_models (false: a node or
 a group with GPUs of two models fails).

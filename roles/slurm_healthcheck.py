@@ -3,7 +3,8 @@ expects.
 
 Installs the standalone program (``gpufleet/node/healthcheck.py``, standard library only)
 as ``/usr/local/sbin/gpufleet-healthcheck`` and its expectations as
-``/etc/gpufleet/healthcheck.json``: the GPU count, the critical Xids, the local port range
+``/etc/gpufleet/healthcheck.json``: the GPU count, the Xids the site makes critical (the
+program judges every other Xid by NVIDIA's catalogue, which it carries), the local port range
 the nccl_env role sets, where bootstrap records the node's versions, and the prolog's and
 epilog's budgets, limits and state directory. With ``slurm_prolog`` / ``slurm_epilog`` it
 also installs ``/usr/local/sbin/gpufleet-prolog`` / ``gpufleet-epilog``, two-line wrappers
@@ -23,7 +24,6 @@ from typing import ClassVar
 
 from gpufleet.errors import VarError
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.facts.xids import CRITICAL_XIDS
 from gpufleet.provision.managed import HEADER, file_change, render
 from gpufleet.provision.plan import Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
@@ -49,7 +49,8 @@ class SlurmHealthcheckRole(RoleBase):
         "slurm_healthcheck_config": Var("/etc/gpufleet/healthcheck.json", "string",
                                         "its expectations"),
         "slurm_healthcheck_python": Var("/usr/bin/python3", "string", "its interpreter"),
-        "slurm_healthcheck_xids": Var(list(CRITICAL_XIDS), "list", "Xids that drain"),
+        "slurm_healthcheck_xids": Var([], "list", "Xids that drain whatever NVIDIA's catalogue "
+                                                  "says"),
         "slurm_healthcheck_nvidia_smi_timeout_s": Var(4, "integer", "nvidia-smi deadline"),
         "slurm_healthcheck_budget_s": Var(9, "integer", "the whole program's deadline"),
         "slurm_prolog": Var(False, "boolean", "install gpufleet-prolog for Slurm's Prolog="),

@@ -15,8 +15,10 @@ checks; each runs in the contexts it is tagged with:
   ecc            periodic, prolog  no uncorrectable ECC error since the driver loaded, no
                                    row remapping pending or failed
   gpu_memory     epilog            the job's GPUs' memory is released
-  xid            periodic, prolog  no critical Xid since boot; in the prolog, none newer than
-                                   the last one a prolog saw (state_dir/gate.json)
+  xid            periodic, prolog  no Xid that needs a GPU reset, a reboot or a person
+                                   (NVIDIA's catalogue, in context) since boot; in the
+                                   prolog, none newer than the last one a prolog saw
+                                   (state_dir/gate.json)
   driver, nccl   periodic          the loaded driver and libnccl2 are the versions bootstrap
                                    recorded
   port_range     periodic          net.ipv4.ip_local_port_range is the expected range
@@ -54,6 +56,7 @@ gpufleet's slurm_healthcheck role) and the node's recorded state /etc/gpufleet/n
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
@@ -65,13 +68,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CONFIG = "/etc/gpufleet/healthcheck.json"
 DEFAULTS: dict[str, Any] = {
     "gpu_count": None,
-    "critical_xids": [48, 56, 57, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140],
+    "critical_xids": [],
     "port_range": None,
     "state_file": "/etc/gpufleet/node.json",
     "nvidia_smi_timeout_s": 4.0,
@@ -129,6 +132,135 @@ EXIT_USAGE = 2
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
                   r"(?:\.[0-7])?)\):\s*(\d+),\s*(.*?)\s*$")
 _XID_CONTEXT = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")
+# NVIDIA's Xid catalogue as gpufleet/facts/xids.py holds it (its docstring names the source),
+# in the compact form this program needs: code -> (action class, NVIDIA's immediate action,
+# name); tests/unit/test_xid_catalogue.py holds the two copies, and their rules, together.
+XID_CLASSES = ("ignore", "application", "reset", "reboot", "hardware")  # mildest first
+XID_DRAINS = frozenset({"reset", "reboot", "hardware"})
+XID_REPEATS = 3  # an application Xid's bursts on one GPU within the window: a reset
+XID_REPEAT_WINDOW_S = 3600.0
+XID_BURST_S = 10.0  # the same Xid on the same GPU again within this is the same burst
+XID_UNUSED = (1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 26, 27, 28,
+              29, 30, 33, 34, 35, 36, 42, 47, 49, 50, 51, 52, 53, 55, 56, 57, 58, 59, 61, 65, 73,
+              81, 87, 90, 91, 111, 112, 113, 114, 115, 116, 117, 118, 122, 123, 124, 125, 138)
+XID_CATALOGUE: dict[int, tuple[str, str, str]] = {
+    **dict.fromkeys(XID_UNUSED, ("hardware", "CONTACT_SUPPORT", "not used on Ampere or newer")),
+    8: ("application", "RESTART_APP", "GPU stopped processing"),
+    11: ("application", "RESTART_APP", "Invalid or corrupted push buffer stream"),
+    13: ("application", "RESTART_APP", "Graphics Engine Exception"),
+    14: ("ignore", "IGNORE", "Fake or injected error"),
+    25: ("application", "RESTART_APP", "Invalid or illegal push buffer stream"),
+    31: ("application", "RESTART_APP", "GPU memory page fault"),
+    32: ("application", "RESTART_APP", "Invalid or corrupted push buffer stream"),
+    37: ("ignore", "IGNORE", "Driver firmware error"),
+    38: ("ignore", "IGNORE", "Driver firmware error"),
+    39: ("application", "RESTART_APP", "Copy Engine Exception"),
+    40: ("application", "RESTART_APP", "Copy Engine Exception"),
+    41: ("application", "RESTART_APP", "Copy Engine Exception"),
+    43: ("ignore", "IGNORE", "GPU stopped processing"),
+    44: ("ignore", "IGNORE", "Graphics Engine fault during context switch"),
+    45: ("ignore", "WORKFLOW_XID_45", "Preemptive cleanup, due to previous errors"),
+    46: ("reset", "RESET_GPU", "GPU stopped processing"),
+    48: ("reset", "WORKFLOW_XID_48", "Double Bit ECC Error"),
+    54: ("hardware", "CHECK_MECHANICALS", "Auxiliary power is not connected to the GPU board"),
+    60: ("application", "RESTART_APP", "Video processor exception"),
+    62: ("reset", "RESET_GPU", "Internal micro-controller halt"),
+    63: ("ignore", "IGNORE", "GPU memory remapping event"),
+    64: ("reset", "RESET_GPU", "GPU memory remapping failure"),
+    66: ("ignore", "IGNORE", "Illegal access by driver"),
+    67: ("ignore", "IGNORE", "Illegal access by driver"),
+    68: ("application", "RESTART_APP", "NVDEC0 Exception"),
+    69: ("application", "RESTART_APP", "Graphics Engine class error"),
+    70: ("application", "RESTART_APP", "CE3: Unknown Error"),
+    71: ("application", "RESTART_APP", "CE4: Unknown Error"),
+    72: ("application", "RESTART_APP", "CE5: Unknown Error"),
+    74: ("reset", "WORKFLOW_NVLINK_ERR", "NVLINK Error"),
+    75: ("application", "RESTART_APP", "CE6: Unknown Error"),
+    76: ("application", "RESTART_APP", "CE7: Unknown Error"),
+    77: ("application", "RESTART_APP", "CE8: Unknown Error"),
+    78: ("hardware", "UPDATE_SWFW", "vGPU Start Error"),
+    79: ("reboot", "RESTART_BM", "GPU has fallen off the bus"),
+    80: ("application", "RESTART_APP", "Corrupted data sent to GPU"),
+    82: ("application", "RESTART_APP", "NVJPG0 Error"),
+    83: ("application", "RESTART_APP", "NVDEC1 Error"),
+    84: ("application", "RESTART_APP", "NVDEC2 Error"),
+    85: ("application", "RESTART_APP", "CE9: Unknown Error"),
+    86: ("application", "RESTART_APP", "OFA Exception"),
+    88: ("application", "RESTART_APP", "NVDEC3 Error"),
+    89: ("application", "RESTART_APP", "NVDEC4 Error"),
+    92: ("ignore", "IGNORE", "High single-bit ECC error rate"),
+    93: ("ignore", "IGNORE", "Non-fatal violation of provisioned InfoROM wear limit"),
+    94: ("application", "RESTART_APP", "Contained memory error"),
+    95: ("reset", "RESET_GPU", "Uncontained memory error"),
+    96: ("application", "RESTART_APP", "NVDEC5 Error"),
+    97: ("application", "RESTART_APP", "NVDEC6 Error"),
+    98: ("application", "RESTART_APP", "NVDEC7 Error"),
+    99: ("application", "RESTART_APP", "NVJPG1 Error"),
+    100: ("application", "RESTART_APP", "NVJPG2 Error"),
+    101: ("application", "RESTART_APP", "NVJPG3 Error"),
+    102: ("application", "RESTART_APP", "NVJPG4 Error"),
+    103: ("application", "RESTART_APP", "NVJPG5 Error"),
+    104: ("application", "RESTART_APP", "NVJPG6 Error"),
+    105: ("application", "RESTART_APP", "NVJPG7 Error"),
+    106: ("ignore", "IGNORE", "SMBPBI Test Message"),
+    107: ("ignore", "IGNORE", "SMBPBI Test Message Silent"),
+    108: ("ignore", "IGNORE", "NVLink remote translation error"),
+    109: ("reset", "RESET_GPU", "Context Switch Timeout Error"),
+    110: ("reset", "RESET_GPU", "Security Fault Error"),
+    119: ("reset", "RESET_GPU", "GSP RPC Timeout"),
+    120: ("reset", "RESET_GPU", "GSP Error"),
+    121: ("ignore", "IGNORE", "C2C Error"),
+    126: ("application", "RESTART_APP", "CE10: Unknown Error"),
+    127: ("application", "RESTART_APP", "CE11: Unknown Error"),
+    128: ("application", "RESTART_APP", "CE12: Unknown Error"),
+    129: ("application", "RESTART_APP", "CE13: Unknown Error"),
+    130: ("application", "RESTART_APP", "CE14: Unknown Error"),
+    131: ("application", "RESTART_APP", "CE15: Unknown Error"),
+    132: ("application", "RESTART_APP", "CE16: Unknown Error"),
+    133: ("application", "RESTART_APP", "CE17: Unknown Error"),
+    134: ("application", "RESTART_APP", "CE18: Unknown Error"),
+    135: ("application", "RESTART_APP", "CE19: Unknown Error"),
+    136: ("reset", "RESET_GPU", "Link Training Failed"),
+    137: ("ignore", "IGNORE", "NVLink Privilege Error"),
+    139: ("application", "RESTART_APP", "OFA1 Error"),
+    140: ("reset", "RESET_GPU", "ECC Unrecovered Error"),
+    141: ("ignore", "IGNORE", "CUDA Fast Path Error"),
+    142: ("hardware", "CONTACT_SUPPORT", "NVENC3 Error"),
+    143: ("reset", "RESET_GPU", "GPU Initialization Error"),
+    144: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: SAW Error"),
+    145: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: RLW Error"),
+    146: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: TLW Error"),
+    147: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: TREX Error"),
+    148: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: NVLPW_CTRL Error"),
+    149: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: NETIR Error"),
+    150: ("reset", "WORKFLOW_NVLINK5_ERR", "NVLINK: MSE Error"),
+    151: ("reboot", "RESTART_VM", "Key rotation Error"),
+    152: ("ignore", "IGNORE", "DLA SMMU Error"),
+    153: ("ignore", "IGNORE", "DLA timeout Error"),
+    154: ("reset", "XID_154", "GPU Recovery Action Changed"),
+    155: ("reset", "RESET_GPU", "NVLINK: SW Defined Error"),
+    156: ("reset", "RESET_GPU", "Resource Retirement Event"),
+    157: ("ignore", "IGNORE", "Resource Retirement Failure"),
+    158: ("reset", "RESET_GPU", "GPU Fatal Timeout"),
+    159: ("reset", "CHECK_UVM", "CHI Non-Data Error"),
+    160: ("ignore", "IGNORE", "Channel Retirement Event"),
+    161: ("ignore", "IGNORE", "Channel Retirement Failure"),
+    162: ("ignore", "NONE_GIVEN", "Power smoothing circuitry reengaged"),
+    163: ("ignore", "NONE_GIVEN", "Power smoothing circuitry disengaged"),
+    164: ("ignore", "NONE_GIVEN", "Power smoothing circuitry low lifetime"),
+    165: ("ignore", "NONE_GIVEN", "Power smoothing circuitry lifetime exhausted"),
+    166: ("reset", "NONE_GIVEN", "Confidential traffic before the link was set up for it"),
+    167: ("reset", "NONE_GIVEN", "PCIe fatal timeout"),
+    168: ("reboot", "NONE_GIVEN", "Errors found in the write-protected region"),
+    169: ("reset", "NONE_GIVEN", "Internal micro-controller halt"),
+    170: ("reset", "NONE_GIVEN", "Interrupt seen in confidential computing mode"),
+    171: ("reset", "NONE_GIVEN", "Uncorrectable DRAM error"),
+    172: ("reset", "NONE_GIVEN", "Uncorrectable SRAM error"),
+}
+XID_UNKNOWN = ("application", "UNKNOWN", "not in NVIDIA's catalogue")
+_XID_RECOVERY = re.compile(r"recovery action changed\b.*\bto\s+0x[0-9a-fA-F]+\s*\(([^)]*)\)",
+                           re.IGNORECASE)
+_XID_NONFATAL = re.compile(r"^\S+\s+Nonfatal\b", re.IGNORECASE)
 _STAMP = re.compile(r"\[\s*(\d+\.\d+)\]")
 _MODULE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
@@ -866,26 +998,117 @@ def kernel_log(deadline: Deadline) -> tuple[str | None, str]:
     return None, "; ".join(reasons)
 
 
+@dataclass(frozen=True)
+class XidVerdict:
+    """One Xid event judged in the context of the others: its action class here, the
+    resolution shown (NVIDIA's immediate action, or the recovery action an Xid 154 names),
+    its name, and why the class differs from the catalogue's (empty when it does not)."""
+
+    event: XidEvent
+    action: str
+    resolution: str
+    name: str
+    why: str
+
+    def shown(self) -> str:
+        why = f": {self.why}" if self.why else ""
+        return (f"Xid {self.event.xid} on {self.event.pci} ({self.name}): {self.resolution} "
+                f"[{self.action}{why}]")
+
+
+def xid_recovery_action(message: str) -> tuple[str, str] | None:
+    """(class, action text) an Xid 154 message asks for (``... to 0x2 (Node Reboot
+    Required)``): reboot; a reset, an FLR or a drain: reset; None: ignore. None when the
+    message names no action."""
+    match = _XID_RECOVERY.search(message)
+    if not match:
+        return None
+    text = match.group(1).strip()
+    lower = text.lower()
+    if "reboot" in lower:
+        return "reboot", text
+    if any(word in lower for word in ("reset", "flr", "drain")):
+        return "reset", text
+    return ("ignore" if lower == "none" else "reset"), text
+
+
+def _xid_alone(event: XidEvent) -> tuple[str, str, str, str]:
+    action, resolution, name = XID_CATALOGUE.get(event.xid, XID_UNKNOWN)
+    asked = xid_recovery_action(event.message) if event.xid == 154 else None
+    if asked:
+        return asked[0], asked[1], name, ""
+    if 144 <= event.xid <= 150 and _XID_NONFATAL.match(event.message):
+        return "application", resolution, name, "Nonfatal"
+    return action, resolution, name, ""
+
+
+def _xid_bursts(times: list[float]) -> dict[float, float]:
+    """Each time's burst start: a time within XID_BURST_S of the one before joins its burst."""
+    starts: dict[float, float] = {}
+    for i, at in enumerate(times):
+        starts[at] = starts[times[i - 1]] if i and at - times[i - 1] <= XID_BURST_S else at
+    return starts
+
+
+def judge_xids(events: list[XidEvent]) -> list[XidVerdict]:
+    """Each event's verdict, in order: the catalogue's class, Xid 154's recovery action, an
+    NVLink Xid 144-150 the driver calls Nonfatal as an application one, and an application
+    Xid's XID_REPEATS-th burst on one GPU within XID_REPEAT_WINDOW_S as a reset (events
+    without a stamp never escalate)."""
+    judged = [(e, *_xid_alone(e)) for e in events]
+    timed: dict[tuple[str, int], list[float]] = {}
+    for e, action, *_ in judged:
+        if action == "application" and e.stamp is not None:
+            timed.setdefault((e.pci, e.xid), []).append(e.stamp)
+    bursts = {key: _xid_bursts(sorted(times)) for key, times in timed.items()}
+    distinct = {key: sorted(set(starts.values())) for key, starts in bursts.items()}
+    verdicts = []
+    for e, action, resolution, name, why in judged:
+        if action == "application" and e.stamp is not None:
+            start, all_starts = bursts[(e.pci, e.xid)][e.stamp], distinct[(e.pci, e.xid)]
+            seen = (bisect.bisect_right(all_starts, start)
+                    - bisect.bisect_right(all_starts, start - XID_REPEAT_WINDOW_S))
+            if seen >= XID_REPEATS:
+                verdicts.append(XidVerdict(e, "reset", resolution, name, f"{seen} times in "
+                                           f"{XID_REPEAT_WINDOW_S / 3600:g} h on this GPU"))
+                continue
+        verdicts.append(XidVerdict(e, action, resolution, name, why))
+    return verdicts
+
+
+def _xid_failing(verdicts: list[XidVerdict], forced: set[int]) -> list[XidVerdict]:
+    """The verdicts that drain (a reset, reboot or hardware class, or an Xid the site lists in
+    critical_xids), the class needing the most first."""
+    bad = []
+    for v in verdicts:
+        if v.action in XID_DRAINS:
+            bad.append(v)
+        elif v.event.xid in forced:
+            bad.append(replace(v, why="; ".join(filter(None, (v.why, "in critical_xids")))))
+    return sorted(bad, key=lambda v: -XID_CLASSES.index(v.action))
+
+
 def check_xid(run: Run) -> Result:
-    """Critical Xid events in the kernel log: since boot (periodic), or newer than the
-    newest a prolog saw before (prolog)."""
+    """Xid events that drain, judged by NVIDIA's catalogue in context: since boot
+    (periodic), or newer than the newest a prolog saw before (prolog)."""
     text, why = kernel_log(run.deadline)
     if text is None:
         return Result("xid", "FAIL", "kernel log unreadable: " + why)
-    critical = set(run.config["critical_xids"])
+    forced = set(run.config["critical_xids"])
     events = parse_xid_events(text)
+    verdicts = judge_xids(events)
     if run.context == "prolog":
-        return _xid_since_gate(run.config, events, critical)
-    bad = [e for e in events if e.xid in critical]
+        return _xid_since_gate(run.config, events, verdicts, forced)
+    bad = _xid_failing(verdicts, forced)
     if bad:
         return Result("xid", "FAIL", _xid_shown(bad))
-    return Result("xid", "PASS", f"no critical Xid since boot ({len(events)} Xid event(s) in "
-                                 "all)")
+    return Result("xid", "PASS", f"no Xid that drains since boot ({len(events)} Xid event(s) "
+                                 "in all)")
 
 
-def _xid_shown(bad: list[XidEvent]) -> str:
+def _xid_shown(bad: list[XidVerdict]) -> str:
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"Xid {bad[0].xid} on {bad[0].pci}: {bad[0].message}{more}"
+    return bad[0].shown() + more
 
 
 def new_xid_events(events: list[XidEvent], gate: dict[str, Any], boot: str) -> list[XidEvent]:
@@ -904,8 +1127,8 @@ def new_xid_events(events: list[XidEvent], gate: dict[str, Any], boot: str) -> l
     return events
 
 
-def _xid_since_gate(config: dict[str, Any], events: list[XidEvent], critical: set[int]
-                    ) -> Result:
+def _xid_since_gate(config: dict[str, Any], events: list[XidEvent],
+                    verdicts: list[XidVerdict], forced: set[int]) -> Result:
     path = gate_path(config)
     gate, why = read_state(path)
     boot = boot_id()
@@ -918,10 +1141,11 @@ def _xid_since_gate(config: dict[str, Any], events: list[XidEvent], critical: se
         except OSError as exc:
             notes.append(f"gate not saved: {exc}")
     note = "".join(f"; {n}" for n in notes)
-    bad = [e for e in new if e.xid in critical]
+    fresh = {id(e) for e in new}
+    bad = _xid_failing([v for v in verdicts if id(v.event) in fresh], forced)
     if bad:
         return Result("xid", "FAIL", f"new since the last prolog: {_xid_shown(bad)}{note}")
-    return Result("xid", "PASS", f"no new critical Xid ({len(new)} new Xid event(s), "
+    return Result("xid", "PASS", f"no new Xid that drains ({len(new)} new Xid event(s), "
                                  f"{len(events)} since boot){note}")
 
 

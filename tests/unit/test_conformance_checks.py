@@ -11,7 +11,7 @@ from gpufleet.conformance.checks import rdma as rdma_checks
 from gpufleet.conformance.measure import rdma
 from gpufleet.conformance.measure.reachability import pairs, probe_ports
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import script, xids
+from gpufleet.facts import script
 from gpufleet.facts.parsers import nvidia_smi, xid
 from tests.conftest import FIXTURES
 
@@ -81,8 +81,8 @@ def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
     assert gpu.topology_problems(topo, True) == []
     assert gpu.nvlink_problems(nvidia_smi.nvlink_status(
         (H200 / "nvlink_status.txt").read_text())) == []
-    assert gpu.xid_verdict(xid.xid_events((H200 / "dmesg_xid.txt").read_text()),
-                           xids.XID_POLICY) == ([], [])
+    assert gpu.xid_verdict(xid.xid_events((H200 / "dmesg_xid.txt").read_text()), {}) == (
+        [], [])
 
 
 def test_gpu_health_problems() -> None:
@@ -113,21 +113,37 @@ def test_gpu_topology_with_a_pair_on_sys() -> None:
         "GPU0 NVLink(s) 1 inactive"]
 
 
-def test_critical_xids_from_a_kernel_log(tmp_path: Path) -> None:
+def test_xids_judged_by_the_catalogue_from_a_kernel_log(tmp_path: Path) -> None:
     log = ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 79, pid=123, name=python, GPU has fallen off "
-           "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n")
+           "the bus.\n[ 13.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n"
+           "[ 14.0] NVRM: Xid (PCI:0000:3b:00): 63, Row Remapper: New row marked\n")
     events = xid.xid_events(log)
-    assert [e["at"] for e in events] == [12.3, 13.0]
-    assert gpu.xid_verdict(events, xids.XID_POLICY) == (
-        ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."],
-        ["Xid 13 on 0000:3b:00: Graphics Exception"])
-    assert gpu.xid_verdict(events, xids.XID_POLICY, since=12.5) == (
-        [], ["Xid 13 on 0000:3b:00: Graphics Exception"])
+    assert [e["at"] for e in events] == [12.3, 13.0, 14.0]
+    fell = ("Xid 79 on 0000:3b:00 (GPU has fallen off the bus): RESTART_BM [reboot]: GPU has "
+            "fallen off the bus.")
+    app = "Xid 13 on 0000:3b:00 (Graphics Engine Exception): RESTART_APP [application]: " \
+          "Graphics Exception"
+    assert gpu.xid_verdict(events, {}) == ([fell], [app])
+    assert gpu.xid_verdict(events, {}, since=12.5) == ([], [app])
     quiet = gpu.xid_policy({79: "warn", "13": "ignore"})
-    assert gpu.xid_verdict(events, quiet) == (
-        [], ["Xid 79 on 0000:3b:00: GPU has fallen off the bus."])
+    assert gpu.xid_verdict(events, quiet) == ([], [fell])
+    assert gpu.xid_verdict(events, gpu.xid_policy({63: "fail"}))[0] == [
+        fell, "Xid 63 on 0000:3b:00 (GPU memory remapping event): IGNORE [ignore]: Row "
+              "Remapper: New row marked"]
     with pytest.raises(ValueError, match="gpu_xid_policy entry 79: drain"):
         gpu.xid_policy({79: "drain"})
+
+
+def test_an_application_xid_repeating_on_one_gpu_fails_the_gpu_suite() -> None:
+    """The third burst of Xid 13 on one GPU within an hour needs a reset; a burst of lines
+    within seconds is one, and the same Xid on another GPU counts apart."""
+    lines = [(100.0, "3b"), (100.5, "3b"), (900.0, "3b"), (1000.0, "5d"), (2000.0, "3b")]
+    log = "".join(f"[{at}] NVRM: Xid (PCI:0000:{bus}:00): 13, pid=9, Graphics Exception\n"
+                  for at, bus in lines)
+    failures, warnings = gpu.xid_verdict(xid.xid_events(log), {})
+    assert failures == ["Xid 13 on 0000:3b:00 (Graphics Engine Exception): RESTART_APP "
+                        "[reset: 3 times in 1 h on this GPU]: Graphics Exception"]
+    assert len(warnings) == 4
 
 
 def test_reachability_pairs_and_ports() -> None:

@@ -313,7 +313,7 @@ def test_a_healthy_prolog_passes_records_the_gpus_and_asks_slurm_nothing(node: J
                            "gpu_config"]
     assert lines["gpus"] == "PASS gpus: job 42's 1 GPU(s): GPU0 00000000:00:06.0"
     assert lines["gpu_processes"] == "PASS gpu_processes: no compute process on job 42's 1 GPU(s)"
-    assert lines["xid"] == "PASS xid: no new critical Xid (0 new Xid event(s), 0 since boot)"
+    assert lines["xid"] == "PASS xid: no new Xid that drains (0 new Xid event(s), 0 since boot)"
     assert lines["gpu_config"] == ("PASS gpu_config: 1 GPU(s) recorded for the epilog: GPU0 "
                                    "00000000:00:06.0 clocks 1980/3201 MHz, compute mode "
                                    "Default, MIG Disabled")
@@ -407,26 +407,50 @@ def test_a_missing_gpu_or_ecc_errors_on_the_jobs_gpus_fail_the_prolog(node: JobN
         "row remapping pending")
 
 
-def test_the_prolog_fails_only_for_a_critical_xid_newer_than_the_last_one_it_saw(
+def test_the_prolog_fails_only_for_an_xid_that_drains_newer_than_the_last_one_it_saw(
         node: JobNode) -> None:
     node.dmesg.write_text((FIXTURES / "samples" / "synthetic_dmesg_xid.txt").read_text())
     first = node.job("prolog", "--no-drain")
-    assert _lines(first)["xid"].startswith("FAIL xid: new since the last prolog: Xid 48 on "
-                                           "0000:3a:00: An uncorrectable double bit error")
+    assert _lines(first)["xid"] == ("FAIL xid: new since the last prolog: Xid 79 on 0000:db:00 "
+                                    "(GPU has fallen off the bus): RESTART_BM [reboot] (+5 more)")
     gate = json.loads((node.state / "gate.json").read_text())
     assert gate["xid"] == {"stamp": None, "line": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has "
                                                   "fallen off the bus."}
     assert _lines(node.job("prolog", "--no-drain"))["xid"] == (
-        "PASS xid: no new critical Xid (0 new Xid event(s), 11 since boot)")
+        "PASS xid: no new Xid that drains (0 new Xid event(s), 11 since boot)")
     with node.dmesg.open("a") as log:
         log.write("[14001.000001] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics\n")
     assert _lines(node.job("prolog", "--no-drain"))["xid"] == (
-        "PASS xid: no new critical Xid (1 new Xid event(s), 12 since boot)")
+        "PASS xid: no new Xid that drains (1 new Xid event(s), 12 since boot)")
     with node.dmesg.open("a") as log:
         log.write("[14002.000001] NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has "
                   "fallen off the bus.\n")
     assert _lines(node.job("prolog", "--no-drain"))["xid"] == (
-        "FAIL xid: new since the last prolog: Xid 79 on 0000:18:00: GPU has fallen off the bus.")
+        "FAIL xid: new since the last prolog: Xid 79 on 0000:18:00 (GPU has fallen off the "
+        "bus): RESTART_BM [reboot]")
+
+
+def test_the_prolog_counts_the_repeats_it_saw_before(node: JobNode) -> None:
+    """The third burst of an application Xid on one GPU within an hour drains, though the
+    prolog saw (and passed) the first two."""
+    def xid13(at: float) -> str:
+        return f"[{at:.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics\n"
+
+    node.dmesg.write_text(xid13(100) + xid13(100.5) + xid13(700))
+    assert _lines(node.job("prolog", "--no-drain"))["xid"].startswith("PASS xid: ")
+    with node.dmesg.open("a") as log:
+        log.write(xid13(1300))
+    assert _lines(node.job("prolog", "--no-drain"))["xid"] == (
+        "FAIL xid: new since the last prolog: Xid 13 on 0000:18:00 (Graphics Engine "
+        "Exception): RESTART_APP [reset: 3 times in 1 h on this GPU]")
+
+
+def test_the_prolog_takes_xid_154s_recovery_action(node: JobNode) -> None:
+    """Real lines: an Xid 62 the catalogue resets, then the Xid 154 asking for the same."""
+    node.dmesg.write_text((FIXTURES / "nvidia" / "journal_xid62_154_okm1045.txt").read_text())
+    assert _lines(node.job("prolog", "--no-drain"))["xid"] == (
+        "FAIL xid: new since the last prolog: Xid 62 on 0000:01:00 (Internal micro-controller "
+        "halt): RESET_GPU [reset] (+2 more)")
 
 
 @pytest.mark.parametrize(("content", "why"), [
@@ -438,8 +462,8 @@ def test_a_bad_gate_file_costs_only_its_history(node: JobNode, content: str, why
     node.job("prolog", "--no-drain")
     (node.state / "gate.json").write_text(content)
     xid = _lines(node.job("prolog", "--no-drain"))["xid"]
-    assert xid.startswith("FAIL xid: new since the last prolog: Xid 48 on 0000:3a:00")
-    assert xid.endswith(f"(+7 more); {node.state / 'gate.json'} {why}")
+    assert xid.startswith("FAIL xid: new since the last prolog: Xid 79 on 0000:db:00")
+    assert xid.endswith(f"(+5 more); {node.state / 'gate.json'} {why}")
     assert _lines(node.job("prolog", "--no-drain"))["xid"].startswith("PASS xid: no new ")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.facts.xids import XID_ACTIONS, XID_POLICY
+from gpufleet.facts import xids
 
 SLOWDOWNS = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
              "clocks_event_reasons.hw_power_brake_slowdown",
@@ -70,33 +70,38 @@ def health_problems(gpus: list[dict[str, Any]], max_temp_c: float,
     return problems
 
 
+# What each action class of NVIDIA's Xid catalogue makes of the check (docs/conformance.md).
+XID_VERDICTS = ("fail", "warn", "ignore")
+VERDICT_OF = {"ignore": "ignore", "application": "warn", "reset": "fail", "reboot": "fail",
+              "hardware": "fail"}
 
 
 def xid_policy(overrides: dict[Any, Any]) -> dict[int, str]:
-    """The default policy with the inventory's ``gpu_xid_policy`` over it (Xid -> action);
+    """The inventory's Xid -> fail, warn or ignore, which wins over the catalogue's class;
     ValueError names a bad entry."""
-    policy = dict(XID_POLICY)
-    for key, action in overrides.items():
-        if not str(key).isdigit() or str(action) not in XID_ACTIONS:
-            raise ValueError(f"gpu_xid_policy entry {key}: {action} (want XID: fail, warn or "
+    policy = {}
+    for key, verdict in overrides.items():
+        if not str(key).isdigit() or str(verdict) not in XID_VERDICTS:
+            raise ValueError(f"gpu_xid_policy entry {key}: {verdict} (want XID: fail, warn or "
                              "ignore)")
-        policy[int(key)] = str(action)
+        policy[int(key)] = str(verdict)
     return policy
 
 
 def xid_verdict(events: list[dict[str, Any]], policy: dict[int, str],
                 since: float | None = None) -> tuple[list[str], list[str]]:
     """(failures, warnings) among the events at or after ``since`` seconds after boot
-    (all events without a time, or when ``since`` is None)."""
+    (all events without a time, or when ``since`` is None): each event judged by NVIDIA's
+    catalogue in the context of all of them (gpufleet/facts/xids.py), then ``policy``."""
     fail, warn = [], []
-    for e in events:
-        if since is not None and e.get("at") is not None and e["at"] < since:
+    for v in xids.judge(events):
+        if since is not None and v.at is not None and v.at < since:
             continue
-        action = policy.get(e["xid"], "warn")
-        text = f"Xid {e['xid']} on {e.get('pci')}: {e.get('message', '')}".strip()
-        if action == "fail":
+        verdict = policy.get(v.code, VERDICT_OF[v.action])
+        text = xids.describe(v) + (f": {v.message}" if v.message else "")
+        if verdict == "fail":
             fail.append(text)
-        elif action == "warn":
+        elif verdict == "warn":
             warn.append(text)
     return fail, warn
 

@@ -8,7 +8,6 @@ from typing import Any
 from gpufleet.conformance.checks import gpu_generations
 from gpufleet.conformance.registry import Settings, Suite, setting
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.facts.xids import CRITICAL_XIDS
 from gpufleet.inventory.model import Host
 
 
@@ -25,10 +24,10 @@ class GpuSettings(Settings):
                                                           "(default: its maximum)")
     gpu_max_temp_c: float = setting(85, "number", "highest temperature allowed")
     gpu_persistence_mode: bool = setting(True, "boolean", "persistence mode must be on")
-    gpu_critical_xids: list[Any] = setting(list(CRITICAL_XIDS), "list",
-                                           "Xids that fail the node")
+    gpu_critical_xids: list[Any] = setting([], "list", "Xids that fail the node, whatever "
+                                                       "NVIDIA's catalogue says")
     gpu_xid_policy: dict[Any, Any] | None = setting(None, "mapping", "Xid -> fail, warn or "
-                                                                     "ignore, over the default")
+                                                                     "ignore, over the catalogue")
     gpu_xid_window_h: float | None = setting(None, "number", "only Xids of the last N hours "
                                                              "count (default: since boot)")
     gpu_dcgm_diag_level: int = setting(1, "integer", "dcgmi diag level (0: off)")
