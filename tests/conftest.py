@@ -39,9 +39,9 @@ def run_group(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each item with its worker group, and put the session lab's group first and the
-    unit tests next: under ``-n 2 --dist loadgroup --no-loadscope-reorder`` one worker
-    brings up the session lab at once while the other runs the unit tests, then the labs of
-    their own; a worker takes another group only once its own is all but done."""
+    unit tests next: under ``-n 3 --dist loadgroup --no-loadscope-reorder`` one worker
+    brings up the session lab at once, another runs the unit tests and the third the labs
+    of their own; a worker takes another group only once its own is all but done."""
     groups = {item: run_group(item) for item in items}
     rank = {"lab-session": 0, "unit": 1}
     for item in items:
