@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpufleet import app
 from gpufleet.lab.cluster import Lab
 from tests.lab.test_provision import override
@@ -41,6 +43,10 @@ def test_ddp_trains_on_gloo_across_nodes_and_reports_scaling(
     assert [c["width"] for c in within["properties"]["curve"]] == [1, 2]
 
 
+# In the scale tier (./scripts/test -m scale), beside the bisection tests: a variant of the
+# DDP scaling verdict that test_ddp_trains_on_gloo_across_nodes_and_reports_scaling and the
+# unit tests of the stages cover; CI's 30 minutes do not hold every variant on the lab.
+@pytest.mark.scale
 def test_ddp_scales_in_stages_and_stops_at_the_step_that_falls_short(
         provisioned: Path, tmp_path: Path) -> None:
     with override(provisioned, "host_vars", "node01", {"allreduce_cpu_procs": 4}):
@@ -62,6 +68,10 @@ def test_ddp_scales_in_stages_and_stops_at_the_step_that_falls_short(
     assert [c["width"] for c in failed["properties"]["curve"]] == [1, 2]
 
 
+# In the scale tier (./scripts/test -m scale), beside the bisection tests: a variant of the
+# DDP scaling verdict that test_ddp_trains_on_gloo_across_nodes_and_reports_scaling and the
+# unit tests of the stages cover; CI's 30 minutes do not hold every variant on the lab.
+@pytest.mark.scale
 def test_ddp_across_nodes_stops_at_the_first_node_step_that_falls_short(
         provisioned: Path, tmp_path: Path) -> None:
     with override(provisioned, "group_vars", "lab", {"ddp_min_efficiency_across_nodes": 5.0}):
@@ -76,6 +86,10 @@ def test_ddp_across_nodes_stops_at_the_first_node_step_that_falls_short(
     assert [c["width"] for c in failed["properties"]["curve"]] == [1, 2]
 
 
+# In the scale tier (./scripts/test -m scale), beside the bisection tests: a variant of the
+# DDP scaling verdict that test_ddp_trains_on_gloo_across_nodes_and_reports_scaling and the
+# unit tests of the stages cover; CI's 30 minutes do not hold every variant on the lab.
+@pytest.mark.scale
 def test_ddp_fails_when_the_efficiency_threshold_is_out_of_reach(
         provisioned: Path, tmp_path: Path) -> None:
     with override(provisioned, "host_vars", "node01", {"ddp_min_efficiency": 5.0}):

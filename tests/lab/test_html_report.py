@@ -12,6 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from gpufleet import app
 from gpufleet.drift.history import History
 from gpufleet.lab.cluster import Lab
@@ -38,6 +40,10 @@ def _check(page: Path, name: str, height: int = 2400) -> Page:
     return Page(shot.dom)
 
 
+# In the scale tier (./scripts/test -m scale): 80 s of lab runs on the session lab, whose
+# tests are CI's longest path; tests/unit/test_html_chromium.py renders real reports (a
+# GPU machine's and 1000 hosts') in Chromium on every CI run.
+@pytest.mark.scale
 def test_drift_and_conformance_reports_of_the_lab_render_in_chromium(
         lab: Lab, provisioned: Path, tmp_path: Path) -> None:
     chromium.require()
