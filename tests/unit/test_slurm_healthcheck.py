@@ -193,7 +193,7 @@ def test_every_run_logs_its_verdict_to_syslog(node: Node) -> None:
     assert node.run().returncode == 0
     [ok] = node.syslog()
     assert re.fullmatch(r"<30>gpufleet-healthcheck\[\d+\]: healthcheck node04: 0 failed, "
-                        r"3 passed, 3 skipped in \d+\.\d+s", ok), ok
+                        r"3 passed, 4 skipped in \d+\.\d+s", ok), ok
     node.write_config(gpu_count=2)
     assert node.run("--drain").returncode == 1
     [failed] = node.syslog()
@@ -223,9 +223,10 @@ def test_a_healthy_node_passes_in_well_under_ten_seconds(node: Node) -> None:
     assert lines["ecc"] == "PASS ecc: no uncorrectable ECC error on 1 GPU(s)"
     assert lines["xid"] == "PASS xid: no Xid that drains since boot (0 Xid event(s) in all)"
     assert lines["driver"].startswith("SKIP driver: no recorded state")
-    assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range"]
+    assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range",
+                           "watch"]
     assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 3 passed, "
-                                                   "3 skipped in ")
+                                                   "4 skipped in ")
 
 
 def test_fewer_gpus_than_expected_fails(node: Node) -> None:
@@ -451,6 +452,161 @@ def test_a_bad_configuration_is_one_line_and_exit_2(node: Node, text: str, error
     assert proc.stdout == "" and node.updates() == []
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: ") and re.search(error, proc.stderr)
+
+
+# ---- the watch check: gpufleet-watch's report -------------------------------------------------
+
+SYMBOL = "mlx5_0/1 symbol_error +14 in 1h0m (14.0/h, limit 10/h over 1h)"
+
+
+def _finding(ident: str, status: str, message: str, **extra: object) -> dict[str, object]:
+    return {"id": ident, "class": "fabric", "status": status, "since": 1764990000,
+            "message": message, "silenced_until": None, "silence_reason": None, **extra}
+
+
+def _report(*findings: dict[str, object], notes: list[str] | None = None) -> str:
+    return json.dumps({"version": 1, "time": 1765000000.0, "findings": list(findings),
+                       "notes": notes or [], "series": 212})
+
+
+class Watch:
+    """A stand-in gpufleet-watch: prints ``answer`` (bytes), exits ``rc``, records its argv."""
+
+    def __init__(self, node: Node) -> None:
+        self.path = node.tmp / "gpufleet-watch"
+        self.answer = node.tmp / "watch-answer"
+        self.calls = node.tmp / "watch-argv"
+        self.set(_report())
+        _script(node.tmp, "gpufleet-watch",
+                f'echo "$@" >> {self.calls}\ncat {self.answer}\nexit $(cat {self.answer}.rc)\n')
+        node.write_config(gpu_count=1, watch_program=str(self.path),
+                          watch_config="/etc/gpufleet/watch.json")
+
+    def set(self, answer: str | bytes, rc: int = 0) -> None:
+        self.answer.write_bytes(answer.encode() if isinstance(answer, str) else answer)
+        Path(f"{self.answer}.rc").write_text(str(rc))
+
+    def argv(self) -> list[str]:
+        return self.calls.read_text().splitlines()
+
+
+@pytest.fixture
+def watch(node: Node) -> Watch:
+    return Watch(node)
+
+
+def test_an_open_finding_of_the_watch_drains_with_its_message(node: Node, watch: Watch) -> None:
+    watch.set(_report(_finding("rdma/mlx5_0/1/symbol_error", "open", SYMBOL),
+                      _finding("pcie/0000:3b:00.0/width", "pending", "x8 of x16")), rc=1)
+    proc = node.run("--drain", "--now", "1765000300")
+    assert proc.returncode == 1
+    assert _lines(proc)["watch"] == f"FAIL watch: {SYMBOL}"
+    assert watch.argv() == ["--config /etc/gpufleet/watch.json --json --now 1765000300.000"]
+    [update] = node.updates()
+    assert re.fullmatch(rf"reason=gf hc/watch: {re.escape(SYMBOL)} \{{gf1 h:watch@\d+\}}",
+                        update[3]), update[3]
+    _drained(node, "scontrol_show_node.txt", "node04", update[3].removeprefix("reason="))
+    watch.set(_report(_finding("pcie/0000:3b:00.0/width", "pending", "x8 of x16")))
+    proc = node.run("--drain")
+    assert _lines(proc)["watch"] == "PASS watch: 212 series, 1 pending"
+    assert node.updates()[-1] == ["update", "nodename=node04", "state=resume"]
+    assert watch.argv()[-1] == "--config /etc/gpufleet/watch.json --json"
+
+
+def test_more_open_findings_are_counted_within_the_message_limit(node: Node,
+                                                                 watch: Watch) -> None:
+    long = "mlx5_0/1 " + "port_rcv_errors " * 9 + "+9999 in 1h0m"
+    watch.set(_report(*(_finding(f"rdma/mlx5_{i}/1/port_rcv_errors", "open", long)
+                        for i in range(3)), _finding("x", "silenced", "quiet")), rc=1)
+    line = _lines(node.run())["watch"]
+    message = line.removeprefix("FAIL watch: ")
+    assert message.endswith(" (+2 more)") and len(message) <= program.MESSAGE_LIMIT, message
+    assert message.startswith(long[:100])
+
+
+def test_silenced_findings_pass_and_are_named_with_their_end(node: Node, watch: Watch) -> None:
+    until = 1765080000  # 2025-12-07T04:00Z
+    watch.set(_report(*(_finding(f"nvlink/gpu{i}/link{i}/replay", "silenced", "replays",
+                                 silenced_until=until + i * 60, silence_reason="RMA 4711")
+                        for i in range(5)), notes=["nvidia-smi nvlink -e: timed out after 4s"]))
+    proc = node.run()
+    assert proc.returncode == 0
+    assert _lines(proc)["watch"] == (
+        "PASS watch: 212 series, 0 pending; silenced: nvlink/gpu0/link0/replay until "
+        "2025-12-07T04:00Z, nvlink/gpu1/link1/replay until 2025-12-07T04:01Z, "
+        "nvlink/gpu2/link2/replay until 2025-12-07T04:02Z (+2 more); 1 note(s): "
+        "nvidia-smi nvlink -e: timed out after 4s")
+
+
+_OVERSIZED = '{"version": 1, "findings": [], "pad": "' + "x" * (1 << 20) + '"}'
+GARBAGE: dict[str, tuple[str | bytes, int, str]] = {
+    "traceback": ("Traceback (most recent call last):\n  ...\nKeyError: 'x'\n", 1,
+                  "answered no usable report: not a JSON report: Traceback (most recent call "
+                  "last): ... KeyError: 'x'"),
+    "nothing": ("", 0, "gpufleet-watch exited 0 without a report: no output"),
+    "nested": ("[" * 100000 + "]" * 100000, 0, "answered no usable report: not a JSON"),
+    "version": ('{"version": 2, "findings": []}', 0,
+                "answered no usable report: not a version 1 report"),
+    "findings": ('{"version": 1, "findings": {"a": 1}}', 0,
+                 "answered no usable report: a report without a findings list"),
+    "status": ('{"version": 1, "findings": [{"id": "a", "status": "burning", "message": "m"}]}',
+               1, "answered no usable report: a finding without an id, a message or a known "
+                  "status"),
+    "null": ('{"version": 1, "findings": [null]}', 0, "a finding without an id"),
+    "binary": (b"\xff\xfe{garbage\x00", 0, "answered no usable report: not a JSON report"),
+    "oversized": (_OVERSIZED, 0, f"answered no usable report: a report of {len(_OVERSIZED)} "
+                                 f"characters, more than {1 << 20}"),
+    "usage": ("", 2, "gpufleet-watch: bad configuration: no output"),
+    "killed": ("", 9, "gpufleet-watch exited 9 without a report: no output"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GARBAGE))
+def test_a_garbage_answer_is_a_failure_that_says_so(node: Node, watch: Watch,
+                                                    case: str) -> None:
+    answer, rc, shown = GARBAGE[case]
+    watch.set(answer, rc)
+    proc = node.run("--drain")
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    line = _lines(proc)["watch"]
+    assert line.startswith("FAIL watch: ") and shown in line, line
+    assert "\n" not in line and len(line) < 300, line
+    assert node.updates()[0][3].startswith("reason=gf hc/watch: ")
+
+
+def test_the_watch_s_error_line_is_shown(node: Node, watch: Watch) -> None:
+    _script(node.tmp, "gpufleet-watch", "echo 'error: /etc/gpufleet/watch.json: unknown key "
+                                        "\"rule\"' >&2; exit 2\n")
+    assert _lines(node.run())["watch"] == ("FAIL watch: gpufleet-watch: bad configuration: "
+                                           "error: /etc/gpufleet/watch.json: unknown key 'rule'")
+
+
+def test_a_missing_unrunnable_or_hung_watch_fails_within_the_budget(node: Node,
+                                                                    watch: Watch) -> None:
+    watch.path.unlink()
+    assert _lines(node.run())["watch"] == f"FAIL watch: {watch.path} not found"
+    watch.path.write_text("#!/bin/sh\n")
+    assert _lines(node.run())["watch"] == ("FAIL watch: gpufleet-watch could not be started: "
+                                           "Permission denied")
+    _script(node.tmp, "gpufleet-watch", "exec sleep 60\n")
+    node.write_config(gpu_count=1, budget_s=5, watch_program=str(watch.path))
+    started = time.monotonic()
+    proc = node.run("--drain")
+    assert time.monotonic() - started < 5
+    assert re.fullmatch(r"FAIL watch: gpufleet-watch did not answer within [12]\.\ds",
+                        _lines(proc)["watch"]), proc.stdout
+    assert node.updates()[0][3].startswith("reason=gf hc/watch: gpufleet-watch did not answer")
+
+
+@pytest.mark.parametrize("values", [{"watch_program": "gpufleet-watch"},
+                                    {"watch_config": 7}, {"watch_program": True}])
+def test_the_watch_keys_are_absolute_paths_or_null(node: Node, values: dict[str, object]
+                                                   ) -> None:
+    node.write_config(**values)
+    proc = node.run()
+    assert proc.returncode == 2
+    assert re.fullmatch(r"error: \S+healthcheck\.json: watch_\w+ has a wrong type or value: "
+                        r".*\n", proc.stderr), proc.stderr
 
 
 # ---- the role --------------------------------------------------------------------------------
