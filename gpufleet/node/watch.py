@@ -113,72 +113,98 @@ class Rule:
     anchor: str = ""
 
 
+NVSENTINEL = ("NVIDIA NVSentinel's NIC health monitor design "
+              "(docs/nic-health-monitor/link-counter-detection.md): ")
 RULES = (
     Rule("symbol_error", "rdma", "rate", ("symbol_error",), limit=120, window_s=3600,
-         anchor="IBTA bit error rate 1e-12 as at most 120 symbol errors an hour (Oracle's "
-                "'Determine Which Links Are Experiencing Significant Errors', cited by "
-                "NVIDIA NVSentinel's NIC health monitor design)"),
+         anchor="the IBTA bit error rate of 1e-12 as at most 120 symbol errors an hour "
+                "(Oracle's 'Determine Which Links Are Experiencing Significant Errors', as "
+                "NVIDIA NVSentinel's NIC health monitor design cites it)"),
     Rule("link_error_recovery", "rdma", "rate", ("link_error_recovery",), limit=5,
-         window_s=60, anchor="NVIDIA NVSentinel NIC health monitor: more than 5 a minute"),
+         window_s=60, anchor=NVSENTINEL + "more than 5 a minute"),
     Rule("port_rcv_errors", "rdma", "rate", ("port_rcv_errors",), limit=10, window_s=1,
-         anchor="NVIDIA NVSentinel NIC health monitor: more than 10 a second"),
+         anchor=NVSENTINEL + "more than 10 a second"),
     Rule("excessive_buffer_overrun_errors", "rdma", "increase",
          ("excessive_buffer_overrun_errors",), window_s=3600,
-         anchor="NVIDIA NVSentinel NIC health monitor: any increase is fatal"),
+         anchor=NVSENTINEL + "any increase is fatal"),
     Rule("local_link_integrity_errors", "rdma", "increase", ("local_link_integrity_errors",),
-         window_s=3600, anchor="NVIDIA NVSentinel NIC health monitor: any increase is fatal"),
+         window_s=3600, anchor=NVSENTINEL + "any increase is fatal"),
     Rule("port_xmit_discards", "rdma", "rate", ("port_xmit_discards",), limit=100, window_s=1,
-         anchor="NVIDIA NVSentinel NIC health monitor: more than 100 a second"),
+         anchor=NVSENTINEL + "more than 100 a second"),
     Rule("out_of_sequence", "rdma", "rate", ("out_of_sequence",), limit=100, window_s=1,
-         anchor="NVIDIA NVSentinel NIC health monitor: more than 100 a second"),
+         anchor=NVSENTINEL + "more than 100 a second"),
     Rule("packet_seq_err", "rdma", "rate", ("packet_seq_err",), limit=100, window_s=1,
-         anchor="NVSentinel's out_of_sequence limit (more than 100 a second): the same "
-                "sequence errors, counted by the requester"),
+         anchor="no anchor sets one: NVSentinel's out_of_sequence limit (more than 100 a "
+                "second), for the same sequence errors as the requester counts them"),
     Rule("roce_slow_restart", "rdma", "rate", ("roce_slow_restart",), limit=10, window_s=1,
-         anchor="NVIDIA NVSentinel NIC health monitor: more than 10 a second"),
+         anchor=NVSENTINEL + "more than 10 a second"),
     Rule("flaps", "rdma", "flaps", ("link_downed",), count=3, window_s=43200, min_down_s=25,
-         anchor="GPUd's InfiniBand port flap: 3 downs within 12 h, each down 25 s or more"),
+         anchor="GPUd (components/accelerator/nvidia/infiniband/store/scan_flaps.go): 3 "
+                "flaps in the last 12 hours, each down at least 25 s"),
     Rule("aer_correctable", "pcie", "rate", ("aer_correctable",), limit=8, window_s=60,
-         anchor="NVIDIA DCGM health watch: more than 8 PCIe replays a minute"),
+         anchor="NVIDIA DCGM's health watch: more than 8 PCIe replays a minute "
+                "(DCGM_LIMIT_MAX_PCIREPLAY_RATE), applied to the AER correctable total, "
+                "whose BadTLP, BadDLLP, Rollover and Timeout entries are what replays"),
     Rule("aer_nonfatal", "pcie", "increase", ("aer_nonfatal",), window_s=3600,
-         anchor="PCIe AER: a non-fatal uncorrectable error lost a transaction "
-                "(Linux PCIe AER howto); any increase"),
+         anchor="no anchor sets a limit: a non-fatal uncorrectable error lost a transaction "
+                "(the Linux PCIe AER howto); any increase"),
     Rule("aer_fatal", "pcie", "increase", ("aer_fatal",), window_s=86400,
-         anchor="PCIe AER: a fatal uncorrectable error makes the link unreliable (Linux "
-                "PCIe AER howto); any increase"),
+         anchor="a fatal uncorrectable error leaves the link unreliable (the Linux PCIe AER "
+                "howto): any increase"),
     Rule("pcie_width", "pcie", "state", ("width",), confirm=2,
-         anchor="NVIDIA NVSentinel NIC health monitor (link state detection: degraded "
-                "link); the GPU's and NIC's capable width from sysfs"),
+         anchor=NVSENTINEL.replace("link-counter", "link-state") + "a link below its "
+                "capability is degraded; width for GPUs and NICs"),
     Rule("pcie_speed", "pcie", "state", ("speed",), confirm=2,
-         anchor="NVIDIA NVSentinel NIC health monitor (link state detection: speed "
-                "degradation); NICs only: GPUs lower their PCIe speed at idle"),
+         anchor=NVSENTINEL.replace("link-counter", "link-state") + "speed degradation; "
+                "NICs only (GPUs lower their PCIe speed at idle)"),
     Rule("nvlink_replay", "nvlink", "increase", ("replay_errors",), window_s=3600,
-         anchor="NVIDIA DCGM health watch: any NVLink replay error fails"),
+         anchor="NVIDIA DCGM's health watch (any NVLink replay error fails) and Meta GCM "
+                "(check-dcgmi nvlink: --replay_error_threshold 0)"),
     Rule("nvlink_recovery", "nvlink", "increase", ("recovery_errors",), window_s=3600,
-         anchor="NVIDIA DCGM health watch: any NVLink recovery error fails"),
+         anchor="NVIDIA DCGM's health watch (any NVLink recovery error fails) and Meta GCM "
+                "(--recovery_error_threshold 0)"),
     Rule("nvlink_crc", "nvlink", "rate",
          ("crc_errors", "crc_flit_errors", "crc_data_errors", "flit_crc_errors",
           "data_crc_errors"), limit=100, window_s=1,
-         anchor="NVIDIA DCGM health watch: NVLink CRC errors at 100 a second or more"),
+         anchor="NVIDIA DCGM's health watch: NVLink CRC errors fail at 100 a second "
+                "(DCGM_LIMIT_MAX_NVLINK_CRC_ERROR; fewer only warn)"),
     Rule("ecc_correctable", "ecc", "rate", ("ecc_correctable",), limit=10, window_s=60,
-         anchor="NVIDIA DCGM health watch: single-bit ECC errors above its rate of 10 "
-                "(DCGM_LIMIT_MAX_SBE_RATE)"),
+         enabled=False,
+         anchor="no anchor publishes a correctable (single-bit) error rate: DCGM's "
+                "DCGM_LIMIT_MAX_SBE_RATE 10 is marked a placeholder and its health watch no "
+                "longer reads it; off by default, the rate kept as a metric"),
+    Rule("ecc_sram_correctable", "ecc", "level", ("ecc_sram_correctable",), limit=10000,
+         anchor="Azure HPC health checks (check_gpu_ecc 20000000 10000 on H100 and H200): "
+                "more than 10000 SRAM correctable errors"),
+    Rule("ecc_dram_correctable", "ecc", "level", ("ecc_dram_correctable",), limit=20000000,
+         anchor="Azure HPC health checks (check_gpu_ecc 20000000 10000 on H100 and H200): "
+                "more than 20,000,000 DRAM correctable errors"),
     Rule("ecc_uncorrectable", "ecc", "increase", ("ecc_uncorrectable",), window_s=86400,
-         anchor="NVIDIA DCGM health watch: any double-bit (uncorrectable) ECC error fails"),
+         anchor="NVIDIA DCGM's health watch (any double-bit error fails), Meta GCM "
+                "(ecc_uncorrected threshold 0), Azure (any SRAM uncorrectable error)"),
     Rule("retired_pages", "ecc", "level", ("retired_pages",), limit=62,
-         anchor="NVIDIA DCGM health watch: 63 retired pages fail a GPU "
-                "(DCGM_LIMIT_MAX_RETIRED_PAGES)"),
+         anchor="NVIDIA DCGM's health watch: 63 retired pages fail a GPU "
+                "(DCGM_LIMIT_MAX_RETIRED_PAGES); Azure: 62 with one pending is a full table"),
     Rule("retirement_pending", "ecc", "state", ("retirement_pending",), confirm=2,
-         anchor="NVIDIA dynamic page retirement: a pending page is retired at the next "
-                "driver load"),
+         anchor="NVIDIA DCGM's health watch: a pending page retirement (a reboot or driver "
+                "reload retires it)"),
     Rule("remap_pending", "ecc", "state", ("remap_pending",), confirm=2,
-         anchor="NVIDIA GPU memory error management: a pending row remapping needs a GPU "
-                "reset"),
+         anchor="GPUd (remapped-rows: a pending remapping needs a reset) and Azure (any "
+                "pending remapping fails)"),
     Rule("remap_failure", "ecc", "state", ("remap_failure",), confirm=1,
-         anchor="NVIDIA GPU memory error management: a row remapping failure needs the "
-                "GPU replaced"),
+         anchor="NVIDIA's row-remapping RMA criterion (A100 GPU memory error management), "
+                "GPUd, DCGM and Azure: a remapping failure needs the GPU replaced"),
 )
 RDMA_COUNTERS = tuple(c for r in RULES if r.source == "rdma" for c in r.counters)
+ECC_COUNTERS = ("ecc_correctable", "ecc_uncorrectable", "ecc_sram_correctable",
+                "ecc_dram_correctable", "retired_pages")
+LEVELS = {"ecc_sram_correctable": "SRAM correctable ECC errors (aggregate)",
+          "ecc_dram_correctable": "DRAM correctable ECC errors (aggregate)",
+          "retired_pages": "retired pages"}
+# The InfiniBand PortCounters' widths (IBTA): a counter at its maximum stops counting.
+SATURATED = {"symbol_error": 65535, "link_error_recovery": 255, "link_downed": 255,
+             "port_rcv_errors": 65535, "port_xmit_discards": 65535,
+             "local_link_integrity_errors": 15, "excessive_buffer_overrun_errors": 15}
 
 
 class ConfigError(Exception):
@@ -352,8 +378,9 @@ def _total(fields: dict[str, str], section: str, kind: str) -> int | None:
 
 def ecc_readings(fields: dict[str, str]) -> dict[str, int | bool]:
     """What the watch reads of one GPU's ``-q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT``:
-    ecc_correctable and ecc_uncorrectable (aggregate, else volatile), retired_pages, and the
-    conditions retirement_pending, remap_pending and remap_failure."""
+    ecc_correctable and ecc_uncorrectable (aggregate, else volatile), the aggregate
+    ecc_sram_correctable and ecc_dram_correctable, retired_pages, and the conditions
+    retirement_pending, remap_pending and remap_failure."""
     found: dict[str, int | bool] = {}
     for kind in ("correctable", "uncorrectable"):
         value = _total(fields, "Aggregate", kind)
@@ -361,6 +388,10 @@ def ecc_readings(fields: dict[str, str]) -> dict[str, int | bool]:
             value = _total(fields, "Volatile", kind)
         if value is not None:
             found[f"ecc_{kind}"] = value
+    for memory in ("SRAM", "DRAM"):
+        value = _int(fields.get(f"ECC Errors/Aggregate/{memory} Correctable"))
+        if value is not None:
+            found[f"ecc_{memory.lower()}_correctable"] = value
     pages = [_int(fields.get(f"Retired Pages/{k}")) for k in ("Single Bit ECC",
                                                                "Double Bit ECC")]
     if any(p is not None for p in pages):
@@ -410,7 +441,8 @@ def _listdir(path: str) -> list[str]:
 
 @dataclass
 class Port:
-    """One RDMA port as read now: up (physically LinkUp, else ACTIVE), its link_downed."""
+    """One RDMA port as read now: up (its state ACTIVE, else its phys_state LinkUp; None
+    when neither can be read), its link_downed."""
 
     up: bool | None
     link_downed: int | None
@@ -452,14 +484,19 @@ def read_rdma(root: str, reading: Reading) -> None:
                 for name in RDMA_COUNTERS:
                     text = read_file(os.path.join(where, group, name))
                     if text is not None and text.strip().isdigit():
-                        reading.counters[f"rdma/{subject}/{name}"] = int(text.strip())
-            phys = read_file(os.path.join(where, "phys_state"))
+                        value = int(text.strip())
+                        reading.counters[f"rdma/{subject}/{name}"] = value
+                        if group == "counters" and value == SATURATED.get(name):
+                            reading.notes.append(
+                                f"{subject} {name} is saturated at {value}: it counts no "
+                                "more until cleared (perfquery -R)")
             state = read_file(os.path.join(where, "state"))
+            phys = read_file(os.path.join(where, "phys_state"))
             up = None
-            if phys is not None and phys.strip():
-                up = phys.strip().split(":")[-1].strip().lower() == "linkup"
-            elif state is not None and state.strip():
+            if state is not None and state.strip():
                 up = state.strip().split(":")[-1].strip().upper() == "ACTIVE"
+            elif phys is not None and phys.strip():
+                up = phys.strip().split(":")[-1].strip().lower() == "linkup"
             downed = read_file(os.path.join(where, "counters", "link_downed"))
             reading.ports[subject] = Port(up, int(downed.strip()) if downed is not None
                                           and downed.strip().isdigit() else None)
@@ -473,8 +510,10 @@ def read_pcie(root: str, rules: dict[str, Rule], reading: Reading) -> None:
     reading.read.add("pcie")
     for address in sorted(os.listdir(base)):
         where = os.path.join(base, address)
-        vendor = (read_file(os.path.join(where, "vendor")) or "").strip().lower()
         klass = (read_file(os.path.join(where, "class")) or "").strip().lower()[:6]
+        if klass not in ("0x0300", "0x0302", "0x0200", "0x0207"):
+            continue
+        vendor = (read_file(os.path.join(where, "vendor")) or "").strip().lower()
         if vendor == "0x10de" and klass in ("0x0300", "0x0302"):
             kind = "GPU"
         elif vendor == "0x15b3" and klass in ("0x0200", "0x0207"):
@@ -534,16 +573,16 @@ def _read_ecc(gpus: dict[str, dict[str, str]], rules: dict[str, Rule],
               reading: Reading) -> None:
     for address, fields in gpus.items():
         found = ecc_readings(fields)
-        for counter in ("ecc_correctable", "ecc_uncorrectable"):
+        for counter in ECC_COUNTERS:
             if counter in found:
                 reading.counters[f"ecc/{address}/{counter}"] = int(found[counter])
-        pages = found.get("retired_pages")
-        level = rules["retired_pages"]
-        if pages is not None and level.enabled:
-            reading.counters[f"ecc/{address}/retired_pages"] = int(pages)
-            reading.conditions[f"ecc/{address}/retired_pages"] = Condition(
-                "retired_pages", int(pages) > level.limit,
-                f"GPU {address} {int(pages)} retired pages (limit {level.limit:g})")
+        for name, what in LEVELS.items():
+            level = rules[name]
+            if name in found and level.enabled:
+                value = int(found[name])
+                reading.conditions[f"ecc/{address}/{name}"] = Condition(
+                    name, value > level.limit,
+                    f"GPU {address} {value} {what} (limit {level.limit:g})")
         for name, what in (("retirement_pending", "a page retirement pending (reboot or "
                                                   "reload the driver)"),
                            ("remap_pending", "a row remapping pending (reset the GPU)"),
@@ -689,7 +728,7 @@ def flap_count(record: dict[str, Any], now: float, rule: Rule) -> int:
 
 @dataclass
 class Verdict:
-    """A rule's verdict on one finding id this run."""
+    """A rule's verdict on one finding id this run (a clean verdict needs no message)."""
 
     rule: Rule
     bad: bool
@@ -715,7 +754,8 @@ def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
                       "rate_per_hour": seen.per_window * 3600 / rule.window_s})
         if rule.enabled:
             bad = seen.increase > 0 if rule.kind == "increase" else seen.per_window > rule.limit
-            verdicts[key] = Verdict(rule, bad, rate_message(rule, subject, counter, seen))
+            verdicts[key] = Verdict(rule, bad, rate_message(rule, subject, counter, seen)
+                                    if bad else "")
     flaps = rules["flaps"]
     for subject in reading.ports:
         record = state["ports"].get(subject, {})
@@ -791,16 +831,18 @@ def read_json(path: str, limit: int) -> tuple[dict[str, Any], str]:
     return data, ""
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, durable: bool = True) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file beside it, renamed over
-    it). Raises OSError."""
+    it), synced to disk first when ``durable`` (the state and the silences; the report and
+    the textfile are rewritten at the next run). Raises OSError."""
     os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temporary, "w") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -838,9 +880,10 @@ def _object(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def _samples(value: Any) -> bool:
+    """A series as the state keeps it: [[time, value], ...], numbers only."""
     return isinstance(value, list) and bool(value) and all(
-        isinstance(s, list) and len(s) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in s) for s in value)
+        type(s) is list and len(s) == 2 and type(s[0]) in (int, float)
+        and type(s[1]) in (int, float) for s in value)
 
 
 def bounded_state(state: dict[str, Any], limit: int) -> tuple[str, list[str]]:
@@ -1080,12 +1123,12 @@ def silences_now(path: str, now: float, notes: list[str]) -> dict[str, dict[str,
     return silences
 
 
-def write_outputs(config: dict[str, Any], files: list[tuple[str, str]],
-                  notes: list[str]) -> None:
-    """Write each (path, text) atomically; one that cannot be written is a note."""
-    for path, text in files:
+def write_outputs(files: list[tuple[str, str, bool]], notes: list[str]) -> None:
+    """Write each (path, text, durable) atomically; one that cannot be written is a
+    note."""
+    for path, text, durable in files:
         try:
-            write_atomic(path, text)
+            write_atomic(path, text, durable)
         except OSError as exc:
             notes.append(f"cannot write {path}: {exc.strerror or exc}")
 
@@ -1109,13 +1152,13 @@ def observation(config: dict[str, Any], rules: dict[str, Rule], now: float,
     notes += bound_notes
     report = report_of(state["findings"], silences, notes, series=len(state["series"]),
                        now=now, rates=rates)
-    write_outputs(config, [(state_path, state_text), (os.path.join(state_dir, REPORT_FILE),
-                                                      json.dumps(report) + "\n")],
+    write_outputs([(state_path, state_text, True),
+                   (os.path.join(state_dir, REPORT_FILE), json.dumps(report) + "\n", False)],
                   report["notes"])
     took = time.monotonic() - started
     if config["textfile_dir"]:
-        write_outputs(config, [(os.path.join(config["textfile_dir"], TEXTFILE),
-                                textfile(report, state, rates, rules, took))], report["notes"])
+        write_outputs([(os.path.join(config["textfile_dir"], TEXTFILE),
+                        textfile(report, state, rates, rules, took), False)], report["notes"])
     counts = {s: sum(f["status"] == s for f in report["findings"])
               for s in ("open", "pending", "silenced")}
     if as_json:
