@@ -1,8 +1,9 @@
 """The standing watch between runs, on the lab's real Slurm: each fault injected on one node
 between two runs of the health check (the watch's counters in a sysfs tree and stand-in
 nvidia-smi, Xids in a stand-in kernel log) drains that node, and only it, with a reason
-naming the counter, its rate and its window; a clean lab whose counters move just below
-their limits, and whose ports flap once, drains nothing in 100 runs (25 on each node).
+naming the counter, its rate and its window; a silenced finding lets its node
+resume; a clean lab whose counters move just below their limits, and whose ports flap once,
+drains nothing in 100 runs (25 on each node).
 
 Four nodes run slurmd; slurmd never runs the health check itself (HealthCheckInterval=0):
 each test runs it as slurmd would (its environment holds only SLURMD_NODENAME), with
@@ -220,6 +221,28 @@ def test_a_fault_between_two_runs_drains_that_node_alone(watch_lab: Lab, clock: 
     finally:
         _forget(watch_lab, target)
         _resume(watch_lab, slurm, target)
+
+
+def test_a_silenced_finding_resumes_its_node_and_the_check_names_it(watch_lab: Lab,
+                                                                     clock: Clock,
+                                                                     slurm: Slurm) -> None:
+    node, ident = "node02", "rdma/mlx5_0/1/symbol_error"
+    try:
+        _round(watch_lab, clock, (node,))
+        fakesys.add(watch_lab, node, fakesys.counter("mlx5_0/1", "symbol_error"), 500)
+        _round(watch_lab, clock, (node,))
+        assert _drained(slurm)[node].startswith("gf hc/watch: mlx5_0/1 symbol_error +500 ")
+        until = clock.now + 3600
+        node_sh(watch_lab, node, f"/usr/local/sbin/gpufleet-watch silence {ident} --until "
+                                 f"{until} --reason 'cable swap booked' --now {clock.now}")
+        run = _round(watch_lab, clock, (node,))[node]
+        shown = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(until))
+        assert run.rc == 0 and f"; silenced: {ident} until {shown}" in run.out, run.out
+        assert f"slurm: resumed {node}: was gf hc/watch: " in run.out, run.out
+        assert _drained(slurm) == {}
+    finally:
+        _forget(watch_lab, node)
+        _resume(watch_lab, slurm, node)
 
 
 LOOP = """\
