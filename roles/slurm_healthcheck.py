@@ -186,7 +186,8 @@ class SlurmHealthcheckRole(RoleBase):
         """node_watch_rules, checked by the watch's own rules: rule -> setting -> value
         (docs/watch.md)."""
         rules = v.mapping("node_watch_rules")
-        if not all(isinstance(k, str) for k in rules):
+        if not all(isinstance(rule, str) and (not isinstance(settings, dict) or all(
+                isinstance(key, str) for key in settings)) for rule, settings in rules.items()):
             raise v.fail("node_watch_rules", "a mapping of rule names to settings", rules)
         try:
             watch_node.load_rules("node_watch_rules", rules)

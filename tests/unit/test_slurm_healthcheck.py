@@ -778,6 +778,8 @@ def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None
      r"node_watch_rules: rules\.aer_fatal must be an object"),
     ("      node_watch_rules: {1: {limit: 2}}\n", "node_watch_rules must be a mapping of rule "
                                                  "names to settings"),
+    ("      node_watch_rules: {flaps: {1: 2}}\n", "node_watch_rules must be a mapping of rule "
+                                                 "names to settings"),
 ])
 def test_role_rejects_bad_variables(tmp_path: Path, extra: str, error: str) -> None:
     v, ctx = _host(tmp_path, extra)
