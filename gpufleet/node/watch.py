@@ -41,6 +41,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -547,6 +548,8 @@ def read_pcie(root: str, rules: dict[str, Rule], reading: Reading) -> None:
 def read_nvidia(tool: str, deadline: Deadline, rules: dict[str, Rule],
                 reading: Reading) -> None:
     """NVLink error counters and GPU memory errors from two nvidia-smi runs side by side."""
+    if shutil.which(tool, path=os.environ.get("PATH") or DEFAULT_PATH) is None:
+        return  # no nvidia-smi: no GPU sources
     nvlink = [tool, "nvlink", "-e"]
     memory = [tool, "-q", "-d", "ECC,ROW_REMAPPER,PAGE_RETIREMENT"]
     outputs = run_commands([nvlink, memory], deadline)
@@ -728,11 +731,14 @@ def flap_count(record: dict[str, Any], now: float, rule: Rule) -> int:
 
 @dataclass
 class Verdict:
-    """A rule's verdict on one finding id this run (a clean verdict needs no message)."""
+    """A rule's verdict on one finding id this run (a clean verdict needs no message;
+    a clean one over less than the rule's window, after a reboot or a reset, is not known
+    to be clean)."""
 
     rule: Rule
     bad: bool
     message: str
+    known: bool = True
 
 
 def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
@@ -755,7 +761,7 @@ def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
         if rule.enabled:
             bad = seen.increase > 0 if rule.kind == "increase" else seen.per_window > rule.limit
             verdicts[key] = Verdict(rule, bad, rate_message(rule, subject, counter, seen)
-                                    if bad else "")
+                                    if bad else "", series[key][0][0] <= now - rule.window_s)
     flaps = rules["flaps"]
     for subject in reading.ports:
         record = state["ports"].get(subject, {})
@@ -776,8 +782,9 @@ def update_findings(findings: dict[str, dict[str, Any]], verdicts: dict[str, Ver
     """The findings after this run: a bad verdict opens a finding (state and level rules
     after ``confirm`` in a row: pending until then); a clean one drops a pending finding
     and clears an open one once ``clear_after_s`` has passed since its last bad
-    observation. A finding whose source could not be read this run is kept as it was; one
-    whose subject is gone from a source that was read is dropped."""
+    observation. A finding whose source could not be read this run, or whose rule's window
+    is not yet observed whole (its series restarted), is kept as it was; one whose subject
+    is gone from a source that was read is dropped."""
     kept: dict[str, dict[str, Any]] = {}
     for ident, finding in findings.items():
         if ident not in verdicts and ident.split("/", 1)[0] not in read:
@@ -796,6 +803,8 @@ def update_findings(findings: dict[str, dict[str, Any]], verdicts: dict[str, Ver
                 "status": "open" if was_open or seen >= needed else "pending",
                 "since": old.get("since", int(now)), "last_bad": now, "seen": seen,
                 "message": _message(verdict.message, seen, needed, was_open)}
+        elif old and not verdict.known:
+            kept[ident] = old
         elif was_open and isinstance(last_bad, (int, float)) \
                 and now - last_bad < rule.clear_after_s:
             kept[ident] = dict(old, seen=0)
