@@ -93,6 +93,7 @@ _NAME = re.compile(r"[^a-z0-9]+")
 _GPU_LINE = re.compile(r"^GPU (\d+):")
 _LINK_LINE = re.compile(r"^\s*Link (\d+): (.+?)\s*:\s*(\S+)\s*$")
 _QGPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_DIGITS = re.compile(r"(?<=[A-Za-z_])(\d+)")
 _SPEED = re.compile(r"^\s*([0-9.]+)\s*GT/s")
 
 
@@ -947,11 +948,17 @@ def report_of(findings: dict[str, dict[str, Any]], silences: dict[str, dict[str,
                        "silenced_until": silence["until"] if silence else None,
                        "silence_reason": silence.get("reason") if silence else None})
     order = {"open": 0, "pending": 1, "silenced": 2}
-    listed.sort(key=lambda f: (order[f["status"]], f["id"]))
+    listed.sort(key=lambda f: (order[f["status"]], natural(f["id"])))
     rising = sorted((r for r in rates if r["increase"] > 0),
                     key=lambda r: -r["rate_per_hour"])[:RISING_MOST]
     return {"version": VERSION, "time": now, "findings": listed, "notes": notes,
             "series": series, "rising": rising}
+
+
+def natural(text: str) -> tuple[tuple[int, str], ...]:
+    """A sort key that puts ``gpu0/link2`` before ``gpu0/link10``."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in _DIGITS.split(text) if part)
 
 
 def _label(value: str) -> str:
@@ -964,7 +971,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     findings, the run's time and duration."""
     lines = ["# HELP gpufleet_watch_value A watched counter's value at the last run.",
              "# TYPE gpufleet_watch_value gauge"]
-    for key in sorted(state["series"]):
+    for key in sorted(state["series"], key=natural):
         _, subject, counter = split_key(key)
         value = state["series"][key][-1][1]
         lines.append(f'gpufleet_watch_value{{subject="{_label(subject)}",'
@@ -972,7 +979,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     lines += ["# HELP gpufleet_watch_rate_per_hour A counter's increase within its rule's "
               "window, per hour.",
               "# TYPE gpufleet_watch_rate_per_hour gauge"]
-    for rate in sorted(rates, key=lambda r: (r["subject"], r["counter"])):
+    for rate in sorted(rates, key=lambda r: natural(f"{r['subject']}/{r['counter']}")):
         lines.append(f'gpufleet_watch_rate_per_hour{{subject="{_label(rate["subject"])}",'
                      f'counter="{_label(rate["counter"])}",window="{rate["window"]:g}"}} '
                      f'{rate["rate_per_hour"]:.6g}')
@@ -980,7 +987,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     lines += ["# HELP gpufleet_watch_flaps A port's downs counted within the flap window.",
               "# TYPE gpufleet_watch_flaps gauge"]
     now = report["time"]
-    for subject in sorted(state["ports"]):
+    for subject in sorted(state["ports"], key=natural):
         count = flap_count(state["ports"][subject], now, flaps)
         lines.append(f'gpufleet_watch_flaps{{subject="{_label(subject)}",'
                      f'window="{flaps.window_s:g}"}} {count}')

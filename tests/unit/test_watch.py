@@ -166,6 +166,12 @@ def test_every_rule_names_its_source_and_its_parameters_are_its_kinds() -> None:
     assert rules["pcie_width"].confirm == 2 and rules["remap_failure"].confirm == 1
 
 
+def test_docs_name_every_rule_with_its_kind_and_class() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "watch.md").read_text()
+    for rule in watch.RULES:
+        assert f"| `{rule.name}` | {watch.CLASS_OF[rule.source]} | {rule.kind} |" in text
+
+
 # ---- parsers on real captures ----------------------------------------------------------------
 
 WATCH_FIXTURES = FIXTURES / "watch"
