@@ -170,6 +170,12 @@ RULES = (
           "data_crc_errors"), limit=100, window_s=1,
          anchor="NVIDIA DCGM's health watch: NVLink CRC errors fail at 100 a second "
                 "(DCGM_LIMIT_MAX_NVLINK_CRC_ERROR; fewer only warn)"),
+    Rule("nvlink5_errors", "nvlink", "increase",
+         ("rx_errors", "rx_remote_errors", "local_link_integrity_errors",
+          "link_recovery_failed_events", "effective_errors", "symbol_errors"), window_s=3600,
+         anchor="GoogleCloudPlatform cluster-toolkit's dcgm-healthcheck (GB200, GB300): any "
+                "NVLink 5 error counter of nvidia-smi nvlink -e that is not zero fails, FEC "
+                "errors aside"),
     Rule("ecc_correctable", "ecc", "rate", ("ecc_correctable",), limit=10, window_s=60,
          enabled=False,
          anchor="no anchor publishes a correctable (single-bit) error rate: DCGM's "
@@ -218,7 +224,6 @@ class Deadline:
 
     def __init__(self, budget: float) -> None:
         self.end = time.monotonic() + budget
-        self.budget = budget
 
     def left(self) -> float:
         return max(0.0, self.end - time.monotonic())

@@ -587,6 +587,22 @@ def test_nvlink_replay_errors_open(node: Node, capsys: pytest.CaptureFixture[str
     assert found["message"].startswith("gpu0/link3 replay_errors +12 in 5m0s")
 
 
+def test_nvlink_5_error_counters_open_and_fec_errors_do_not(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ("GPU 0: NVIDIA B200 (UUID: GPU-0)\n\t Link 0: FEC Errors - 0: {fec}\n"
+             "\t Link 3: Effective Errors: 0\n\t Link 3: Effective BER: 1e-9\n"
+             "\t Link 3: Symbol Errors: {symbol}\n")
+    node.smi(lines.format(fec=17941761, symbol=0), "")
+    node.run(T0, capsys=capsys)
+    node.smi(lines.format(fec=27941761, symbol=0), "")
+    assert node.run(T0 + 300, capsys=capsys)[0] == 0
+    node.smi(lines.format(fec=27941761, symbol=2), "")
+    rc, report = node.run(T0 + 600, capsys=capsys)
+    assert rc == 1 and [f["id"] for f in report["findings"]] == [
+        "nvlink/gpu0/link3/symbol_errors"]
+    assert report["series"] == 2
+
+
 def test_nvlink_crc_errors_under_their_rate_are_nothing(
         node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     node.smi(NVLINK, SMI_Q)
