@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -192,11 +193,13 @@ def scenario(name: str, runs: int, python: str, smi: str | None,
                                    "--now", str(T0 + 300 * run)], capture_output=True,
                                   text=True, timeout=120, check=False)
             walls.append(time.perf_counter() - started)
-            match = re.search(r"(\d+) open, .* (\d+) series in ([0-9.]+)s$", proc.stdout.strip())
+            match = re.search(r"(\d+) open, .* (\d+) series in [0-9.]+s$", proc.stdout.strip())
             if proc.returncode not in (0, 1) or not match:
                 raise SystemExit(f"run {run} failed ({proc.returncode}): {proc.stdout}"
                                  f"{proc.stderr}")
-            owns.append(float(match.group(3)))
+            prom = (root / "textfile" / "gpufleet_watch.prom").read_text()
+            owns.append(float(re.findall(r"^gpufleet_watch_run_duration_seconds (\S+)$", prom,
+                                         re.M)[0]))
             opened = int(match.group(1))
             series = int(match.group(2))
         sizes = {f: (root / "state" / f).stat().st_size
@@ -209,8 +212,9 @@ def scenario(name: str, runs: int, python: str, smi: str | None,
 
 
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"gpufleet-watch budget ({meta['python']}, {meta['machine']}); "
-             f"{meta['nvidia_smi']}, {meta['sys']}", "",
+    lines = [f"gpufleet-watch budget ({meta['python']}, {meta['machine']}, {meta['cpus']} CPUs, "
+             f"load average {meta['load_average'][0]} before, {meta['load_average'][1]} "
+             f"after); {meta['nvidia_smi']}, {meta['sys']}", "",
              "| scenario | runs | series | open | wall median | wall worst | own median | "
              "own worst | state | report | textfile |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -232,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sys-root", help="a real sysfs (/sys) instead of the fixture tree")
     parser.add_argument("--results", type=Path, default=RESULTS / "watch-budget.json")
     args = parser.parse_args(argv)
+    load = [os.getloadavg()[0]]
     results = [scenario(name, args.runs, args.python, args.smi, args.sys_root)
                for name in ("quiet", "moving")]
+    load.append(os.getloadavg()[0])
     python = subprocess.run([args.python, "--version"], capture_output=True, text=True,
                             check=False).stdout.strip()
     meta = {"python": python, "machine": subprocess.run(
@@ -241,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             "nvidia_smi": args.smi or f"stand-in nvidia-smi ({GPUS} GPUs x {LINKS} links)",
             "sys": args.sys_root or f"fixture sysfs ({HCAS} HCAs, {GPUS} GPUs, {HCAS} NICs, "
                                      f"{OTHER_PCI} other PCI devices)",
-            "budget_s": BUDGET_S}
+            "budget_s": BUDGET_S, "cpus": os.cpu_count(),
+            "load_average": [round(x, 1) for x in load]}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     text = markdown(results, meta)
