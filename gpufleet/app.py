@@ -180,6 +180,8 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
             for reason, names in facts_report.absent_by_reason(outcome.value["facts"]).items():
                 con.print(f"  [dim]{terminal.markup(name)}: unknown "
                           f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
+            for line in facts_report.watch_lines(outcome.value["facts"]):
+                con.print(f"  {terminal.markup(name)}: {terminal.markup(line)}")
     if json_path:
         write_json(json_path, facts_report.to_json(target, outcomes, duration))
     return _facts_code(outcomes)
