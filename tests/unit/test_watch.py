@@ -182,7 +182,8 @@ ZERO_ECC = {"ecc_correctable": 0, "ecc_uncorrectable": 0, "ecc_sram_correctable"
 @pytest.mark.parametrize("capture", [
     "h200x2/nvidia_smi_q.txt", "h200x2/query_ecc.txt", "h200x1/nvidia_smi_q.txt",
     "nvidia/h200x1_q.txt", "nvidia/a10_q_gpud.txt",
-    "watch/nvidia-smi/h200x1_q_excerpt_perf_ecc_pages_remap.txt"])
+    "watch/nvidia-smi/h200x1_q_excerpt_perf_ecc_pages_remap.txt",
+    "watch/nvidia-smi/h200x1_q_d_ecc_row_remapper_page_retirement.txt"])
 def test_memory_errors_read_from_real_nvidia_smi_q(capture: str) -> None:
     """Driver 580's layout (SRAM split into Parity and SEC-DED, Inactive remapped rows) on
     the H200s and the older one of the A10 (GPUd's capture)."""
@@ -257,6 +258,8 @@ def test_nvlink_errors_read_from_real_captures() -> None:
     assert sorted({gpu for gpu, _ in links}) == [0, 1]
     assert len(links) == 36
     assert links[(1, 17)] == {"replay_errors": 0, "recovery_errors": 0, "crc_errors": 0}
+    assert watch.parse_nvlink_errors(
+        (WATCH_FIXTURES / "nvidia-smi" / "h200x1_nvlink_e_empty.txt").read_text()) == {}
     cut = (WATCH_FIXTURES / "nvidia-smi" / "h100_nvlink_e_cut_ml_engineering.txt").read_text()
     links = watch.parse_nvlink_errors(cut)  # spaces for the tab, an editor's [...] line
     assert sorted(links) == [(0, 0), (0, 1), (0, 17)]
