@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpufleet import exitcodes
+from gpufleet import exitcodes, watch
 from gpufleet import roles as role_registry
 from gpufleet.bootstrap import BootstrapOptions, bootstrap
 from gpufleet.conformance import drain as conformance_drain
@@ -47,7 +47,7 @@ from gpufleet.sources import load_source, load_target
 # gpufleet_host_timeout sets one: long enough for its slowest legitimate step (pip of a
 # CUDA torch build, an apt transaction, a reboot), short enough to end a hung host.
 HOST_TIMEOUTS = {"facts": 300.0, "drift": 900.0, "provision": 7200.0, "conformance": 3600.0,
-                 "bootstrap": 7200.0, "tune": 14400.0}
+                 "bootstrap": 7200.0, "tune": 14400.0, "watch": 120.0}
 
 
 @dataclass
@@ -180,9 +180,38 @@ def facts(inventory: str | None, *, limit: str | None = None, json_path: str | N
             for reason, names in facts_report.absent_by_reason(outcome.value["facts"]).items():
                 con.print(f"  [dim]{terminal.markup(name)}: unknown "
                           f"{terminal.markup(', '.join(names))}: {terminal.markup(reason)}[/dim]")
+            for line in facts_report.watch_lines(outcome.value["facts"]):
+                con.print(f"  {terminal.markup(name)}: {terminal.markup(line)}")
     if json_path:
         write_json(json_path, facts_report.to_json(target, outcomes, duration))
     return _facts_code(outcomes)
+
+
+# ---- watch ---------------------------------------------------------------------------------
+
+@guarded
+def watch_cmd(inventory: str | None, action: str, *, limit: str | None = None,
+              finding: str | None = None, until: str | None = None, reason: str | None = None,
+              fleet: FleetArgs | None = None, out: TextIO | None = None) -> int:
+    """Silence one finding of the standing watch on the selected nodes until a time, or lift
+    the silence (``action``: silence or unsilence): every value checked before any host is
+    contacted; 0 when every node took it, 1 when the program refused on one, 3 when one was
+    unreachable."""
+    silence = watch.plan(action, finding, until, reason, time.time())
+    if not limit:
+        raise watch.WatchUsage(f"watch {action} needs -l/--limit: the node(s) whose finding "
+                               "it is")
+    target = load_target(inventory, limit)
+    validate_roles(target.hosts, role_registry.select("slurm_healthcheck"))
+    where = watch.setups(target.hosts)
+    options = (fleet or FleetArgs()).options(target, "watch")
+    outcomes = watch.run(target.hosts, silence, where, options,
+                         terminal.TerminalProgress(f"watch {action}"))
+    con = _console(out)
+    con.print(f"[bold]WATCH[/bold] {terminal.markup(silence.describe())}")
+    terminal.print_recap(con, outcomes, {n: o.value for n, o in outcomes.items()
+                                         if o.value and o.status != "failed"})
+    return _outcome_code(outcomes)
 
 
 # ---- provision -----------------------------------------------------------------------------

@@ -49,6 +49,7 @@ EPILOG = """Examples:
   gpufleet provision -i prod --check --diff
   gpufleet drift -i prod --json drift.json --prometheus /var/lib/node_exporter/textfile/g.prom
   gpufleet conformance -i prod --suite gpu -l 'gpu0*'
+  gpufleet watch silence -i prod -l gpu07 --finding rdma/mlx5_0/1/symbol_error --until +12h
   gpufleet inventory -i prod --graph
 
 Exit codes: 0 success; 1 a host failed, drift found or a check failed; 2 bad usage or bad
@@ -444,6 +445,25 @@ def lab_exec(c: Context, node: str, command: str) -> None:
     _run(c, 0, lambda: lab_commands.node_exec(node, command))
 
 
+@task(positional=["action"],
+      help=_help("inventory", "limit", "forks", "accept_new_host_keys", "timeout", "verbose",
+                 action="silence or unsilence",
+                 finding="the finding's id, as its report names it (gpufleet facts shows it): "
+                         "rdma/mlx5_0/1/symbol_error",
+                 until="with silence: when the silence ends: Unix seconds, +N with s, m, h, d "
+                       "or w (+12h), or ISO 8601 with its zone (2025-12-10T18:00Z); at most "
+                       "a year ahead",
+                 reason="with silence: why, shown with the silence in every report"))
+def watch(c: Context, action: str, inventory: str | None = None, limit: str | None = None,
+          finding: str | None = None, until: str | None = None, reason: str | None = None,
+          forks: str | None = None, accept_new_host_keys: bool = False,
+          timeout: str | None = None, verbose: int = 0) -> None:
+    """Silence one finding of the standing watch on nodes until a time, or lift the silence."""
+    _run(c, verbose, lambda: int(app.watch_cmd(
+        inventory, action, limit=limit, finding=finding, until=until, reason=reason,
+        fleet=_fleet(c, forks, None, None, accept_new_host_keys, timeout))))
+
+
 @task(help=_help("inventory", "limit", "forks", "timeout", "verbose",
                  group="the group whose nccl_env the winner goes to (default: the smallest "
                        "group holding every selected host, else all)",
@@ -460,7 +480,7 @@ def tune(c: Context, inventory: str | None = None, limit: str | None = None,
 
 def namespace() -> Collection:
     """Every task: facts, provision, drift (+ drift.schedule), conformance, bootstrap, tune,
-    inventory, and the lab's."""
+    watch, inventory, and the lab's."""
     lab = Collection("lab")
     lab.add_task(lab_up, "up")
     lab.add_task(lab_down, "down")
@@ -471,7 +491,7 @@ def namespace() -> Collection:
     drift_tasks = Collection("drift")
     drift_tasks.add_task(drift, "check", default=True)
     drift_tasks.add_task(drift_schedule, "schedule")
-    ns = Collection(facts, provision, conformance, bootstrap, tune)
+    ns = Collection(facts, provision, conformance, bootstrap, tune, watch)
     ns.add_task(inventory_task, "inventory")
     ns.add_collection(drift_tasks)
     ns.add_collection(lab)

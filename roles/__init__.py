@@ -9,6 +9,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from gpufleet.errors import GpufleetError
+from gpufleet.facts import catalog
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.engine import active_roles, fact_request
@@ -89,9 +90,47 @@ def job_memlock_kib(v: RoleVars) -> int | None:
 
 def host_request(host: Host) -> FactRequest:
     """What every command that reads a host's state asks it (``facts``, bootstrap's
-    preflight, the conformance session): its active roles' facts and the consistency
-    values."""
-    return fact_request(active_roles(host, ALL)) | consistency_request(host)
+    preflight, the conformance session): its active roles' facts, the consistency values
+    and, where the watch is in use, its last report."""
+    return fact_request(active_roles(host, ALL)) | consistency_request(host) | \
+        watch_request(host)
+
+
+# The standing watch's variables where the slurm_healthcheck role does not declare them:
+# its declarations, when it has them, come first.
+WATCH_DEFAULTS = {"node_watch": True, "node_watch_path": "/usr/local/sbin/gpufleet-watch",
+                  "node_watch_config": "/etc/gpufleet/watch.json"}
+
+
+@dataclass(frozen=True)
+class WatchSetup:
+    """Where the standing watch is on a host: the program, its configuration, and the
+    directory that keeps its state, silences and last report."""
+
+    program: str
+    config: str
+    state_dir: str
+
+
+def watch_setup(host: Host) -> WatchSetup | None:
+    """The watch the slurm_healthcheck role installs on ``host``, None when it installs none
+    (the role inactive, or ``node_watch`` false); VarError for a path it cannot use."""
+    from gpufleet.roles.slurm_healthcheck import ROLE  # noqa: PLC0415 - the registry's own
+
+    v = RoleVars(host, {**WATCH_DEFAULTS, **ROLE.defaults})
+    if not ROLE.active(v) or (v.get("node_watch") is not None and not v.boolean("node_watch")):
+        return None
+    return WatchSetup(v.path("node_watch_path", "the watch program"),
+                      v.path("node_watch_config", "the watch's configuration"),
+                      v.path("slurm_healthcheck_state_dir"))
+
+
+def watch_request(host: Host) -> FactRequest:
+    """The watch's last report, where the watch is in use (nothing elsewhere)."""
+    setup = watch_setup(host)
+    if setup is None:
+        return FactRequest()
+    return FactRequest(custom=frozenset({catalog.watch_fact(setup.state_dir)}))
 
 
 def consistency_request(host: Host) -> FactRequest:

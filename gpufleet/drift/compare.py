@@ -1,6 +1,6 @@
 """Drift: how far each host is from the inventory, and how far hosts of a group are from
-each other. Drift is the provisioning plan computed in check mode, reported; it never
-writes anything on a node.
+each other, and the standing watch's open findings. Drift is the provisioning plan computed
+in check mode, reported; it never writes anything on a node.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from typing import Any
 from gpufleet import roles as role_registry
 from gpufleet.connect.fleet import Outcome
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.watch import Reading, Report, reading
 from gpufleet.inventory.model import Inventory
 from gpufleet.provision.engine import HostRun
 from gpufleet.provision.plan import Change
 
 SCHEMA = "gpufleet.drift/1"
 CONSISTENCY_ROLE = "consistency"
+WATCH_ROLE = "watch"
+WATCH_DESIRED = "no open finding"
 
 
 @dataclass
@@ -59,7 +62,8 @@ def item_from_change(host: str, change: Change) -> DriftItem:
 @dataclass
 class HostDrift:
     """A host's drift: its items, or why it could not be checked; ``timed_out`` names the
-    facts whose tool did not answer in time (a hung nvidia-smi), with the reason."""
+    facts whose tool did not answer in time (a hung nvidia-smi), with the reason; ``watch``:
+    the standing watch's report (None where the watch is not in use)."""
 
     host: str
     status: str  # clean | drifted | unreachable | error
@@ -68,12 +72,23 @@ class HostDrift:
     duration: float = 0.0
     round_trips: int = 0
     timed_out: dict[str, str] = field(default_factory=dict)
+    watch: Reading | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.error,
                 "duration_s": round(self.duration, 3), "round_trips": self.round_trips,
                 "items": [i.to_dict() for i in self.items],
-                "facts_timed_out": self.timed_out}
+                "facts_timed_out": self.timed_out,
+                "watch": None if self.watch is None else self.watch.to_dict()}
+
+    def watch_notes(self) -> list[str]:
+        """What the report says of the watch besides its open finding's item: the silenced
+        findings, and why the report could not be read."""
+        if self.watch is None:
+            return []
+        if self.watch.report is None:
+            return [f"watch report unknown: {self.watch.unknown}"]
+        return [f"watch: {line}" for line in self.watch.report.silences()]
 
 
 @dataclass
@@ -136,9 +151,23 @@ def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
     items = [item_from_change(outcome.host, c) for c in run.plan.changes]
     timed_out = {name: run.facts.why_absent(name) for name in sorted(run.facts.timeouts)} \
         if run.facts else {}
+    read = reading(run.facts) if run.facts else None
+    if read is not None and read.report is not None and (found := watch_item(
+            outcome.host, read.report)):
+        items.append(found)
     return HostDrift(outcome.host, "drifted" if items else "clean", items,
                      duration=outcome.duration, round_trips=outcome.round_trips,
-                     timed_out=timed_out)
+                     timed_out=timed_out, watch=read)
+
+
+def watch_item(host: str, report: Report) -> DriftItem | None:
+    """The one item of a node whose watch has an open finding: named after the first, with
+    how many are open; a silenced or pending finding makes none."""
+    found = report.open
+    if not found:
+        return None
+    return DriftItem(host, WATCH_ROLE, found[0].id, WATCH_ROLE, WATCH_DESIRED,
+                     f"{len(found)} open: {found[0].message}")
 
 
 def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inconsistency],
@@ -176,7 +205,7 @@ def mark_new(drift: dict[str, HostDrift], previous: dict[str, set[str]],
         before = previous.get(host, set())
         if checked_roles is not None:
             before = {i for i in before
-                      if i.split("/", 1)[0] in checked_roles | {CONSISTENCY_ROLE}}
+                      if i.split("/", 1)[0] in checked_roles | {CONSISTENCY_ROLE, WATCH_ROLE}}
         if entry.status not in ("clean", "drifted"):
             continue
         now = {i.item for i in entry.items}

@@ -115,23 +115,26 @@ def _item_key(item: DriftItem) -> tuple[Any, ...]:
 
 def _print_hosts(out: Console, run: DriftRun) -> None:
     """One status line per set of hosts alike (``node[001-998]  clean``), the worst first,
-    and the facts whose tool hung."""
+    the facts whose tool hung, and the watch's silenced findings and unread reports."""
     names = sorted(run.hosts, key=lambda n: _SEVERITY[run.hosts[n].status])
 
     def line(name: str) -> tuple[Any, ...]:
         host = run.hosts[name]
         new = sum(i.new for i in host.items)
         detail = f"{len(host.items)} item(s), {new} new" if host.items else ""
-        return (host.status, host.error or detail, tuple(host.timed_out.items()))
+        return (host.status, host.error or detail, tuple(host.timed_out.items()),
+                tuple(host.watch_notes()))
 
     groups = fold(names, line)
     width = max((len(plain(h)) for h, _, _ in groups), default=4)
-    for hosts, (status, detail, timed_out), _ in groups:
+    for hosts, (status, detail, timed_out, watch_notes), _ in groups:
         style = STATUS_STYLE[status]
         out.print(f"  {escape(plain(hosts).ljust(width))}  [{style}]{status:<11}[/{style}] "
                   f"{markup(detail)}")
         for fact, reason in timed_out:
             out.print(f"  {' ' * width}  [red]fact {markup(fact)} unknown: {markup(reason)}[/red]")
+        for note in watch_notes:
+            out.print(f"  {' ' * width}  [yellow]{markup(note)}[/yellow]")
 
 
 def print_report(out: Console, run: DriftRun, diff: bool = True) -> None:

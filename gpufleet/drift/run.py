@@ -1,6 +1,7 @@
 """A drift run: every selected host's provisioning plan computed in check mode, the fleet's
-consistency and what changed since the last run, as one typed :class:`DriftRun`
-(``check_fleet``); and the optional remediation of the drifted hosts (``remediate``)."""
+consistency, the standing watch's open findings and what changed since the last run, as one
+typed :class:`DriftRun` (``check_fleet``); and the optional remediation of the drifted hosts
+(``remediate``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from gpufleet.connect.fleet import FleetOptions, ProgressSink
 from gpufleet.drift import compare
 from gpufleet.drift.compare import HostDrift, Inconsistency
 from gpufleet.drift.history import History
+from gpufleet.facts.gather import FactRequest
+from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
 from gpufleet.provision.engine import RunOptions, provision, validate
 from gpufleet.provision.plan import ApplyOptions
@@ -73,16 +76,22 @@ def history_dir(report_dir: Path, target: Target) -> Path:
     return report_dir / slug
 
 
+def extra_facts(host: Host) -> FactRequest:
+    """What drift reads beyond the selected roles' facts: the values a group shares and,
+    where the watch is in use, its last report (both whatever ``--roles`` selects)."""
+    return role_registry.consistency_request(host) | role_registry.watch_request(host)
+
+
 def check_fleet(target: Target, options: DriftOptions,
                 progress: ProgressSink | None = None) -> DriftRun:
-    """Every selected host's drift from the inventory and from its group; writes nothing
-    on any node."""
+    """Every selected host's drift from the inventory and from its group, and its watch's
+    open findings; writes nothing on any node."""
     selected = list(options.roles) if options.roles is not None else list(role_registry.ALL)
     validate(target.hosts, selected)
     started = time.time()
     outcomes = provision(target.inventory, target.hosts, selected,
-                         RunOptions(check=True, fleet=options.fleet,
-                                    extra_facts=role_registry.consistency_request), progress)
+                         RunOptions(check=True, fleet=options.fleet, extra_facts=extra_facts),
+                         progress)
     hosts = {name: compare.host_drift(o) for name, o in outcomes.items()}
     facts = {n: o.value.facts for n, o in outcomes.items() if o.value and o.value.facts}
     inconsistencies = compare.check_consistency(target.inventory, facts)
@@ -94,7 +103,7 @@ def check_fleet(target: Target, options: DriftOptions,
     new, resolved = compare.mark_new(hosts, previous, checked)
     return DriftRun(str(target.inventory.path), target.inventory.digest(), hosts,
                     inconsistencies, new, resolved, started, time.time() - started,
-                    sorted(checked | {compare.CONSISTENCY_ROLE}))
+                    sorted(checked | {compare.CONSISTENCY_ROLE, compare.WATCH_ROLE}))
 
 
 def run_drift(target: Target, options: DriftOptions, progress: ProgressSink | None = None,
@@ -136,7 +145,7 @@ def exit_code(run: DriftRun) -> int:
         return exitcodes.UNREACHABLE
     if run.remediation:
         failed = any(r["status"] not in ("ok", "changed") for r in run.remediation.values())
-        unfixable = any(i.role == compare.CONSISTENCY_ROLE or i.manual
+        unfixable = any(i.role in (compare.CONSISTENCY_ROLE, compare.WATCH_ROLE) or i.manual
                         for h in run.hosts.values() for i in h.items)
         return exitcodes.FAILED if failed or unfixable else exitcodes.OK
     return exitcodes.FAILED if run.items else exitcodes.OK

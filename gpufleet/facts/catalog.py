@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.facts import formats
-from gpufleet.facts.parsers import cuda, network, nvidia_smi, packages, system
+from gpufleet.facts.parsers import cuda, network, nvidia_smi, packages, system, watch
 
 
 @dataclass(frozen=True)
@@ -264,6 +264,30 @@ def sysctl_fact(key: str) -> Fact:
     stands for a '.' inside a name, e.g. the VLAN interface eth0.100)."""
     path = "/proc/sys/" + key.translate(str.maketrans("./", "/."))
     return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", network.sysctl_value)
+
+
+WATCH = "watch"
+WATCH_REPORT = "watch-report.json"
+
+
+@functools.cache
+def watch_fact(state_dir: str) -> Fact:
+    """The standing watch's last report, ``STATE_DIR/watch-report.json``, read whole up to
+    ``watch.REPORT_LIMIT`` bytes and parsed on the controller. A missing report (the watch
+    has not run yet), one that is not a regular file (a FIFO would block the read) or a
+    larger one is not read, saying why. One Fact per directory (requests that name it twice
+    gather it once)."""
+    path = shlex.quote(f"{state_dir.rstrip('/')}/{WATCH_REPORT}")
+    limit = watch.REPORT_LIMIT
+    return Fact(WATCH, "\n".join([
+        f"f={path}",
+        '[ -e "$f" ] || { echo "no watch report at $f (the watch has not run yet)"; exit 127; }',
+        '[ -f "$f" ] || { echo "$f is not a regular file: not read"; exit 1; }',
+        'n=$(wc -c < "$f") || exit 1',
+        f'[ "$n" -le {limit} ] || '
+        f'{{ echo "$f is $n bytes, more than {limit}: not read"; exit 1; }}',
+        f'head -c {limit} "$f"',
+    ]), watch.watch_report)
 
 
 def json_safe(value: Any) -> Any:

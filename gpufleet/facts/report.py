@@ -1,6 +1,7 @@
 """The ``facts`` command's core and report: every host's facts gathered with their short
 summary (``gather``), the summary for the terminal table, the facts a host could not read
-grouped by reason, and the JSON document (schema gpufleet.facts/1)."""
+grouped by reason, the standing watch's findings, and the JSON document (schema
+gpufleet.facts/1)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from gpufleet.connect.fleet import (
 from gpufleet.facts.catalog import json_safe
 from gpufleet.facts.gather import FactRequest, Facts, gather_facts
 from gpufleet.facts.summary import summarize_facts
+from gpufleet.facts.watch import reading
 from gpufleet.inventory.model import Host
 from gpufleet.inventory.target import Target
-from gpufleet.report.jsonfile import envelope
+from gpufleet.report.jsonfile import envelope, utc
 
 SCHEMA = "gpufleet.facts/1"
 
@@ -65,6 +67,32 @@ def absent_by_reason(gathered: Facts) -> dict[str, list[str]]:
     for fact, reason in gathered.absent.items():
         by_reason.setdefault(reason, []).append(fact)
     return by_reason
+
+
+def ago(seconds: float) -> str:
+    """``42s``, ``5m``, ``3h``, ``2d``: how long ago, to its largest unit."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def watch_lines(gathered: Facts) -> list[str]:
+    """The watch's report as the facts command shows it, where it has anything to show: its
+    counts and time, then each finding (``OPEN``, ``PENDING``, ``SILENCED``) with its
+    message, which names the counter's increase, window, rate and limit, and the watch's
+    notes. A report that could not be read is among the unknown facts."""
+    found = reading(gathered)
+    if found is None or found.report is None or not (found.report.findings
+                                                      or found.report.notes):
+        return []
+    report = found.report
+    when = utc(report.time) + ("" if report.age_s is None else f", {ago(report.age_s)} ago")
+    lines = [f"watch: {report.counts()} (report {when})"]
+    for finding in report.findings:
+        silence = f" [silenced {finding.silence}]" if finding.status == "silenced" else ""
+        lines.append(f"  {finding.status.upper()} {finding.id}: {finding.message}{silence}")
+    return lines + [f"  note: {note}" for note in report.notes]
 
 
 def host_json(outcome: Outcome[dict[str, Any]]) -> dict[str, Any]:

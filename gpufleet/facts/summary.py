@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from gpufleet.facts.gather import Facts
+from gpufleet.facts.watch import reading
 
 SYSTEM_NCCL = "libnccl2"
 
@@ -45,6 +46,18 @@ def _firewall(facts: Facts) -> str | None:
     return f"nft tables: {', '.join(tables)}" if tables else "no rules"
 
 
+def _watch(facts: Facts) -> str | None:
+    """``1 open, 1 pending, 1 silenced``, ``clean``, ``unknown``; None without the watch."""
+    found = reading(facts)
+    if found is None:
+        return None
+    if found.report is None:
+        return "unknown"
+    counts = [f"{len(found.report.having(s))} {s}" for s in ("open", "pending", "silenced")
+              if found.report.having(s)]
+    return ", ".join(counts) or "clean"
+
+
 def summarize_facts(facts: Facts) -> dict[str, Any]:
     """The key facts of a host as short strings and numbers."""
     os_release = facts.get("os_release") or {}
@@ -63,4 +76,5 @@ def summarize_facts(facts: Facts) -> dict[str, Any]:
         "torch": _torch(facts),
         "firewall": _firewall(facts),
         "port_range": "-".join(str(p) for p in facts.get("port_range") or ()) or None,
+        "watch": _watch(facts),
     }

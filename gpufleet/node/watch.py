@@ -41,6 +41,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +93,7 @@ _NAME = re.compile(r"[^a-z0-9]+")
 _GPU_LINE = re.compile(r"^GPU (\d+):")
 _LINK_LINE = re.compile(r"^\s*Link (\d+): (.+?)\s*:\s*(\S+)\s*$")
 _QGPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_DIGITS = re.compile(r"(?<=[A-Za-z_])(\d+)")
 _SPEED = re.compile(r"^\s*([0-9.]+)\s*GT/s")
 
 
@@ -168,6 +170,12 @@ RULES = (
           "data_crc_errors"), limit=100, window_s=1,
          anchor="NVIDIA DCGM's health watch: NVLink CRC errors fail at 100 a second "
                 "(DCGM_LIMIT_MAX_NVLINK_CRC_ERROR; fewer only warn)"),
+    Rule("nvlink5_errors", "nvlink", "increase",
+         ("rx_errors", "rx_remote_errors", "local_link_integrity_errors",
+          "link_recovery_failed_events", "effective_errors", "symbol_errors"), window_s=3600,
+         anchor="GoogleCloudPlatform cluster-toolkit's dcgm-healthcheck (GB200, GB300): any "
+                "NVLink 5 error counter of nvidia-smi nvlink -e that is not zero fails, FEC "
+                "errors aside"),
     Rule("ecc_correctable", "ecc", "rate", ("ecc_correctable",), limit=10, window_s=60,
          enabled=False,
          anchor="no anchor publishes a correctable (single-bit) error rate: DCGM's "
@@ -216,7 +224,6 @@ class Deadline:
 
     def __init__(self, budget: float) -> None:
         self.end = time.monotonic() + budget
-        self.budget = budget
 
     def left(self) -> float:
         return max(0.0, self.end - time.monotonic())
@@ -547,6 +554,8 @@ def read_pcie(root: str, rules: dict[str, Rule], reading: Reading) -> None:
 def read_nvidia(tool: str, deadline: Deadline, rules: dict[str, Rule],
                 reading: Reading) -> None:
     """NVLink error counters and GPU memory errors from two nvidia-smi runs side by side."""
+    if shutil.which(tool, path=os.environ.get("PATH") or DEFAULT_PATH) is None:
+        return  # no nvidia-smi: no GPU sources
     nvlink = [tool, "nvlink", "-e"]
     memory = [tool, "-q", "-d", "ECC,ROW_REMAPPER,PAGE_RETIREMENT"]
     outputs = run_commands([nvlink, memory], deadline)
@@ -728,11 +737,14 @@ def flap_count(record: dict[str, Any], now: float, rule: Rule) -> int:
 
 @dataclass
 class Verdict:
-    """A rule's verdict on one finding id this run (a clean verdict needs no message)."""
+    """A rule's verdict on one finding id this run (a clean verdict needs no message;
+    a clean one over less than the rule's window, after a reboot or a reset, is not known
+    to be clean)."""
 
     rule: Rule
     bad: bool
     message: str
+    known: bool = True
 
 
 def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
@@ -755,7 +767,7 @@ def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
         if rule.enabled:
             bad = seen.increase > 0 if rule.kind == "increase" else seen.per_window > rule.limit
             verdicts[key] = Verdict(rule, bad, rate_message(rule, subject, counter, seen)
-                                    if bad else "")
+                                    if bad else "", series[key][0][0] <= now - rule.window_s)
     flaps = rules["flaps"]
     for subject in reading.ports:
         record = state["ports"].get(subject, {})
@@ -776,8 +788,9 @@ def update_findings(findings: dict[str, dict[str, Any]], verdicts: dict[str, Ver
     """The findings after this run: a bad verdict opens a finding (state and level rules
     after ``confirm`` in a row: pending until then); a clean one drops a pending finding
     and clears an open one once ``clear_after_s`` has passed since its last bad
-    observation. A finding whose source could not be read this run is kept as it was; one
-    whose subject is gone from a source that was read is dropped."""
+    observation. A finding whose source could not be read this run, or whose rule's window
+    is not yet observed whole (its series restarted), is kept as it was; one whose subject
+    is gone from a source that was read is dropped."""
     kept: dict[str, dict[str, Any]] = {}
     for ident, finding in findings.items():
         if ident not in verdicts and ident.split("/", 1)[0] not in read:
@@ -796,6 +809,8 @@ def update_findings(findings: dict[str, dict[str, Any]], verdicts: dict[str, Ver
                 "status": "open" if was_open or seen >= needed else "pending",
                 "since": old.get("since", int(now)), "last_bad": now, "seen": seen,
                 "message": _message(verdict.message, seen, needed, was_open)}
+        elif old and not verdict.known:
+            kept[ident] = old
         elif was_open and isinstance(last_bad, (int, float)) \
                 and now - last_bad < rule.clear_after_s:
             kept[ident] = dict(old, seen=0)
@@ -938,11 +953,17 @@ def report_of(findings: dict[str, dict[str, Any]], silences: dict[str, dict[str,
                        "silenced_until": silence["until"] if silence else None,
                        "silence_reason": silence.get("reason") if silence else None})
     order = {"open": 0, "pending": 1, "silenced": 2}
-    listed.sort(key=lambda f: (order[f["status"]], f["id"]))
+    listed.sort(key=lambda f: (order[f["status"]], natural(f["id"])))
     rising = sorted((r for r in rates if r["increase"] > 0),
                     key=lambda r: -r["rate_per_hour"])[:RISING_MOST]
     return {"version": VERSION, "time": now, "findings": listed, "notes": notes,
             "series": series, "rising": rising}
+
+
+def natural(text: str) -> tuple[tuple[int, str], ...]:
+    """A sort key that puts ``gpu0/link2`` before ``gpu0/link10``."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in _DIGITS.split(text) if part)
 
 
 def _label(value: str) -> str:
@@ -955,7 +976,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     findings, the run's time and duration."""
     lines = ["# HELP gpufleet_watch_value A watched counter's value at the last run.",
              "# TYPE gpufleet_watch_value gauge"]
-    for key in sorted(state["series"]):
+    for key in sorted(state["series"], key=natural):
         _, subject, counter = split_key(key)
         value = state["series"][key][-1][1]
         lines.append(f'gpufleet_watch_value{{subject="{_label(subject)}",'
@@ -963,7 +984,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     lines += ["# HELP gpufleet_watch_rate_per_hour A counter's increase within its rule's "
               "window, per hour.",
               "# TYPE gpufleet_watch_rate_per_hour gauge"]
-    for rate in sorted(rates, key=lambda r: (r["subject"], r["counter"])):
+    for rate in sorted(rates, key=lambda r: natural(f"{r['subject']}/{r['counter']}")):
         lines.append(f'gpufleet_watch_rate_per_hour{{subject="{_label(rate["subject"])}",'
                      f'counter="{_label(rate["counter"])}",window="{rate["window"]:g}"}} '
                      f'{rate["rate_per_hour"]:.6g}')
@@ -971,7 +992,7 @@ def textfile(report: dict[str, Any], state: dict[str, Any], rates: list[dict[str
     lines += ["# HELP gpufleet_watch_flaps A port's downs counted within the flap window.",
               "# TYPE gpufleet_watch_flaps gauge"]
     now = report["time"]
-    for subject in sorted(state["ports"]):
+    for subject in sorted(state["ports"], key=natural):
         count = flap_count(state["ports"][subject], now, flaps)
         lines.append(f'gpufleet_watch_flaps{{subject="{_label(subject)}",'
                      f'window="{flaps.window_s:g}"}} {count}')

@@ -13,11 +13,15 @@ from gpufleet.errors import GpufleetError
 from gpufleet.report.outputs import local_put
 
 
+def utc(seconds: float | None = None) -> str:
+    """A Unix time (now when None) as the documents write times: ``2025-12-06T05:46:40Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def opening(schema: str) -> dict[str, Any]:
     """What every gpufleet JSON document starts with: its schema id, the version that wrote
     it and when (UTC)."""
-    return {"schema": schema, "gpufleet_version": __version__,
-            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {"schema": schema, "gpufleet_version": __version__, "generated_at": utc()}
 
 
 def envelope(schema: str, *, inventory: str, inventory_digest: str, duration_s: float,

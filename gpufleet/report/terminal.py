@@ -193,16 +193,16 @@ def facts_table(outcomes: dict[str, Outcome[Any]]) -> Table:
     """The key facts of each host in one table; hosts with the same facts are one row."""
     table = Table(show_lines=False, pad_edge=False)
     for col in ("host", "status", "os", "kernel", "cpus", "mem GiB", "gpus", "driver",
-                "cuda", "nccl (pkg)", "torch", "firewall"):
+                "cuda", "nccl (pkg)", "torch", "firewall", "watch"):
         table.add_column(col, overflow="fold")
     keys = ("os", "kernel", "cpus", "mem_gib", "gpus", "driver", "cuda", "nccl", "torch",
-            "firewall")
+            "firewall", "watch")
 
     def row(name: str) -> tuple[str, ...]:
         outcome = outcomes[name]
         summary = outcome.value if isinstance(outcome.value, dict) else {}
         if outcome.status in ("failed", "unreachable") or not summary:
-            return (outcome.status, outcome.error or "", *[""] * 9)
+            return (outcome.status, outcome.error or "", *[""] * (len(keys) - 1))
         return (outcome.status, *(str(summary.get(k) or "-") for k in keys))
 
     bad = sorted(outcomes, key=lambda h: outcomes[h].status not in ("failed", "unreachable"))

@@ -50,7 +50,7 @@ def test_help_lists_the_commands_from_any_directory(outside: Path) -> None:
     done = gpufleet("--help", cwd=outside)
     assert done.returncode == 0, done.stderr
     for command in ("provision", "drift", "conformance", "bootstrap", "inventory", "facts",
-                    "drift.schedule", "lab.up"):
+                    "drift.schedule", "watch", "lab.up"):
         assert command in done.stdout
     assert "Exit codes: 0 success" in done.stdout
     assert "--pty" not in done.stdout  # invoke's shell-command options mean nothing here

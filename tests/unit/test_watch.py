@@ -166,6 +166,12 @@ def test_every_rule_names_its_source_and_its_parameters_are_its_kinds() -> None:
     assert rules["pcie_width"].confirm == 2 and rules["remap_failure"].confirm == 1
 
 
+def test_docs_name_every_rule_with_its_kind_and_class() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "watch.md").read_text()
+    for rule in watch.RULES:
+        assert f"| `{rule.name}` | {watch.CLASS_OF[rule.source]} | {rule.kind} |" in text
+
+
 # ---- parsers on real captures ----------------------------------------------------------------
 
 WATCH_FIXTURES = FIXTURES / "watch"
@@ -176,7 +182,8 @@ ZERO_ECC = {"ecc_correctable": 0, "ecc_uncorrectable": 0, "ecc_sram_correctable"
 @pytest.mark.parametrize("capture", [
     "h200x2/nvidia_smi_q.txt", "h200x2/query_ecc.txt", "h200x1/nvidia_smi_q.txt",
     "nvidia/h200x1_q.txt", "nvidia/a10_q_gpud.txt",
-    "watch/nvidia-smi/h200x1_q_excerpt_perf_ecc_pages_remap.txt"])
+    "watch/nvidia-smi/h200x1_q_excerpt_perf_ecc_pages_remap.txt",
+    "watch/nvidia-smi/h200x1_q_d_ecc_row_remapper_page_retirement.txt"])
 def test_memory_errors_read_from_real_nvidia_smi_q(capture: str) -> None:
     """Driver 580's layout (SRAM split into Parity and SEC-DED, Inactive remapped rows) on
     the H200s and the older one of the A10 (GPUd's capture)."""
@@ -251,6 +258,8 @@ def test_nvlink_errors_read_from_real_captures() -> None:
     assert sorted({gpu for gpu, _ in links}) == [0, 1]
     assert len(links) == 36
     assert links[(1, 17)] == {"replay_errors": 0, "recovery_errors": 0, "crc_errors": 0}
+    assert watch.parse_nvlink_errors(
+        (WATCH_FIXTURES / "nvidia-smi" / "h200x1_nvlink_e_empty.txt").read_text()) == {}
     cut = (WATCH_FIXTURES / "nvidia-smi" / "h100_nvlink_e_cut_ml_engineering.txt").read_text()
     links = watch.parse_nvlink_errors(cut)  # spaces for the tab, an editor's [...] line
     assert sorted(links) == [(0, 0), (0, 1), (0, 17)]
@@ -581,6 +590,22 @@ def test_nvlink_replay_errors_open(node: Node, capsys: pytest.CaptureFixture[str
     assert found["message"].startswith("gpu0/link3 replay_errors +12 in 5m0s")
 
 
+def test_nvlink_5_error_counters_open_and_fec_errors_do_not(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ("GPU 0: NVIDIA B200 (UUID: GPU-0)\n\t Link 0: FEC Errors - 0: {fec}\n"
+             "\t Link 3: Effective Errors: 0\n\t Link 3: Effective BER: 1e-9\n"
+             "\t Link 3: Symbol Errors: {symbol}\n")
+    node.smi(lines.format(fec=17941761, symbol=0), "")
+    node.run(T0, capsys=capsys)
+    node.smi(lines.format(fec=27941761, symbol=0), "")
+    assert node.run(T0 + 300, capsys=capsys)[0] == 0
+    node.smi(lines.format(fec=27941761, symbol=2), "")
+    rc, report = node.run(T0 + 600, capsys=capsys)
+    assert rc == 1 and [f["id"] for f in report["findings"]] == [
+        "nvlink/gpu0/link3/symbol_errors"]
+    assert report["series"] == 2
+
+
 def test_nvlink_crc_errors_under_their_rate_are_nothing(
         node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     node.smi(NVLINK, SMI_Q)
@@ -675,13 +700,15 @@ def test_a_wrongly_shaped_state_is_read_part_by_part(node: Node,
 
 def test_the_state_stays_within_its_limit(node: Node,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    for i in range(30):
-        for device in range(16):
+    for device in range(8):
+        node.port(f"mlx5_{device}")
+    for i in range(12):
+        for device in range(8):
             node.port(f"mlx5_{device}", symbol_error=i, port_rcv_errors=i)
-        _, report = node.run(T0 + 300 * i, capsys=capsys, state_limit_bytes=8192)
+        _, report = node.run(T0 + 300 * i, capsys=capsys, state_limit_bytes=4096)
     size = (node.state_dir / "watch.json").stat().st_size
-    assert size <= 8192
-    assert any(n.startswith("state over 8192 bytes: kept") for n in report["notes"])
+    assert size <= 4096
+    assert any(n.startswith("state over 4096 bytes: kept") for n in report["notes"])
 
 
 def test_json_report_is_kept_and_text_lines_name_each_finding(
@@ -743,6 +770,23 @@ def test_unsilence_and_bad_silences(node: Node, capsys: pytest.CaptureFixture[st
 
 
 # ---- clearing --------------------------------------------------------------------------------
+
+def test_a_reboot_does_not_clear_a_finding_before_a_clean_window(
+        node: Node, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    node.pci(GPU)
+    node.run(T0, capsys=capsys)
+    node.pci(GPU, aer=(0, 0, 1))
+    assert node.run(T0 + 300, capsys=capsys)[0] == 1
+    boot = node.root / "boot_id_2"
+    boot.write_text("boot-2\n")
+    monkeypatch.setattr(watch, "BOOT_ID_FILE", str(boot))
+    node.pci(GPU, aer=(0, 0, 0))  # the reboot cleared the device's AER counters
+    rc, report = node.run(T0 + 900, capsys=capsys)
+    assert rc == 1 and report["findings"][0]["id"] == f"pcie/{GPU}/aer_fatal"
+    assert node.run(T0 + 900 + 43200, capsys=capsys)[0] == 1
+    rc, report = node.run(T0 + 900 + 86400, capsys=capsys)
+    assert rc == 0 and report["findings"] == []
+
 
 def test_a_rate_finding_clears_after_a_clean_window(node: Node,
                                                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 """What the drift page shows: each host's status, the drift items as several hosts have
-them, the hosts not checked, group consistency, what changed since the last run, and the
-items over the runs the report directory keeps."""
+them, the hosts not checked, group consistency, the standing watch's silenced findings and
+unread reports, what changed since the last run, and the items over the runs the report
+directory keeps."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpufleet.report.html.page import (
     mapping,
     natural,
 )
+from gpufleet.report.jsonfile import utc
 from gpufleet.report.svg import PALETTE, Chart, Line
 
 MAX_HISTORY_ITEMS = 15
@@ -112,12 +114,29 @@ def drift_page(doc: Mapping[str, Any], history: Sequence[Mapping[str, Any]] = ()
                    for c in dicts(doc.get("consistency"))]
     return dict(header=header(doc), cards=cards, cells=cells, sets=sets, problems=problems,
                    items=sorted(items.values(), key=lambda g: (-len(g.hosts), g.item)),
-                   consistency=consistency, since=_since(doc),
+                   consistency=consistency, watch=_watch(hosts), since=_since(doc),
                    remediation=[Row(str(h), str(mapping(r).get("status")),
                                     clip(mapping(r).get("error") or ""))
                                 for h, r in mapping(doc.get("remediation")).items()],
                    plots=drift_history_plots(doc, history),
                    heat=drift_heat(doc, history))
+
+
+def _watch(hosts: Mapping[str, Mapping[str, Any]]) -> list[Row]:
+    """Each host's silenced watch findings (its open ones are drift items) and the watch
+    reports that could not be read."""
+    rows = []
+    for host in sorted(hosts, key=natural):
+        watch = mapping(hosts[host].get("watch"))
+        if watch.get("unknown"):
+            rows.append(Row(host, "watch report unknown", clip(watch["unknown"]), "warn"))
+        for finding in dicts(watch.get("silenced")):
+            until = finding.get("silenced_until")
+            when = f"until {utc(until)}" if isinstance(until, (int, float)) else "without an end"
+            reason = f" ({finding['silence_reason']})" if finding.get("silence_reason") else ""
+            rows.append(Row(host, f"silenced {finding.get('id')}",
+                            clip(f"{when}{reason}: {finding.get('message')}"), "skip"))
+    return rows
 
 
 def _since(doc: Mapping[str, Any]) -> list[Row]:
