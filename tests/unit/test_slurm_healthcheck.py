@@ -885,7 +885,7 @@ def test_the_timer_runs_the_watch_every_five_minutes(tmp_path: Path) -> None:
     units = role.watch_units(v)
     assert "ExecStart=/usr/local/sbin/gpufleet-watch --config /etc/gpufleet/watch-site.json\n" \
         in units["service"]
-    assert "Type=oneshot\n" in units["service"]
+    assert "Type=oneshot\n" in units["service"] and "SuccessExitStatus=1\n" in units["service"]
     assert "OnUnitActiveSec=5min\n" in units["timer"] and "WantedBy=timers.target\n" in \
         units["timer"]
     without_systemd = role.plan(_timer_facts(v, systemd=False), v, ctx)
