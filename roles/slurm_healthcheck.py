@@ -9,9 +9,14 @@ the nccl_env role sets, where bootstrap records the node's versions, and the pro
 epilog's budgets, limits and state directory. With ``slurm_prolog`` / ``slurm_epilog`` it
 also installs ``/usr/local/sbin/gpufleet-prolog`` / ``gpufleet-epilog``, two-line wrappers
 that run the program in that context (Slurm's Prolog= and Epilog= take no arguments).
-slurm.conf then names them as ``HealthCheckProgram``, ``Prolog`` and ``Epilog`` (see
-docs/slurm.md); the slurm_node role declares the same four prolog/epilog variables, with
-the same defaults, to check those lines.
+With ``node_watch`` (the default) it also installs the standing watch
+(``gpufleet/node/watch.py``) as ``/usr/local/sbin/gpufleet-watch`` and its configuration
+``/etc/gpufleet/watch.json``, which the health check's ``watch`` check runs at every health
+check; with ``node_watch_timer`` a systemd timer also runs it every 5 minutes, for nodes
+where Slurm does not run the health check. slurm.conf then names them as
+``HealthCheckProgram``, ``Prolog`` and ``Epilog`` (see docs/slurm.md); the slurm_node role
+declares the same four prolog/epilog variables, with the same defaults, to check those
+lines.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import re
 import shlex
 from collections.abc import Mapping
 from importlib import resources
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gpufleet.errors import VarError
+from gpufleet.facts.catalog import SYSTEMD
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.provision.managed import HEADER, file_change, render
-from gpufleet.provision.plan import Change
+from gpufleet.node import watch as watch_node
+from gpufleet.provision.managed import HEADER, file_change, link_change, render
+from gpufleet.provision.plan import Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 from gpufleet.roles import nccl_env, pytorch, slurm_node
 
@@ -34,6 +41,13 @@ from gpufleet.roles import nccl_env, pytorch, slurm_node
 STATE_FILE = "/etc/gpufleet/node.json"
 PROGRAM = resources.files("gpufleet.node").joinpath("healthcheck.py")
 GANG_CHECK = resources.files("gpufleet.node").joinpath("gang_check.py")
+WATCH = resources.files("gpufleet.node").joinpath("watch.py")
+WATCH_UNITS = {"service": "/etc/systemd/system/gpufleet-watch.service",
+               "timer": "/etc/systemd/system/gpufleet-watch.timer"}
+WATCH_TIMER_LINK = "/etc/systemd/system/timers.target.wants/gpufleet-watch.timer"
+WATCH_INTERVAL = "5min"
+SLURM_RESERVE_S = 3  # gpufleet-healthcheck keeps this much of its budget for scontrol
+OTHER_CHECKS_S = 2  # and gives its other checks at least this much before the watch's turn
 WRAPPERS = {"prolog": ("slurm_prolog", "slurm_prolog_path"),
             "epilog": ("slurm_epilog", "slurm_epilog_path")}
 _PORT = re.compile(r"^[A-Za-z0-9_.-]+/\d+\Z")
@@ -74,6 +88,21 @@ class SlurmHealthcheckRole(RoleBase):
                                                   "job's first step"),
         "slurm_gang_check_path": Var("/usr/local/sbin/gpufleet-gang-check", "string",
                                      "where it goes"),
+        "node_watch": Var(True, "boolean", "install gpufleet-watch, which the health check "
+                                           "runs"),
+        "node_watch_path": Var("/usr/local/sbin/gpufleet-watch", "string",
+                               "where the watch program goes"),
+        "node_watch_config": Var("/etc/gpufleet/watch.json", "string",
+                                 "the watch's configuration"),
+        "node_watch_textfile_dir": Var(None, "string", "node_exporter's textfile directory, "
+                                                       "for gpufleet_watch.prom; unset: none"),
+        "node_watch_rules": Var({}, "mapping", "overrides of the watch's rules "
+                                               "(docs/watch.md): rule -> setting -> value"),
+        "node_watch_sys_root": Var("/sys", "string", "where the watch reads sysfs (the lab "
+                                                     "points it at a tree of counters)"),
+        "node_watch_timer": Var(False, "boolean", "a systemd timer runs the watch every 5 "
+                                                  "minutes (nodes without Slurm's health "
+                                                  "check)"),
         "pytorch_venv": pytorch.ROLE.variables["pytorch_venv"],
         "gpu_count": Var(None, "integer", "GPUs the node must have"),
         "nccl_env": Var(None, "mapping", "the nccl_env role's settings: their local port "
@@ -96,23 +125,87 @@ class SlurmHealthcheckRole(RoleBase):
             self.wrapper(v, context)
         v.path("slurm_gang_check_path")
         self.gang_check(v)
+        if v.boolean("node_watch"):
+            self.watch_program(v)
+            self.watch_config(v)
+            if v.boolean("node_watch_timer"):
+                self.watch_units(v)
         if v.get("nccl_env") is not None:
             nccl_env.ROLE.settings(RoleVars(v.host, nccl_env.ROLE.defaults))
 
     def managed_files(self, v: RoleVars) -> dict[str, str]:
+        watch = v.boolean("node_watch")
         keys = ["slurm_healthcheck_path", "slurm_healthcheck_config",
                 *(path for flag, path in WRAPPERS.values() if v.boolean(flag)),
-                *(["slurm_gang_check_path"] if v.boolean("slurm_gang_check") else [])]
-        return {k: v.string(k) for k in keys}
+                *(["slurm_gang_check_path"] if v.boolean("slurm_gang_check") else []),
+                *(["node_watch_path", "node_watch_config"] if watch else [])]
+        files = {k: v.string(k) for k in keys}
+        if watch and v.boolean("node_watch_timer"):
+            files.update({f"watch {kind} unit": path for kind, path in WATCH_UNITS.items()})
+        return files
 
     def request(self, v: RoleVars) -> FactRequest:
-        return FactRequest(files=frozenset(self.managed_files(v).values()))
+        timer = v.boolean("node_watch") and v.boolean("node_watch_timer")
+        return FactRequest(files=frozenset(self.managed_files(v).values()),
+                           links=frozenset({WATCH_TIMER_LINK} if timer else set()),
+                           custom=frozenset({SYSTEMD} if timer else set()))
 
     def program(self, v: RoleVars) -> str:
         """The program as installed: its interpreter line and a managed-file note."""
         python = v.path("slurm_healthcheck_python", "the program's interpreter line")
         source = PROGRAM.read_text().split("\n", 1)[1]
         return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
+
+    def watch_program(self, v: RoleVars) -> str:
+        """gpufleet-watch as installed: the same interpreter line as the health check's."""
+        python = v.path("slurm_healthcheck_python", "the program's interpreter line")
+        v.path("node_watch_path", "the watch program")
+        source = WATCH.read_text().split("\n", 1)[1]
+        return f"#!{python}\n# {HEADER.format(role=self.name)}\n{source}"
+
+    def watch_config(self, v: RoleVars) -> str:
+        """watch.json: where the watch keeps its state and reads its sources, its budget and
+        the site's rule overrides, validated here rather than on the node."""
+        v.path("node_watch_config", "the watch's configuration")
+        textfile = None
+        if v.get("node_watch_textfile_dir") not in (None, ""):
+            textfile = v.path("node_watch_textfile_dir", "node_exporter's textfile directory")
+        return render("gpufleet-watch.json.j2", header=HEADER.format(role=self.name),
+                      state_dir=v.path("slurm_healthcheck_state_dir"), textfile_dir=textfile,
+                      sys_root=v.path("node_watch_sys_root", "the watch's sysfs"),
+                      budget_s=self.watch_budget(v), rules=self.watch_rules(v))
+
+    def watch_budget(self, v: RoleVars) -> int:
+        """The watch's own budget: what the health check leaves it, its budget less the
+        scontrol reserve and the other checks' time (at least 1 s)."""
+        budget = self._seconds(v, "slurm_healthcheck_budget_s", 4)
+        return max(1, budget - SLURM_RESERVE_S - OTHER_CHECKS_S)
+
+    @staticmethod
+    def watch_rules(v: RoleVars) -> dict[str, Any]:
+        """node_watch_rules, checked by the watch's own rules: rule -> setting -> value
+        (docs/watch.md)."""
+        rules = v.mapping("node_watch_rules")
+        if not all(isinstance(rule, str) and (not isinstance(settings, dict) or all(
+                isinstance(key, str) for key in settings)) for rule, settings in rules.items()):
+            raise v.fail("node_watch_rules", "a mapping of rule names to settings", rules)
+        try:
+            watch_node.load_rules("node_watch_rules", rules)
+        except watch_node.ConfigError as exc:
+            where = v.host.origin("node_watch_rules")
+            raise VarError(f"host {v.host.name}: variable {exc}"
+                           + (f" ({where})" if where else "")) from None
+        return rules
+
+    def watch_units(self, v: RoleVars) -> dict[str, str]:
+        """gpufleet-watch.service (one observation) and gpufleet-watch.timer (every
+        WATCH_INTERVAL), for nodes where Slurm's health check does not run the watch."""
+        exec_start = " ".join(shlex.quote(x) for x in (
+            v.path("node_watch_path"), "--config", v.path("node_watch_config")))
+        header = HEADER.format(role=self.name)
+        return {kind: render(f"gpufleet-watch.{kind}.j2", header=header, exec_start=exec_start,
+                             interval=WATCH_INTERVAL)
+                for kind in WATCH_UNITS}
 
     def gang_check(self, v: RoleVars) -> str:
         """gpufleet-gang-check as installed: run by the pytorch role's venv, which has torch."""
@@ -146,12 +239,17 @@ class SlurmHealthcheckRole(RoleBase):
         port_range = None
         if v.get("nccl_env") is not None:
             port_range = nccl_env.ROLE.port_range(RoleVars(v.host, nccl_env.ROLE.defaults))
+        watch = v.boolean("node_watch")
         return render("gpufleet-healthcheck.json.j2", header=HEADER.format(role=self.name),
                       gpu_count=count, critical_xids=xids, port_range=port_range,
                       state_file=STATE_FILE,
                       nvidia_smi_timeout_s=self._seconds(v, "slurm_healthcheck_nvidia_smi_"
                                                             "timeout_s", 1),
                       budget_s=self._seconds(v, "slurm_healthcheck_budget_s", 4),
+                      watch_program=v.path("node_watch_path", "the watch program")
+                      if watch else None,
+                      watch_config=v.path("node_watch_config", "the watch's configuration")
+                      if watch else None,
                       **self.job_settings(v))
 
     def job_settings(self, v: RoleVars) -> dict[str, object]:
@@ -198,8 +296,30 @@ class SlurmHealthcheckRole(RoleBase):
                    for context, (flag, path) in WRAPPERS.items() if v.boolean(flag)),
                  *([(v.string("slurm_gang_check_path"), self.gang_check(v), 0o755)]
                    if v.boolean("slurm_gang_check") else [])]
-        return [c for path, content, mode in files
-                if (c := file_change(self.name, facts, path, content, mode=mode)) is not None]
+        if v.boolean("node_watch"):
+            files += [(v.string("node_watch_path"), self.watch_program(v), 0o755),
+                      (v.string("node_watch_config"), self.watch_config(v), 0o644)]
+        changes = [c for path, content, mode in files
+                   if (c := file_change(self.name, facts, path, content, mode=mode)) is not None]
+        if v.boolean("node_watch") and v.boolean("node_watch_timer"):
+            changes += self._watch_timer(facts, v)
+        return changes
+
+    def _watch_timer(self, facts: Facts, v: RoleVars) -> list[Change]:
+        """The timer's units and its timers.target link; where systemd runs, a changed unit
+        is read and the timer (re)started."""
+        units = self.watch_units(v)
+        changes = [c for kind, path in WATCH_UNITS.items()
+                   if (c := file_change(self.name, facts, path, units[kind])) is not None]
+        link = link_change(self.name, facts, WATCH_TIMER_LINK, "../gpufleet-watch.timer")
+        changes += [link] if link else []
+        if changes and facts.get("systemd"):
+            changes.append(Change(self.name, "service gpufleet-watch.timer", "restart",
+                                  "units changed", f"every {WATCH_INTERVAL}",
+                                  [Run("systemctl daemon-reload", "systemctl daemon-reload"),
+                                   Run("systemctl restart gpufleet-watch.timer",
+                                       "start the watch's timer")], kind="service"))
+        return changes
 
 
 ROLE = SlurmHealthcheckRole()

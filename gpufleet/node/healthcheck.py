@@ -27,6 +27,9 @@ checks; each runs in the contexts it is tagged with:
   gpu_config     prolog, epilog    the prolog records the job's GPUs' application clocks,
                                    compute mode and MIG mode (state_dir/jobs/<job>.json);
                                    the epilog finds them unchanged
+  watch          periodic          gpufleet-watch (``watch_program``) reports no open
+                                   finding: NIC, NVLink, PCIe and ECC counters judged over
+                                   windows between runs, link flaps, links below their width
 
 The context is ``--context``, else the name the program was run by (gpufleet-prolog,
 gpufleet-epilog: Slurm's Prolog= takes no arguments), else periodic. The prolog and epilog
@@ -87,6 +90,8 @@ DEFAULTS: dict[str, Any] = {
     "job_memlock_min_kib": None,
     "fabric_ports": None,
     "state_dir": "/var/lib/gpufleet",
+    "watch_program": None,
+    "watch_config": None,
 }
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -106,6 +111,8 @@ POLL_S = 0.25  # between two looks at the GPUs while the epilog waits
 STATE_LIMIT = 65536  # bytes of a state file: a larger one is read as empty
 JOBS_MOST = 256  # job records kept in state_dir/jobs (the oldest go first)
 LINE_LIMIT = 300  # characters of the Xid line gate.json keeps
+WATCH_LIMIT = 1 << 20  # characters of gpufleet-watch's --json report: a longer one fails
+WATCH_SHOWN = 3  # silenced findings a passing watch check names
 SYSLOG_TAG = "gpufleet-healthcheck"
 SYSLOG_FACILITY = 3  # daemon (RFC 5424), as LBNL NHC logs
 SYSLOG_ERR, SYSLOG_INFO = 3, 6
@@ -311,30 +318,37 @@ class Deadline:
 
 @dataclass
 class Output:
-    """A command's exit status and output; rc None: it did not finish in time (the text
-    says so)."""
+    """A command's exit status and output; rc None: it did not start or finish in time (the
+    text says which). ``errors``: its stderr, when asked for apart."""
 
     rc: int | None
     text: str
+    errors: str = ""
 
 
-def run(argv: list[str], deadline: Deadline, cap: float) -> Output | None:
-    """Run ``argv`` with the time left (at most ``cap`` s); None when it is not installed."""
+def run(argv: list[str], deadline: Deadline, cap: float, apart: bool = False
+        ) -> Output | None:
+    """Run ``argv`` with the time left (at most ``cap`` s); None when it is not installed.
+    Its stderr goes with its stdout, or ``apart`` into ``errors``; bytes that are not
+    UTF-8 are replaced, never a crash."""
     timeout = deadline.left(cap)
     if timeout <= 0:
         return Output(None, f"not run: no time left of {deadline.budget:g}s")
     env = dict(os.environ, PATH=os.environ.get("PATH") or DEFAULT_PATH, LC_ALL="C")
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env,
+                                stderr=subprocess.PIPE if apart else subprocess.STDOUT,
+                                text=True, encoding="utf-8", errors="replace", env=env,
                                 start_new_session=True)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        return Output(None, f"could not be started: {exc.strerror}")
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         return _stop(proc, f"did not answer within {timeout:.1f}s")
-    return Output(proc.returncode, out)
+    return Output(proc.returncode, out, err or "")
 
 
 def _stop(proc: subprocess.Popen[str], why: str) -> Output:
@@ -347,8 +361,9 @@ def _stop(proc: subprocess.Popen[str], why: str) -> Output:
     try:
         proc.communicate(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         return Output(None, f"hung: {why}, and did not end when killed")
     return Output(None, why)
 
@@ -661,6 +676,7 @@ class Run:
     deadline: Deadline
     job: Job = field(default_factory=lambda: Job(None, ()))
     recorded: dict[str, Any] | None = None
+    now: float | None = None  # the time gpufleet-watch judges at (--now), else its clock
     left_behind: bool = field(default=False, init=False)  # the epilog could not kill all
     _gpus: GpuData | None = field(default=None, init=False, repr=False)
 
@@ -1179,6 +1195,105 @@ def _port_state(path: str) -> str:
         return "unreadable"
 
 
+WATCH_STATUSES = ("pending", "open", "silenced")
+
+
+def parse_watch_report(text: str) -> dict[str, Any]:
+    """gpufleet-watch's ``--json`` report, checked for what the watch check reads: a version
+    1 object whose ``findings`` each have a string ``id`` and ``message`` and a known
+    ``status``. Raises ValueError, saying what is wrong, for anything else (too long, not
+    JSON, another shape)."""
+    if len(text) > WATCH_LIMIT:
+        raise ValueError(f"a report of {len(text)} characters, more than {WATCH_LIMIT}")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        shown = _one_line(text)[:60]
+        raise ValueError(f"not a JSON report: {shown}" if shown else "no report") from None
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError("not a version 1 report")
+    findings = data.get("findings")
+    if not isinstance(findings, list):
+        raise ValueError("a report without a findings list")
+    for finding in findings:
+        if not (isinstance(finding, dict) and isinstance(finding.get("id"), str)
+                and isinstance(finding.get("message"), str)
+                and finding.get("status") in WATCH_STATUSES):
+            raise ValueError(f"a finding without an id, a message or a known status: "
+                             f"{_one_line(json.dumps(finding))[:80]}")
+    return data
+
+
+def watch_result(text: str) -> Result:
+    """The watch check's verdict on a ``--json`` report: FAIL with the first open finding's
+    message (and how many more are open), else PASS naming the silenced findings and when
+    their silences end."""
+    try:
+        report = parse_watch_report(text)
+    except ValueError as exc:
+        return Result("watch", "FAIL", f"gpufleet-watch answered no usable report: {exc}")
+    findings = report["findings"]
+    opened = [f for f in findings if f["status"] == "open"]
+    if opened:
+        more = f" (+{len(opened) - 1} more)" if len(opened) > 1 else ""
+        shown = _one_line(opened[0]["message"])[:MESSAGE_LIMIT - len(more)].rstrip()
+        return Result("watch", "FAIL", (shown or opened[0]["id"]) + more)
+    series = report.get("series")
+    counts = [f"{series} series" if _count(series) and not isinstance(series, bool)
+              else "series unknown",
+              f"{sum(f['status'] == 'pending' for f in findings)} pending"]
+    silenced = [f for f in findings if f["status"] == "silenced"]
+    parts = [", ".join(counts)]
+    if silenced:
+        named = [f"{f['id']} until {_until(f.get('silenced_until'))}"
+                 for f in silenced[:WATCH_SHOWN]]
+        extra = f" (+{len(silenced) - WATCH_SHOWN} more)" if len(silenced) > WATCH_SHOWN else ""
+        parts.append("silenced: " + ", ".join(named) + extra)
+    notes = report.get("notes")
+    if isinstance(notes, list) and notes:
+        parts.append(f"{len(notes)} note(s): {_one_line(str(notes[0]))[:120]}")
+    return Result("watch", "PASS", "; ".join(parts))
+
+
+def _until(value: Any) -> str:
+    """A silence's end as UTC minutes, ``unknown`` when it is not a time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "unknown"
+    try:
+        return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(value))
+    except (OverflowError, OSError, ValueError):
+        return "unknown"
+
+
+def check_watch(r: Run) -> Result:
+    """gpufleet-watch's observation (``watch_program --config watch_config --json``, with
+    all the time left of the checks' budget): FAIL while it reports an open finding."""
+    program = r.config["watch_program"]
+    if program is None:
+        return Result("watch", "SKIP", "no watch_program configured")
+    argv = [program, *(["--config", r.config["watch_config"]]
+                       if r.config["watch_config"] else []), "--json"]
+    if r.now is not None:
+        argv += ["--now", f"{r.now:.3f}"]
+    return watch_answer(program, run(argv, r.deadline, r.deadline.budget, apart=True))
+
+
+def watch_answer(program: str, out: Output | None) -> Result:
+    """The watch check's verdict on how the program ran and what it printed."""
+    name = os.path.basename(program)
+    if out is None:
+        return Result("watch", "FAIL", f"{program} not found")
+    if out.rc is None:
+        return Result("watch", "FAIL", f"{name} {out.text}")
+    if out.rc == EXIT_USAGE:
+        return Result("watch", "FAIL", f"{name}: bad configuration: "
+                                       f"{_one_line(last_line(out.errors))[:120]}")
+    if out.rc not in (0, EXIT_FAILED) or not out.text.strip():
+        return Result("watch", "FAIL", f"{name} exited {out.rc} without a report: "
+                                       f"{_one_line(last_line(out.errors))[:120]}")
+    return watch_result(out.text)
+
+
 def check_memlock(run: Run) -> Result:
     """The prolog's RLIMIT_MEMLOCK: slurmd's, which a job gets when Slurm does not propagate
     the submitter's; RDMA (NCCL over InfiniBand) pins memory, so unlimited, or at least
@@ -1285,6 +1400,7 @@ CATALOGUE = (
     Check("fabric_ports", ("prolog",), check_fabric_ports),
     Check("memlock", ("prolog",), check_memlock),
     Check("gpu_config", ("prolog", "epilog"), check_gpu_config),
+    Check("watch", ("periodic",), check_watch),
 )
 
 
@@ -1320,6 +1436,10 @@ def _count(value: Any, optional: bool = False) -> bool:
     return (optional and value is None) or (isinstance(value, int) and value >= 0)
 
 
+def _absolute(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("/")
+
+
 def load_config(path: str) -> dict[str, Any]:
     """The defaults overlaid with the configuration file; unknown or mistyped keys fail."""
     data = load_json(path, "the health check configuration") or {}
@@ -1350,7 +1470,9 @@ def load_config(path: str) -> dict[str, Any]:
         "job_memlock_min_kib": _count(config["job_memlock_min_kib"], optional=True),
         "fabric_ports": ports is None or (isinstance(ports, list) and all(
             isinstance(p, str) and _PORT.match(p) for p in ports)),
-        "state_dir": isinstance(config["state_dir"], str) and config["state_dir"].startswith("/"),
+        "state_dir": _absolute(config["state_dir"]),
+        "watch_program": config["watch_program"] is None or _absolute(config["watch_program"]),
+        "watch_config": config["watch_config"] is None or _absolute(config["watch_config"]),
     }
     for key, ok in checks.items():
         if not ok or isinstance(config[key], bool):
@@ -1437,6 +1559,9 @@ def main(argv: list[str] | None = None, program: str | None = None) -> int:
                         help="only report, even when run by slurmd")
     parser.add_argument("--node", help="Slurm node name (default: SLURMD_NODENAME or the "
                                        "short host name)")
+    parser.add_argument("--now", type=float, metavar="UNIX",
+                        help="the time gpufleet-watch judges its counters at (passed on as "
+                             "its --now; default: the clock)")
     args = parser.parse_args(argv)
     context = context_of(args.context, program or sys.argv[0])
     started = time.monotonic()
@@ -1449,7 +1574,8 @@ def main(argv: list[str] | None = None, program: str | None = None) -> int:
     budget = float(config[BUDGET_OF[context]])
     reserve = RESERVE_OF[context]
     job = job_from_env(dict(os.environ)) if context != "periodic" else Job(None, ())
-    results = run_checks(Run(context, config, Deadline(budget - reserve), job, recorded))
+    results = run_checks(Run(context, config, Deadline(budget - reserve), job, recorded,
+                             args.now))
     for result in results:
         print(result.line())
     ok = True

@@ -4,7 +4,10 @@ made to hang (as nvidia-smi does on a GPU that fell off the bus), to list fewer 
 its query than its topology shows, to have its last GPU of another model, or to report a
 driver of another CUDA version. ``nvidia-smi -L`` is derived from the query capture (the
 same GPUs, in -L's format). A query of other fields gets the capture's columns by name, and
-the compute processes a test lists (``leave_process``)."""
+the compute processes a test lists (``leave_process``). ``nvidia-smi nvlink -e`` replays the
+capture with the error counts a test sets (``set_nvlink_errors``), and ``nvidia-smi -q -d
+ECC,ROW_REMAPPER,PAGE_RETIREMENT`` answers the ``-q`` capture's header and those sections of
+each GPU, with the values a test sets (``set_memory_errors``)."""
 
 from __future__ import annotations
 
@@ -25,14 +28,16 @@ CAPTURES = ROOT / "tests" / "fixtures" / "h200x2"
 EXTRA = {"compute_mode": "Default", "mig.mode.current": "Disabled", "memory.used": "0 MiB",
          "clocks.applications.graphics": "1980 MHz", "clocks.applications.memory": "3201 MHz"}
 REPLAYED = {"query": "query_gpu_csv.txt", "topo": "topo_m.txt", "nvlink": "nvlink_status.txt",
-            "q": "nvidia_smi_q.txt"}
+            "q": "nvidia_smi_q.txt", "nvlink-e": "nvlink_e.txt"}
+MEMORY_SECTIONS = ("ECC Mode", "ECC Errors", "Retired Pages", "Remapped Rows")
+MEMORY_ARGS = "-q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT"
 STATE = "/etc/gpufleet-lab/fake-gpu"
 # The node's own python3 answers queries: the columns a --query-gpu asks for, picked from
 # the capture by name (a field the capture lacks comes from the "extra" file, as set by a
 # test), and --query-compute-apps from the "apps" file (bus id, pid, MiB), each listed while
 # its process lives, as on a GPU, and from "apps-stuck", always listed (a process of another
 # PID namespace, which the node cannot signal).
-SCRIPT = f"""#!/usr/bin/python3
+SCRIPT = f"""#!/usr/bin/python3 -IS
 # gpufleet lab stand-in for nvidia-smi: replays output captured on a real 2x H200 node.
 import json, os, re, sys, time
 d = "{STATE}"
@@ -90,7 +95,8 @@ elif app_fields:
                 rows.append([values[f] for f in app_fields.split(",")])
     emit(app_fields.split(","), rows)
 else:
-    replayed = {{"topo -m": "topo", "nvlink --status": "nvlink", "-q": "q", "-L": "list"}}
+    replayed = {{"topo -m": "topo", "nvlink --status": "nvlink", "-q": "q", "-L": "list",
+                "nvlink -e": "nvlink-e", "{MEMORY_ARGS}": "q-memory"}}
     key = " ".join(args)
     if key not in replayed:
         print("lab nvidia-smi: arguments not replayed: " + key, file=sys.stderr)
@@ -120,6 +126,7 @@ def install(lab: Lab, node: str, *, hang: bool = False, drop_last_gpu: bool = Fa
                       for g in nvidia_smi.nvidia_smi_query((CAPTURES / REPLAYED["query"])
                                                         .read_text()))
     commands.append(f"printf '%s' {shlex.quote(listing)} > {STATE}/list")
+    commands.append(f"printf '%s' {shlex.quote(memory_errors({}))} > {STATE}/q-memory")
     commands.append(f"printf '%s' {shlex.quote(json.dumps(EXTRA))} > {STATE}/extra")
     if hang:
         commands.append(f": > {STATE}/hang")
@@ -131,6 +138,72 @@ def set_fields(lab: Lab, node: str, **fields: str) -> None:
     ``compute_mode="Exclusive_Process"``)."""
     extra = {**EXTRA, **{k.replace("__", "."): v for k, v in fields.items()}}
     node_sh(lab, node, f"printf '%s' {shlex.quote(json.dumps(extra))} > {STATE}/extra")
+
+
+def nvlink_errors(counts: dict[tuple[int, int, str], int]) -> str:
+    """``nvidia-smi nvlink -e`` as captured, with ``counts`` ((GPU, link, counter as
+    printed: ``Replay Errors``) -> value) in place of the capture's."""
+    lines, gpu = [], -1
+    for line in (CAPTURES / REPLAYED["nvlink-e"]).read_text().splitlines(keepends=True):
+        head = re.match(r"GPU (\d+):", line)
+        gpu = int(head.group(1)) if head else gpu
+        link = re.match(r"^(\s*Link (\d+): )(.+?): (\d+)$", line.rstrip("\n"))
+        key = (gpu, int(link.group(2)), link.group(3)) if link else None
+        lines.append(f"{link.group(1)}{link.group(3)}: {counts[key]}\n"
+                     if link and key in counts else line)
+    return "".join(lines)
+
+
+def set_nvlink_errors(lab: Lab, node: str, counts: dict[tuple[int, int, str], int]) -> None:
+    """``nvidia-smi nvlink -e`` on ``node`` reports ``counts`` (see ``nvlink_errors``)."""
+    node_sh(lab, node, f"printf '%s' {shlex.quote(nvlink_errors(counts))} > "
+                       f"{STATE}/nvlink-e")
+
+
+def clear_errors_command() -> str:
+    """The shell command that gives a node's stand-in no NVLink and memory errors but the
+    capture's."""
+    return (f"printf '%s' {shlex.quote(nvlink_errors({}))} > {STATE}/nvlink-e && "
+            f"printf '%s' {shlex.quote(memory_errors({}))} > {STATE}/q-memory")
+
+
+def memory_errors(values: dict[tuple[str, str], str]) -> str:
+    """``nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT``: the ``-q`` capture's header
+    and, for each GPU, its MEMORY_SECTIONS, with ``values`` ((GPU line's bus id, path of
+    the field: ``ECC Errors/Aggregate/DRAM Correctable``) -> value) in place of the
+    capture's."""
+    out: list[str] = []
+    gpu, keep = "", True
+    stack: list[tuple[int, str]] = []
+    for line in (CAPTURES / REPLAYED["q"]).read_text().splitlines():
+        if line.startswith("GPU "):
+            gpu, keep, stack = line[4:].strip(), True, []
+            out += ["", line] if out[-1] else [line]
+            continue
+        if not gpu:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip())
+        name, colon, _ = line.strip().partition(":")
+        if indent == 4:
+            keep = name.strip() in MEMORY_SECTIONS
+        if not keep or not line.strip():
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "/".join([*(n for _, n in stack), name.strip()])
+        if not colon:
+            stack.append((indent, name.strip()))
+        out.append(f"{line.split(':', 1)[0]}: {values[(gpu, path)]}"
+                   if colon and (gpu, path) in values else line)
+    return "\n".join(out) + "\n\n"
+
+
+def set_memory_errors(lab: Lab, node: str, values: dict[tuple[str, str], str]) -> None:
+    """``nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`` on ``node`` reports ``values``
+    (see ``memory_errors``)."""
+    node_sh(lab, node, f"printf '%s' {shlex.quote(memory_errors(values))} > "
+                       f"{STATE}/q-memory")
 
 
 def list_process(lab: Lab, node: str, bus_id: str, pid: int, mib: int, *,

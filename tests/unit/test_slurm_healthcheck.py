@@ -29,6 +29,7 @@ from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
 from gpufleet.inventory.load import load_inventory
 from gpufleet.node import healthcheck as program
+from gpufleet.node import watch as watcher
 from gpufleet.provision.role import PlanContext, RoleVars
 from gpufleet.roles import slurm_healthcheck
 from gpufleet.slurm import client, findings
@@ -37,6 +38,7 @@ from tests.conftest import FIXTURES, ROOT
 
 SLURM = FIXTURES / "slurm"
 PROGRAM = Path(program.__file__)
+WATCH = Path(watcher.__file__)
 SMI = SLURM / "h200_nvidia_smi_query.txt"
 
 
@@ -193,7 +195,7 @@ def test_every_run_logs_its_verdict_to_syslog(node: Node) -> None:
     assert node.run().returncode == 0
     [ok] = node.syslog()
     assert re.fullmatch(r"<30>gpufleet-healthcheck\[\d+\]: healthcheck node04: 0 failed, "
-                        r"3 passed, 3 skipped in \d+\.\d+s", ok), ok
+                        r"3 passed, 4 skipped in \d+\.\d+s", ok), ok
     node.write_config(gpu_count=2)
     assert node.run("--drain").returncode == 1
     [failed] = node.syslog()
@@ -223,9 +225,10 @@ def test_a_healthy_node_passes_in_well_under_ten_seconds(node: Node) -> None:
     assert lines["ecc"] == "PASS ecc: no uncorrectable ECC error on 1 GPU(s)"
     assert lines["xid"] == "PASS xid: no Xid that drains since boot (0 Xid event(s) in all)"
     assert lines["driver"].startswith("SKIP driver: no recorded state")
-    assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range"]
+    assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range",
+                           "watch"]
     assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 3 passed, "
-                                                   "3 skipped in ")
+                                                   "4 skipped in ")
 
 
 def test_fewer_gpus_than_expected_fails(node: Node) -> None:
@@ -453,6 +456,161 @@ def test_a_bad_configuration_is_one_line_and_exit_2(node: Node, text: str, error
     assert proc.stderr.startswith("error: ") and re.search(error, proc.stderr)
 
 
+# ---- the watch check: gpufleet-watch's report -------------------------------------------------
+
+SYMBOL = "mlx5_0/1 symbol_error +14 in 1h0m (14.0/h, limit 10/h over 1h)"
+
+
+def _finding(ident: str, status: str, message: str, **extra: object) -> dict[str, object]:
+    return {"id": ident, "class": "fabric", "status": status, "since": 1764990000,
+            "message": message, "silenced_until": None, "silence_reason": None, **extra}
+
+
+def _report(*findings: dict[str, object], notes: list[str] | None = None) -> str:
+    return json.dumps({"version": 1, "time": 1765000000.0, "findings": list(findings),
+                       "notes": notes or [], "series": 212})
+
+
+class Watch:
+    """A stand-in gpufleet-watch: prints ``answer`` (bytes), exits ``rc``, records its argv."""
+
+    def __init__(self, node: Node) -> None:
+        self.path = node.tmp / "gpufleet-watch"
+        self.answer = node.tmp / "watch-answer"
+        self.calls = node.tmp / "watch-argv"
+        self.set(_report())
+        _script(node.tmp, "gpufleet-watch",
+                f'echo "$@" >> {self.calls}\ncat {self.answer}\nexit $(cat {self.answer}.rc)\n')
+        node.write_config(gpu_count=1, watch_program=str(self.path),
+                          watch_config="/etc/gpufleet/watch.json")
+
+    def set(self, answer: str | bytes, rc: int = 0) -> None:
+        self.answer.write_bytes(answer.encode() if isinstance(answer, str) else answer)
+        Path(f"{self.answer}.rc").write_text(str(rc))
+
+    def argv(self) -> list[str]:
+        return self.calls.read_text().splitlines()
+
+
+@pytest.fixture
+def watch(node: Node) -> Watch:
+    return Watch(node)
+
+
+def test_an_open_finding_of_the_watch_drains_with_its_message(node: Node, watch: Watch) -> None:
+    watch.set(_report(_finding("rdma/mlx5_0/1/symbol_error", "open", SYMBOL),
+                      _finding("pcie/0000:3b:00.0/width", "pending", "x8 of x16")), rc=1)
+    proc = node.run("--drain", "--now", "1765000300")
+    assert proc.returncode == 1
+    assert _lines(proc)["watch"] == f"FAIL watch: {SYMBOL}"
+    assert watch.argv() == ["--config /etc/gpufleet/watch.json --json --now 1765000300.000"]
+    [update] = node.updates()
+    assert re.fullmatch(rf"reason=gf hc/watch: {re.escape(SYMBOL)} \{{gf1 h:watch@\d+\}}",
+                        update[3]), update[3]
+    _drained(node, "scontrol_show_node.txt", "node04", update[3].removeprefix("reason="))
+    watch.set(_report(_finding("pcie/0000:3b:00.0/width", "pending", "x8 of x16")))
+    proc = node.run("--drain")
+    assert _lines(proc)["watch"] == "PASS watch: 212 series, 1 pending"
+    assert node.updates()[-1] == ["update", "nodename=node04", "state=resume"]
+    assert watch.argv()[-1] == "--config /etc/gpufleet/watch.json --json"
+
+
+def test_more_open_findings_are_counted_within_the_message_limit(node: Node,
+                                                                 watch: Watch) -> None:
+    long = "mlx5_0/1 " + "port_rcv_errors " * 9 + "+9999 in 1h0m"
+    watch.set(_report(*(_finding(f"rdma/mlx5_{i}/1/port_rcv_errors", "open", long)
+                        for i in range(3)), _finding("x", "silenced", "quiet")), rc=1)
+    line = _lines(node.run())["watch"]
+    message = line.removeprefix("FAIL watch: ")
+    assert message.endswith(" (+2 more)") and len(message) <= program.MESSAGE_LIMIT, message
+    assert message.startswith(long[:100])
+
+
+def test_silenced_findings_pass_and_are_named_with_their_end(node: Node, watch: Watch) -> None:
+    until = 1765080000  # 2025-12-07T04:00Z
+    watch.set(_report(*(_finding(f"nvlink/gpu{i}/link{i}/replay", "silenced", "replays",
+                                 silenced_until=until + i * 60, silence_reason="RMA 4711")
+                        for i in range(5)), notes=["nvidia-smi nvlink -e: timed out after 4s"]))
+    proc = node.run()
+    assert proc.returncode == 0
+    assert _lines(proc)["watch"] == (
+        "PASS watch: 212 series, 0 pending; silenced: nvlink/gpu0/link0/replay until "
+        "2025-12-07T04:00Z, nvlink/gpu1/link1/replay until 2025-12-07T04:01Z, "
+        "nvlink/gpu2/link2/replay until 2025-12-07T04:02Z (+2 more); 1 note(s): "
+        "nvidia-smi nvlink -e: timed out after 4s")
+
+
+_OVERSIZED = '{"version": 1, "findings": [], "pad": "' + "x" * (1 << 20) + '"}'
+GARBAGE: dict[str, tuple[str | bytes, int, str]] = {
+    "traceback": ("Traceback (most recent call last):\n  ...\nKeyError: 'x'\n", 1,
+                  "answered no usable report: not a JSON report: Traceback (most recent call "
+                  "last): ... KeyError: 'x'"),
+    "nothing": ("", 0, "gpufleet-watch exited 0 without a report: no output"),
+    "nested": ("[" * 100000 + "]" * 100000, 0, "answered no usable report: not a JSON"),
+    "version": ('{"version": 2, "findings": []}', 0,
+                "answered no usable report: not a version 1 report"),
+    "findings": ('{"version": 1, "findings": {"a": 1}}', 0,
+                 "answered no usable report: a report without a findings list"),
+    "status": ('{"version": 1, "findings": [{"id": "a", "status": "burning", "message": "m"}]}',
+               1, "answered no usable report: a finding without an id, a message or a known "
+                  "status"),
+    "null": ('{"version": 1, "findings": [null]}', 0, "a finding without an id"),
+    "binary": (b"\xff\xfe{garbage\x00", 0, "answered no usable report: not a JSON report"),
+    "oversized": (_OVERSIZED, 0, f"answered no usable report: a report of {len(_OVERSIZED)} "
+                                 f"characters, more than {1 << 20}"),
+    "usage": ("", 2, "gpufleet-watch: bad configuration: no output"),
+    "killed": ("", 9, "gpufleet-watch exited 9 without a report: no output"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GARBAGE))
+def test_a_garbage_answer_is_a_failure_that_says_so(node: Node, watch: Watch,
+                                                    case: str) -> None:
+    answer, rc, shown = GARBAGE[case]
+    watch.set(answer, rc)
+    proc = node.run("--drain")
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    line = _lines(proc)["watch"]
+    assert line.startswith("FAIL watch: ") and shown in line, line
+    assert "\n" not in line and len(line) < 300, line
+    assert node.updates()[0][3].startswith("reason=gf hc/watch: ")
+
+
+def test_the_watch_s_error_line_is_shown(node: Node, watch: Watch) -> None:
+    _script(node.tmp, "gpufleet-watch", "echo 'error: /etc/gpufleet/watch.json: unknown key "
+                                        "\"rule\"' >&2; exit 2\n")
+    assert _lines(node.run())["watch"] == ("FAIL watch: gpufleet-watch: bad configuration: "
+                                           "error: /etc/gpufleet/watch.json: unknown key 'rule'")
+
+
+def test_a_missing_unrunnable_or_hung_watch_fails_within_the_budget(node: Node,
+                                                                    watch: Watch) -> None:
+    watch.path.unlink()
+    assert _lines(node.run())["watch"] == f"FAIL watch: {watch.path} not found"
+    watch.path.write_text("#!/bin/sh\n")
+    assert _lines(node.run())["watch"] == ("FAIL watch: gpufleet-watch could not be started: "
+                                           "Permission denied")
+    _script(node.tmp, "gpufleet-watch", "exec sleep 60\n")
+    node.write_config(gpu_count=1, budget_s=5, watch_program=str(watch.path))
+    started = time.monotonic()
+    proc = node.run("--drain")
+    assert time.monotonic() - started < 5
+    assert re.fullmatch(r"FAIL watch: gpufleet-watch did not answer within [12]\.\ds",
+                        _lines(proc)["watch"]), proc.stdout
+    assert node.updates()[0][3].startswith("reason=gf hc/watch: gpufleet-watch did not answer")
+
+
+@pytest.mark.parametrize("values", [{"watch_program": "gpufleet-watch"},
+                                    {"watch_config": 7}, {"watch_program": True}])
+def test_the_watch_keys_are_absolute_paths_or_null(node: Node, values: dict[str, object]
+                                                   ) -> None:
+    node.write_config(**values)
+    proc = node.run()
+    assert proc.returncode == 2
+    assert re.fullmatch(r"error: \S+healthcheck\.json: watch_\w+ has a wrong type or value: "
+                        r".*\n", proc.stderr), proc.stderr
+
+
 # ---- the role --------------------------------------------------------------------------------
 
 def _host(tmp_path: Path, extra: str = "") -> tuple[RoleVars, PlanContext]:
@@ -474,7 +632,9 @@ def test_role_installs_the_program_and_its_expectations(tmp_path: Path) -> None:
     changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
     assert [(c.item, c.action) for c in changes] == [
         ("slurm_healthcheck/file /usr/local/sbin/gpufleet-healthcheck", "create"),
-        ("slurm_healthcheck/file /etc/gpufleet/healthcheck.json", "create")]
+        ("slurm_healthcheck/file /etc/gpufleet/healthcheck.json", "create"),
+        ("slurm_healthcheck/file /usr/local/sbin/gpufleet-watch", "create"),
+        ("slurm_healthcheck/file /etc/gpufleet/watch.json", "create")]
     program_text = slurm_healthcheck.ROLE.program(v)
     assert program_text.startswith("#!/usr/bin/python3\n# Managed by gpufleet (role "
                                    "slurm_healthcheck)")
@@ -489,12 +649,14 @@ def test_role_installs_the_program_and_its_expectations(tmp_path: Path) -> None:
 
 def test_role_plan_is_empty_when_converged(tmp_path: Path) -> None:
     v, ctx = _host(tmp_path)
-    path, conf = v.string("slurm_healthcheck_path"), v.string("slurm_healthcheck_config")
-    facts = Facts("gpu01", {
-        f"file:{path}": FileState(path, True, slurm_healthcheck.ROLE.program(v).encode(),
-                                  "755", "root:root"),
-        f"file:{conf}": FileState(conf, True, slurm_healthcheck.ROLE.config(v).encode(),
-                                  "644", "root:root")})
+    role = slurm_healthcheck.ROLE
+    files = {v.string("slurm_healthcheck_path"): (role.program(v), "755"),
+             v.string("slurm_healthcheck_config"): (role.config(v), "644"),
+             v.string("node_watch_path"): (role.watch_program(v), "755"),
+             v.string("node_watch_config"): (role.watch_config(v), "644")}
+    facts = Facts("gpu01", {f"file:{path}": FileState(path, True, text.encode(), mode,
+                                                      "root:root")
+                            for path, (text, mode) in files.items()})
     assert slurm_healthcheck.ROLE.plan(facts, v, ctx) == []
     assert json.loads(slurm_healthcheck.ROLE.config(v))["port_range"] is None
 
@@ -511,7 +673,7 @@ def test_role_installs_the_prolog_and_epilog_when_asked(tmp_path: Path) -> None:
                              "      slurm_fabric_ports: [mlx5_0/1, mlx5_3/1]\n"
                              "      slurm_job_memlock: 65536\n")
     changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
-    assert [(c.item, c.action) for c in changes][2:] == [
+    assert [(c.item, c.action) for c in changes][2:4] == [
         ("slurm_healthcheck/file /usr/local/sbin/gpufleet-prolog", "create"),
         ("slurm_healthcheck/file /usr/local/sbin/gpufleet-epilog", "create")]
     assert slurm_healthcheck.ROLE.wrapper(v, "prolog") == (
@@ -531,7 +693,7 @@ def test_role_installs_the_prolog_and_epilog_when_asked(tmp_path: Path) -> None:
     assert program.load_config(str(written))["fabric_ports"] == ["mlx5_0/1", "mlx5_3/1"]
     assert set(slurm_healthcheck.ROLE.managed_files(v)) == {
         "slurm_healthcheck_path", "slurm_healthcheck_config", "slurm_prolog_path",
-        "slurm_epilog_path"}
+        "slurm_epilog_path", "node_watch_path", "node_watch_config"}
 
 
 def test_role_installs_the_gang_check_for_the_training_venv_when_asked(tmp_path: Path
@@ -539,7 +701,7 @@ def test_role_installs_the_gang_check_for_the_training_venv_when_asked(tmp_path:
     v, ctx = _host(tmp_path, "      slurm_gang_check: true\n"
                              "      pytorch_venv: /opt/train\n")
     changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
-    assert [(c.item, c.action) for c in changes][2:] == [
+    assert [(c.item, c.action) for c in changes][2:3] == [
         ("slurm_healthcheck/file /usr/local/sbin/gpufleet-gang-check", "create")]
     installed = slurm_healthcheck.ROLE.gang_check(v)
     assert installed.startswith("#!/opt/train/bin/python\n# Managed by gpufleet (role "
@@ -566,7 +728,7 @@ def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None
         "slurm_prolog": False, "slurm_prolog_path": "/usr/local/sbin/gpufleet-prolog",
         "slurm_epilog": False, "slurm_epilog_path": "/usr/local/sbin/gpufleet-epilog"}
     v, ctx = _host(tmp_path)
-    assert len(slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)) == 2
+    assert len(slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)) == 4
 
 
 @pytest.mark.parametrize(("extra", "error"), [
@@ -591,9 +753,145 @@ def test_the_prolog_and_epilog_variables_are_slurm_nodes(tmp_path: Path) -> None
     ("      gpu_count: -1\n", "gpu_count must be 0 or more"),
     ("      slurm_healthcheck_xids: [79, x]\n", "slurm_healthcheck_xids must be a list of Xid"),
     ("      slurm_healthcheck_budget_s: 70\n", "slurm_healthcheck_budget_s must be 4-50"),
+    ("      node_watch: sometimes\n", "node_watch must be a boolean"),
+    ("      node_watch_path: gpufleet-watch\n", r"node_watch_path must be an absolute path of "
+                                              r"letters, digits and \. _ - / \(the watch "
+                                              r"program\)"),
+    ("      node_watch_config: /etc/gpufleet/watch json\n", "node_watch_config must be an "
+                                                         "absolute path"),
+    ("      node_watch_textfile_dir: textfiles\n", "node_watch_textfile_dir must be an "
+                                                  "absolute path"),
+    ("      node_watch_sys_root: /sys;reboot\n", "node_watch_sys_root must be an absolute"),
+    ("      node_watch_timer: hourly\n", "node_watch_timer must be a boolean"),
+    ("      node_watch_rules: [symbol_error]\n", "node_watch_rules must be a mapping, got "
+                                                "\\['symbol_error'\\]"),
+    ("      node_watch_rules: {symbol_eror: {limit: 200}}\n",
+     r"node_watch_rules: unknown key 'rules\.symbol_eror' \(known: symbol_error, "),
+    ("      node_watch_rules: {symbol_error: {count: 3}}\n",
+     r"node_watch_rules: unknown key 'rules\.symbol_error\.count' \(known: enabled, limit, "
+     r"window_s, clear_after_s\)"),
+    ("      node_watch_rules: {flaps: {count: 0}}\n",
+     r"node_watch_rules: rules\.flaps\.count has a wrong type or value: 0"),
+    ("      node_watch_rules: {symbol_error: {window_s: soon}}\n",
+     r"node_watch_rules: rules\.symbol_error\.window_s has a wrong type or value: 'soon'"),
+    ("      node_watch_rules: {aer_fatal: off}\n",
+     r"node_watch_rules: rules\.aer_fatal must be an object"),
+    ("      node_watch_rules: {1: {limit: 2}}\n", "node_watch_rules must be a mapping of rule "
+                                                 "names to settings"),
+    ("      node_watch_rules: {flaps: {1: 2}}\n", "node_watch_rules must be a mapping of rule "
+                                                 "names to settings"),
 ])
 def test_role_rejects_bad_variables(tmp_path: Path, extra: str, error: str) -> None:
     v, ctx = _host(tmp_path, extra)
-    with pytest.raises(VarError, match=f"^host gpu01: variable {error}"):
+    with pytest.raises(VarError, match=f"^host gpu01: variable {error}") as raised:
+        slurm_healthcheck.ROLE.check(v)
         slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+    assert "\n" not in str(raised.value)
+    if extra.startswith("      node_watch_rules: {"):
+        assert str(raised.value).endswith(f"({tmp_path / 'hosts.yml'}:6)"), raised.value
+
+
+# ---- the role: gpufleet-watch ---------------------------------------------------------------
+
+def test_role_installs_the_watch_that_the_health_check_runs(tmp_path: Path) -> None:
+    v, _ = _host(tmp_path, "      node_watch_textfile_dir: /var/lib/node_exporter\n"
+                             "      node_watch_rules: {symbol_error: {limit: 200}, "
+                             "flaps: {count: 4, window_s: 86400}}\n"
+                             f"      node_watch_sys_root: {tmp_path / 'sys'}\n"
+                             f"      slurm_healthcheck_state_dir: {tmp_path / 'state'}\n")
+    role = slurm_healthcheck.ROLE
+    installed = role.watch_program(v)
+    assert installed.startswith("#!/usr/bin/python3\n# Managed by gpufleet (role "
+                                "slurm_healthcheck)")
+    assert installed.splitlines()[2:] == WATCH.read_text().splitlines()[1:]
+    config = json.loads(role.config(v))
+    assert (config["watch_program"], config["watch_config"]) == (
+        "/usr/local/sbin/gpufleet-watch", "/etc/gpufleet/watch.json")
+    written = tmp_path / "watch.json"
+    written.write_text(role.watch_config(v))
+    settings, rules = watcher.load_config(str(written))
+    assert {k: settings[k] for k in ("state_dir", "textfile_dir", "sys_root", "budget_s")} == {
+        "state_dir": str(tmp_path / "state"), "textfile_dir": "/var/lib/node_exporter",
+        "sys_root": str(tmp_path / "sys"), "budget_s": 4}
+    assert (rules["symbol_error"].limit, rules["flaps"].count, rules["flaps"].window_s) == (
+        200, 4, 86400)
+    script = tmp_path / "gpufleet-watch"
+    script.write_text(installed.replace("/usr/bin/python3", sys.executable, 1))
+    script.chmod(0o755)
+    ran = subprocess.run([str(script), "--config", str(written), "--json"],
+                         capture_output=True, text=True, timeout=60, check=False,
+                         env={"PATH": "/nonexistent"})
+    assert ran.returncode == 0, ran.stderr
+    assert program.watch_result(ran.stdout).line() == "PASS watch: 0 series, 0 pending"
+
+
+def test_the_watch_s_budget_leaves_the_health_check_time_to_drain(tmp_path: Path) -> None:
+    for budget, watch_budget in ((9, 4), (20, 15), (5, 1), (4, 1)):
+        v, _ = _host(tmp_path, f"      slurm_healthcheck_budget_s: {budget}\n")
+        assert json.loads(slurm_healthcheck.ROLE.watch_config(v))["budget_s"] == watch_budget
+
+
+def test_without_node_watch_there_is_no_watch(tmp_path: Path) -> None:
+    v, ctx = _host(tmp_path, "      node_watch: false\n      node_watch_timer: true\n")
+    changes = slurm_healthcheck.ROLE.plan(_missing(v), v, ctx)
+    assert [c.item for c in changes] == [
+        "slurm_healthcheck/file /usr/local/sbin/gpufleet-healthcheck",
+        "slurm_healthcheck/file /etc/gpufleet/healthcheck.json"]
+    config = json.loads(slurm_healthcheck.ROLE.config(v))
+    assert config["watch_program"] is None and config["watch_config"] is None
+    assert set(slurm_healthcheck.ROLE.managed_files(v)) == {"slurm_healthcheck_path",
+                                                            "slurm_healthcheck_config"}
+    written = tmp_path / "healthcheck.json"
+    written.write_text(slurm_healthcheck.ROLE.config(v))
+    assert program.load_config(str(written))["watch_program"] is None
+
+
+def _timer_facts(v: RoleVars, systemd: bool, converged: bool = False) -> Facts:
+    role = slurm_healthcheck.ROLE
+    units = role.watch_units(v)
+    installed = {**{p: c for p, c in ((v.string("slurm_healthcheck_path"), role.program(v)),
+                                      (v.string("slurm_healthcheck_config"), role.config(v)),
+                                      (v.string("node_watch_path"), role.watch_program(v)),
+                                      (v.string("node_watch_config"), role.watch_config(v)))},
+                 **{slurm_healthcheck.WATCH_UNITS[k]: units[k] for k in units}}
+    modes = {v.string("slurm_healthcheck_path"): "755", v.string("node_watch_path"): "755"}
+    values: dict[str, object] = {
+        f"file:{p}": FileState(p, converged, c.encode() if converged else b"",
+                               modes.get(p, "644") if converged else None,
+                               "root:root" if converged else None)
+        for p, c in installed.items()}
+    values[f"link:{slurm_healthcheck.WATCH_TIMER_LINK}"] = \
+        "../gpufleet-watch.timer" if converged else None
+    values["systemd"] = systemd
+    return Facts("gpu01", values)
+
+
+def test_the_timer_runs_the_watch_every_five_minutes(tmp_path: Path) -> None:
+    v, ctx = _host(tmp_path, "      node_watch_timer: yes\n"
+                             "      node_watch_config: /etc/gpufleet/watch-site.json\n")
+    role = slurm_healthcheck.ROLE
+    request = role.request(v)
+    assert set(slurm_healthcheck.WATCH_UNITS.values()) <= request.files
+    assert request.links == {slurm_healthcheck.WATCH_TIMER_LINK}
+    changes = role.plan(_timer_facts(v, systemd=True), v, ctx)
+    assert [(c.item, c.action) for c in changes][4:] == [
+        ("slurm_healthcheck/file /etc/systemd/system/gpufleet-watch.service", "create"),
+        ("slurm_healthcheck/file /etc/systemd/system/gpufleet-watch.timer", "create"),
+        ("slurm_healthcheck/link /etc/systemd/system/timers.target.wants/gpufleet-watch.timer",
+         "link"),
+        ("slurm_healthcheck/service gpufleet-watch.timer", "restart")]
+    assert [s.command for s in changes[-1].steps] == [  # type: ignore[attr-defined]
+        "systemctl daemon-reload", "systemctl restart gpufleet-watch.timer"]
+    units = role.watch_units(v)
+    assert "ExecStart=/usr/local/sbin/gpufleet-watch --config /etc/gpufleet/watch-site.json\n" \
+        in units["service"]
+    assert "Type=oneshot\n" in units["service"] and "SuccessExitStatus=1\n" in units["service"]
+    assert "OnUnitActiveSec=5min\n" in units["timer"] and "WantedBy=timers.target\n" in \
+        units["timer"]
+    without_systemd = role.plan(_timer_facts(v, systemd=False), v, ctx)
+    assert without_systemd[-1].item.endswith("link /etc/systemd/system/timers.target.wants/"
+                                             "gpufleet-watch.timer")
+    assert role.plan(_timer_facts(v, systemd=True, converged=True), v, ctx) == []
+    assert {"watch service unit", "watch timer unit"} <= set(role.managed_files(v))
+
 
