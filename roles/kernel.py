@@ -47,7 +47,8 @@ _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*\Z")
 @functools.cache
 def kernel_state_fact(modules: tuple[str, ...]) -> Fact:
     """The running kernel, the installed ones (/boot/vmlinuz-*), those with headers, and
-    modinfo of each module for each of them; ``dkms status`` when one is missing."""
+    modinfo of each module for each of them; whether dkms is installed, and ``dkms status``
+    when a module is missing."""
     names = " ".join(shlex.quote(m) for m in modules)
     return Fact("kernel_state", needs("modinfo", "modinfo not found (kmod)") + "\n".join([
         'r=$(uname -r); echo "@running $r"; miss=0',
@@ -62,8 +63,8 @@ def kernel_state_fact(modules: tuple[str, ...]) -> Fact:
         'mods "$r"',
         'for f in /boot/vmlinuz-*; do k=${f#/boot/vmlinuz-}; '
         '[ -e "$f" ] && [ "$k" != "$r" ] && mods "$k"; done',
-        'if [ "$miss" = 1 ] && command -v dkms >/dev/null 2>&1; then '
-        "echo @dkms; dkms status 2>&1; fi",
+        'if command -v dkms >/dev/null 2>&1; then echo @dkms; '
+        '[ "$miss" = 0 ] || dkms status 2>&1; fi',
         "exit 0",
     ]), kernel_state, "dkms")
 

@@ -235,12 +235,12 @@ def kernel_state(text: str) -> dict[str, Any]:
     """The ``kernel_state`` snippet's output: ``@running K``, one ``@boot K`` per
     /boot/vmlinuz-K, one ``@headers K`` per /lib/modules/K with a ``build`` link, then per
     kernel and module ``@module K M`` and modinfo's filename, version, vermagic and name
-    lines (or its error), and, when a module was missing and dkms is installed, ``@dkms``
-    and ``dkms status``.
+    lines (or its error), and, where dkms is installed, ``@dkms`` and, when a module was
+    missing, ``dkms status``.
 
     Returns ``running``, ``boot`` and ``headers`` (releases), ``modules`` (release ->
     module -> modinfo's fields, or ``{"error": ...}``) and ``dkms`` (``dkms status`` read,
-    or None when it was not asked)."""
+    empty where it was not asked; None without dkms)."""
     state: dict[str, Any] = {"running": None, "boot": [], "headers": [], "modules": {},
                              "dkms": None}
     for mark, args, lines in _marked(text):

@@ -14,6 +14,7 @@ import pytest
 from gpufleet.errors import ParseError
 from gpufleet.facts import catalog, formats
 from gpufleet.facts.parsers import kernel, timesync
+from gpufleet.lab.boot import CHRONY_TRACKING
 from gpufleet.roles.kernel import kernel_state_fact
 from tests.conftest import FIXTURES, stand_in
 
@@ -201,3 +202,8 @@ def test_the_kernel_state_snippet_on_this_machine() -> None:
     assert all(m["gpufleet_no_such_module"]["error"].startswith("modinfo: ERROR: Module ")
                for m in state["modules"].values())
     assert fact is kernel_state_fact(("gpufleet_no_such_module",))
+
+
+def test_the_labs_chrony_report_is_the_capture() -> None:
+    """Lab nodes' chronyc stand-in replays this machine's real chrony 4.3 report."""
+    assert _read("chronyc-n-tracking-4.3-debian12-loopback-server.txt") == CHRONY_TRACKING
