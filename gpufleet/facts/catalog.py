@@ -135,13 +135,12 @@ TIME_SYNC = (
     "echo @chronyc; printf '%s\\n' \"$out\"; exit 0; fi; "
     f"{SYSTEMD_RUNS} && command -v timedatectl >/dev/null 2>&1 || "
     "{ echo \"${out:-no chronyd answers and systemd does not run on this host}\"; exit 127; }; "
-    "echo @timedatectl; timedatectl show -p NTPSynchronized -p NTP 2>&1 || exit; "
-    "if [ -d /run/systemd/timesync ] && s=$(timedatectl timesync-status 2>&1); then "
-    "echo @timesync-status; printf '%s\\n' \"$s\"; fi")
-"""How the clock is kept: chrony's own report where chronyd answers, else systemd's
-synchronised flag and, where systemd-timesyncd runs (its /run/systemd/timesync), its last
-offset. chronyc answers at once when chronyd is not running (its socket, or localhost's
-closed UDP port), so a host without chrony pays one failed command."""
+    "echo @timedatectl; timedatectl show -p NTPSynchronized -p NTP 2>&1")
+"""How the clock is kept: chrony's own report, its offset included, where chronyd answers;
+else systemd's synchronised flag (systemd-timesyncd's offset is the clock suite's own fact,
+``timesync_status``: one more D-Bus call only where that suite runs). chronyc answers at
+once when chronyd is not running (its socket, or localhost's closed UDP port), so a host
+without chrony pays one failed command, and one with it no D-Bus call at all."""
 
 
 BASE_FACTS: list[Fact] = [

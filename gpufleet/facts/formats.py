@@ -184,32 +184,25 @@ def _sections(text: str, names: tuple[str, ...]) -> dict[str, str]:
 
 
 def time_sync(text: str) -> dict[str, Any]:
-    """The ``time_sync`` snippet's output: ``@chronyc`` and ``chronyc -n tracking``; or
-    ``@timedatectl`` and ``timedatectl show -p NTPSynchronized -p NTP``, then, where
-    systemd-timesyncd runs, ``@timesync-status`` and ``timedatectl timesync-status``.
+    """The ``time_sync`` snippet's output: ``@chronyc`` and ``chronyc -n tracking``, or
+    ``@timedatectl`` and ``timedatectl show -p NTPSynchronized -p NTP``.
 
-    Returns ``source`` (``chrony``, ``systemd-timesyncd``, or ``systemd``: the kernel's
-    synchronised flag, which another daemon may set), ``synchronised``, ``offset_s`` (how
-    far the clock is ahead of the source's time, negative when behind; None where the
-    source gives no offset) and ``server``."""
-    sections = _sections(text, ("chronyc", "timedatectl", "timesync-status"))
+    Returns ``source`` (``chrony``, or ``systemd``: the kernel's synchronised flag, which
+    systemd-timesyncd or another daemon sets), ``synchronised``, ``offset_s`` (how far the
+    clock is ahead of chrony's time, negative when behind; None from systemd's flag) and
+    ``server`` (chrony's reference)."""
+    sections = _sections(text, ("chronyc", "timedatectl"))
+    if len(sections) != 1:
+        raise ParseError("expected one of @chronyc and @timedatectl")
     if "chronyc" in sections:
-        if len(sections) > 1:
-            raise ParseError("chronyc tracking and timedatectl in one output")
         tracking = timesync.chronyc_tracking(sections["chronyc"])
         return {"source": "chrony", "synchronised": tracking["synchronised"],
                 "offset_s": tracking["offset_s"], "server": tracking["reference"]}
-    if "timedatectl" not in sections:
-        raise ParseError("no @chronyc or @timedatectl section")
     flag = timesync.timedatectl_show(sections["timedatectl"]).get("NTPSynchronized")
     if flag not in ("yes", "no"):
         raise ParseError(f"timedatectl show: NTPSynchronized must be yes or no, got {flag!r}")
-    status = (timesync.timesync_status(sections["timesync-status"])
-              if "timesync-status" in sections else None)
-    return {"source": "systemd-timesyncd" if status else "systemd",
-            "synchronised": flag == "yes",
-            "offset_s": status["offset_s"] if status else None,
-            "server": status["server"] if status else None}
+    return {"source": "systemd", "synchronised": flag == "yes", "offset_s": None,
+            "server": None}
 
 
 _KERNEL_MARKS = {"@running": 1, "@boot": 1, "@headers": 1, "@module": 2, "@dkms": 0}

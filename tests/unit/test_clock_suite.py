@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet import roles
 from gpufleet.conformance import registry
-from gpufleet.conformance.checks.clock import clock_problem
+from gpufleet.conformance.checks.clock import TIMESYNC, clock_problem
 from gpufleet.conformance.suites.clock import ClockSettings
 from gpufleet.errors import VarError
 from gpufleet.facts import formats
@@ -30,6 +30,8 @@ def test_the_suite_is_in_the_conformance_set_with_the_health_checks_bound() -> N
     assert "clock" in registry.members_of("conformance")
     assert suite.variables == roles.clock_settings()
     assert suite.required_when is None  # bootstrap's preflight checks the clock itself
+    assert suite.facts is not None
+    assert suite.facts(None).custom == {TIMESYNC}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("name", "bound", "problem"), [
@@ -43,23 +45,26 @@ def test_the_suite_is_in_the_conformance_set_with_the_health_checks_bound() -> N
     ("chronyc-tracking-omnios-2576.txt", None, None),
 ])
 def test_chrony(name: str, bound: float | None, problem: str | None) -> None:
-    assert clock_problem(_chrony(name), "", bound) == problem
+    assert clock_problem(_chrony(name), "", None, bound) == problem
 
 
 def test_systemd_and_no_source_at_all() -> None:
-    timesyncd = formats.time_sync(
-        "@timedatectl\nNTPSynchronized=yes\nNTP=yes\n@timesync-status\n"
-        + (PUBLISHED / "timedatectl-timesync-status-245.6-debian-systemd-16492.txt").read_text())
-    assert clock_problem(timesyncd, "", 100) == (
+    flag = formats.time_sync("@timedatectl\nNTPSynchronized=yes\nNTP=yes\n")
+    timesyncd = TIMESYNC.parse(
+        (PUBLISHED / "timedatectl-timesync-status-245.6-debian-systemd-16492.txt").read_text())
+    assert clock_problem(flag, "", timesyncd, 100) == (
         "-1087.5 ms off (systemd-timesyncd from (null) (3.debian.pool.ntp.org)), beyond "
         "time_max_offset_ms 100")
-    flag = formats.time_sync("@timedatectl\nNTPSynchronized=yes\nNTP=yes\n")
-    assert clock_problem(flag, "", 100) == (
+    assert clock_problem(flag, "", None, 100) == (
         "unknown: the offset: systemd reports the clock synchronised but no offset "
         "(time_check_offset: false checks synchronisation alone)")
-    assert clock_problem(flag, "", None) is None
+    assert clock_problem(flag, "", None, None) is None
+    unsynchronised = formats.time_sync("@timedatectl\nNTPSynchronized=no\nNTP=yes\n")
+    assert clock_problem(unsynchronised, "", timesyncd, 100) == (
+        "not synchronised (systemd-timesyncd from (null) (3.debian.pool.ntp.org))")
     assert clock_problem(None, "no chronyd answers and systemd does not run on this host",
-                         100) == "unknown: no chronyd answers and systemd does not run on this host"
+                         None, 100) == (
+        "unknown: no chronyd answers and systemd does not run on this host")
 
 
 def test_the_bound_is_checked_before_any_host(tmp_path: Path) -> None:

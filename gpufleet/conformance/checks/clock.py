@@ -12,14 +12,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.facts.catalog import Fact
+from gpufleet.facts.parsers import timesync
+
+TIMESYNC = Fact(
+    "timesync_status",
+    "[ -d /run/systemd/timesync ] || { echo 'systemd-timesyncd does not run on this host'; "
+    "exit 127; }; timedatectl timesync-status", timesync.timesync_status, "timedatectl")
+"""systemd-timesyncd's last exchange with its server (its offset): the clock suite's own
+fact, where systemd's synchronised flag is all ``time_sync`` has."""
+
 
 def clock_problem(value: dict[str, Any] | None, why_absent: str,
-                  max_offset_ms: float | None) -> str | None:
+                  timesyncd: dict[str, Any] | None, max_offset_ms: float | None) -> str | None:
     """Why the node's clock fails (None when it passes): unknown (no source answered), not
     synchronised, or further than ``max_offset_ms`` from its source (None: synchronised
-    is enough, as ``time_check_offset: false`` asks)."""
+    is enough, as ``time_check_offset: false`` asks). ``timesyncd`` (the TIMESYNC fact)
+    gives the offset where systemd's flag is the source."""
     if value is None:
         return f"unknown: {why_absent}"
+    if value["source"] == "systemd" and timesyncd is not None:
+        value = {**value, "source": "systemd-timesyncd", "offset_s": timesyncd["offset_s"],
+                 "server": timesyncd["server"]}
     source = value["source"] + (f" from {value['server']}" if value.get("server") else "")
     if not value["synchronised"]:
         return f"not synchronised ({source})"

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet import roles
+from gpufleet.conformance.checks import clock as clock_checks
 from gpufleet.conformance.registry import Settings, Suite, declared
+from gpufleet.facts.gather import FactRequest
+from gpufleet.inventory.model import Host
 from gpufleet.provision.role import RoleVars
 
 
@@ -23,10 +26,15 @@ def _check(v: RoleVars) -> None:
                      v.get("time_max_offset_ms"))
 
 
+def _facts(host: Host) -> FactRequest:
+    return FactRequest(custom=frozenset({clock_checks.TIMESYNC}))
+
+
 SUITE = Suite(
     "clock", ("conformance",),
     "the clock synchronised (chrony or systemd-timesyncd) and within time_max_offset_ms of "
     "its source",
     order=15,
     settings=ClockSettings,
+    facts=_facts,
     check=_check)
