@@ -51,20 +51,19 @@ def kernel_state_fact(modules: tuple[str, ...]) -> Fact:
     when a module is missing."""
     names = " ".join(shlex.quote(m) for m in modules)
     return Fact("kernel_state", needs("modinfo", "modinfo not found (kmod)") + "\n".join([
-        'r=$(uname -r); echo "@running $r"; miss=0',
+        'r=$(uname -r); echo "@running $r"',
         'for f in /boot/vmlinuz-*; do [ -e "$f" ] && echo "@boot ${f#/boot/vmlinuz-}"; done',
         'for d in /lib/modules/*; do [ -e "$d/build" ] && echo "@headers ${d##*/}"; done',
         "mods() {",
-        f"  for m in {names}; do",
-        '    echo "@module $1 $m"; o=$(modinfo -k "$1" "$m" 2>&1) || miss=1',
-        "    printf '%s\\n' \"$o\" | grep -E '^(filename|version|vermagic|name):|^modinfo:'",
-        "  done",
+        f'  for m in {names}; do echo "@module $1 $m"; modinfo -k "$1" "$m" 2>&1 || '
+        "echo @missing; done",
         "}",
-        'mods "$r"',
-        'for f in /boot/vmlinuz-*; do k=${f#/boot/vmlinuz-}; '
-        '[ -e "$f" ] && [ "$k" != "$r" ] && mods "$k"; done',
-        'if command -v dkms >/dev/null 2>&1; then echo @dkms; '
-        '[ "$miss" = 0 ] || dkms status 2>&1; fi',
+        'out=$(mods "$r"; for f in /boot/vmlinuz-*; do k=${f#/boot/vmlinuz-}; '
+        '[ -e "$f" ] && [ "$k" != "$r" ] && mods "$k"; done)',
+        "printf '%s\\n' \"$out\" | "
+        "grep -E '^(@module |filename:|version:|vermagic:|name:|modinfo:)'",
+        "if command -v dkms >/dev/null 2>&1; then echo @dkms; "
+        'case "$out" in *@missing*) dkms status 2>&1;; esac; fi',
         "exit 0",
     ]), kernel_state, "dkms")
 
