@@ -46,19 +46,21 @@ _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_*-]*\Z")
 
 @functools.cache
 def kernel_state_fact(modules: tuple[str, ...]) -> Fact:
-    """The running kernel, the installed ones (/boot/vmlinuz-*), those with headers, and
-    modinfo of each module for each of them; whether dkms is installed, and ``dkms status``
-    when a module is missing."""
+    """The running kernel, the installed ones (/boot/vmlinuz-*, a RHEL rescue image left
+    out), those with headers, and modinfo of each module for each of them; whether dkms is
+    installed, and ``dkms status`` when a module is missing."""
     names = " ".join(shlex.quote(m) for m in modules)
     return Fact("kernel_state", needs("modinfo", "modinfo not found (kmod)") + "\n".join([
         'r=$(uname -r); echo "@running $r"',
-        'for f in /boot/vmlinuz-*; do [ -e "$f" ] && echo "@boot ${f#/boot/vmlinuz-}"; done',
+        'for f in /boot/vmlinuz-*; do case $f in *-rescue-*) continue;; esac; '
+        '[ -e "$f" ] && echo "@boot ${f#/boot/vmlinuz-}"; done',
         'for d in /lib/modules/*; do [ -e "$d/build" ] && echo "@headers ${d##*/}"; done',
         "mods() {",
         f'  for m in {names}; do echo "@module $1 $m"; modinfo -k "$1" "$m" 2>&1 || '
         "echo @missing; done",
         "}",
         'out=$(mods "$r"; for f in /boot/vmlinuz-*; do k=${f#/boot/vmlinuz-}; '
+        'case $k in *-rescue-*) continue;; esac; '
         '[ -e "$f" ] && [ "$k" != "$r" ] && mods "$k"; done)',
         "printf '%s\\n' \"$out\" | "
         "grep -E '^(@module |filename:|version:|vermagic:|name:|modinfo:)'",
