@@ -214,7 +214,7 @@ class KernelRole(RoleBase):
         if blocked:
             changes.append(Change(
                 self.name, "kernel next boot", "verify",
-                f"{following} (installed, newer than the pin)", pinned,
+                f"{following} (the newest installed)", pinned,
                 [Fail(f"the next boot runs kernel {following}, not the pinned {pinned}: "
                       f"remove it (apt-get purge linux-image-{following}) or pin it "
                       f"(kernel_version: {following})")], kind="kernel"))
