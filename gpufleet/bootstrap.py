@@ -232,7 +232,7 @@ def preflight_problems(facts: Facts, host: Host, controller_clock: float) -> lis
     on_bus = facts.get("pci_gpus")
     if wanted is not None and on_bus is not None and len(on_bus) != wanted:
         problems.append(f"{len(on_bus)} NVIDIA GPUs on the PCI bus, inventory expects {wanted}")
-    synced = facts.get("time_sync")
+    synced = (facts.get("time_sync") or {}).get("synchronised")
     skew = abs(float(facts.get("clock") or controller_clock) - controller_clock)
     max_skew = v.number("bootstrap_max_clock_skew_s")
     if synced is False:

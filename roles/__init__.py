@@ -81,6 +81,15 @@ def job_limits() -> dict[str, Var]:
     return {key: ROLE.variables[key] for key in ("slurm_job_memlock", "slurm_job_nofile")}
 
 
+def clock_settings() -> dict[str, Var]:
+    """The declarations of the clock's bound (``time_max_offset_ms``, ``time_check_offset``),
+    shared by the slurm_healthcheck role (which hands them to the node's health check) and
+    the clock suite."""
+    from gpufleet.roles.slurm_healthcheck import ROLE  # noqa: PLC0415 - the registry's own module
+
+    return {key: ROLE.variables[key] for key in ("time_max_offset_ms", "time_check_offset")}
+
+
 def job_memlock_kib(v: RoleVars) -> int | None:
     """``slurm_job_memlock`` in KiB, None for unlimited; a bad value fails naming it."""
     from gpufleet.roles.slurm_node import SlurmNodeRole  # noqa: PLC0415 - as above

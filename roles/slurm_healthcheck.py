@@ -51,6 +51,20 @@ OTHER_CHECKS_S = 2  # and gives its other checks at least this much before the w
 WRAPPERS = {"prolog": ("slurm_prolog", "slurm_prolog_path"),
             "epilog": ("slurm_epilog", "slurm_epilog_path")}
 _PORT = re.compile(r"^[A-Za-z0-9_.-]+/\d+\Z")
+TIME_MAX_OFFSET_MS = 100
+"""The clock's bound, the clock suite's and the health check's (docs/conformance.md#clock
+says where it comes from): far inside munge's 300 s credential lifetime, and loose enough
+for NTP over a data-centre network (1 ms on AWS's Time Sync Service)."""
+
+
+def time_max_offset_ms(v: RoleVars) -> float | None:
+    """The clock's bound for the health check: ``time_max_offset_ms`` (milliseconds above
+    0), or None where ``time_check_offset`` is false (its synchronisation alone)."""
+    bound = v.number("time_max_offset_ms")
+    if not bound > 0:
+        raise v.fail("time_max_offset_ms", "a number of milliseconds above 0",
+                     v.get("time_max_offset_ms"))
+    return bound if v.boolean("time_check_offset") else None
 
 
 class SlurmHealthcheckRole(RoleBase):
@@ -104,6 +118,11 @@ class SlurmHealthcheckRole(RoleBase):
                                                   "minutes (nodes without Slurm's health "
                                                   "check)"),
         "pytorch_venv": pytorch.ROLE.variables["pytorch_venv"],
+        "time_max_offset_ms": Var(TIME_MAX_OFFSET_MS, "number",
+                                  "how far (ms) the clock may be from its time source"),
+        "time_check_offset": Var(True, "boolean", "hold the clock's offset to "
+                                                  "time_max_offset_ms (false: its "
+                                                  "synchronisation alone)"),
         "gpu_count": Var(None, "integer", "GPUs the node must have"),
         "nccl_env": Var(None, "mapping", "the nccl_env role's settings: their local port "
                                          "range is the one the program expects"),
@@ -270,6 +289,7 @@ class SlurmHealthcheckRole(RoleBase):
             "job_memlock_min_kib": slurm_node.SlurmNodeRole.memlock_kib(v),
             "fabric_ports": ports,
             "state_dir": v.path("slurm_healthcheck_state_dir"),
+            "time_max_offset_ms": time_max_offset_ms(v),
         }
 
     @staticmethod

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.errors import ParseError
+from gpufleet.facts.parsers import timesync
 from gpufleet.facts.parsers.cuda import torch_info
+from gpufleet.facts.parsers.kernel import dkms_status, modinfo
 
 
 @dataclass(frozen=True)
@@ -162,12 +164,95 @@ def disk_free(text: str) -> dict[str, int]:
     return free
 
 
-def time_sync(text: str) -> bool | None:
-    """True/False from timedatectl or chronyc output; None when neither could tell."""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("NTPSynchronized="):
-            return line.split("=", 1)[1] == "yes"
-        if line.startswith("Leap status"):
-            return line.split(":", 1)[1].strip() == "Normal"
-    return None
+def _sections(text: str, names: tuple[str, ...]) -> dict[str, str]:
+    """A snippet's output split at its ``@NAME`` lines (each of ``names`` at most once)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("@"):
+            name = line[1:].strip()
+            if name not in names or name in sections:
+                raise ParseError(f"unexpected section {line.strip()!r} (expected "
+                                 f"{', '.join('@' + n for n in names)}, each once)")
+            current = sections[name] = []
+        elif current is None:
+            if line.strip():
+                raise ParseError(f"output before the first section: {line.strip()[:80]!r}")
+        else:
+            current.append(line)
+    return {name: "\n".join(lines) + "\n" for name, lines in sections.items()}
+
+
+def time_sync(text: str) -> dict[str, Any]:
+    """The ``time_sync`` snippet's output: ``@chronyc`` and ``chronyc -n tracking``, or
+    ``@timedatectl`` and ``timedatectl show -p NTPSynchronized -p NTP``.
+
+    Returns ``source`` (``chrony``, or ``systemd``: the kernel's synchronised flag, which
+    systemd-timesyncd or another daemon sets), ``synchronised``, ``offset_s`` (how far the
+    clock is ahead of chrony's time, negative when behind; None from systemd's flag) and
+    ``server`` (chrony's reference)."""
+    sections = _sections(text, ("chronyc", "timedatectl"))
+    if len(sections) != 1:
+        raise ParseError("expected one of @chronyc and @timedatectl")
+    if "chronyc" in sections:
+        tracking = timesync.chronyc_tracking(sections["chronyc"])
+        return {"source": "chrony", "synchronised": tracking["synchronised"],
+                "offset_s": tracking["offset_s"], "server": tracking["reference"]}
+    flag = timesync.timedatectl_show(sections["timedatectl"]).get("NTPSynchronized")
+    if flag not in ("yes", "no"):
+        raise ParseError(f"timedatectl show: NTPSynchronized must be yes or no, got {flag!r}")
+    return {"source": "systemd", "synchronised": flag == "yes", "offset_s": None,
+            "server": None}
+
+
+_KERNEL_MARKS = {"@running": 1, "@boot": 1, "@headers": 1, "@module": 2, "@dkms": 0}
+
+
+def _marked(text: str) -> list[tuple[str, list[str], list[str]]]:
+    """A snippet's output as (mark, its arguments, the lines under it), in order."""
+    found: list[tuple[str, list[str], list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("@"):
+            mark, *args = line.split()
+            if _KERNEL_MARKS.get(mark) != len(args):
+                raise ParseError(f"unexpected line {line[:80]!r}")
+            found.append((mark, args, []))
+        elif found:
+            found[-1][2].append(line)
+        elif line.strip():
+            raise ParseError(f"output outside a section: {line[:80]!r}")
+    return found
+
+
+def kernel_state(text: str) -> dict[str, Any]:
+    """The ``kernel_state`` snippet's output: ``@running K``, one ``@boot K`` per
+    /boot/vmlinuz-K, one ``@headers K`` per /lib/modules/K with a ``build`` link, then per
+    kernel and module ``@module K M`` and modinfo's filename, version, vermagic and name
+    lines (or its error), and, where dkms is installed, ``@dkms`` and, when a module was
+    missing, ``dkms status``.
+
+    Returns ``running``, ``boot`` and ``headers`` (releases), ``modules`` (release ->
+    module -> modinfo's fields, or ``{"error": ...}``) and ``dkms`` (``dkms status`` read,
+    empty where it was not asked; None without dkms)."""
+    state: dict[str, Any] = {"running": None, "boot": [], "headers": [], "modules": {},
+                             "dkms": None}
+    for mark, args, lines in _marked(text):
+        if mark in ("@boot", "@headers"):
+            state[mark[1:]].append(args[0])
+        elif mark == "@running":
+            if state["running"] is not None:
+                raise ParseError("two @running lines")
+            state["running"] = args[0]
+        elif mark == "@dkms":
+            if state["dkms"] is not None:
+                raise ParseError("two @dkms sections")
+            state["dkms"] = dkms_status("\n".join(lines))
+        else:
+            errors = [line.strip() for line in lines if line.startswith("modinfo:")]
+            fields = {"error": errors[0]} if errors else modinfo("\n".join(lines))
+            state["modules"].setdefault(args[0], {})[args[1]] = fields
+        if mark not in {"@module", "@dkms"} and any(line.strip() for line in lines):
+            raise ParseError(f"output under {mark}: {lines[0][:80]!r}")
+    if state["running"] is None:
+        raise ParseError("no @running line")
+    return state

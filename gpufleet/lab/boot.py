@@ -1,6 +1,6 @@
 """A lab node's boot, as shell run in its new namespaces: the copy-on-write overlays and
-private mounts, the first boot's host keys, names and reboot stand-in, the NVIDIA module's
-stand-in, and its sshd."""
+private mounts, the first boot's host keys, names, reboot and chronyc stand-ins, the NVIDIA
+module's stand-in, and its sshd."""
 
 from __future__ import annotations
 
@@ -10,6 +10,28 @@ import sys
 from gpufleet.lab.model import LabConfig, Node
 
 OVERLAID = ("etc", "var", "opt", "usr", "root")
+CHRONY_REPORT = "/etc/gpufleet-lab/chronyc-tracking"
+CHRONY_TRACKING = """\
+Reference ID    : 7F000001 (127.0.0.1)
+Stratum         : 9
+Ref time (UTC)  : Mon Dec 07 05:16:13 2026
+System time     : 0.000002696 seconds fast of NTP time
+Last offset     : +0.000000032 seconds
+RMS offset      : 0.000000150 seconds
+Frequency       : 0.007 ppm slow
+Residual freq   : +0.000 ppm
+Skew            : 0.095 ppm
+Root delay      : 0.000007121 seconds
+Root dispersion : 0.000001346 seconds
+Update interval : 0.3 seconds
+Leap status     : Normal
+"""
+"""What a node's chronyc stand-in reports at first: chrony 4.3's ``chronyc -n tracking`` of a
+clock synchronised to a server (captured on the build machine,
+tests/fixtures/published/chronyc-n-tracking-4.3-debian12-loopback-server.txt). Every lab
+node runs on the controller's kernel clock, so none can drift from another; a test writes
+another real report into the node's CHRONY_REPORT to make its clock look unsynchronised or
+far off."""
 
 
 def boot_script(config: LabConfig, node: Node) -> str:
@@ -25,6 +47,7 @@ def boot_script(config: LabConfig, node: Node) -> str:
     return "\n".join([
         *mounts,
         f"mount --bind {q(str(d / 'tmp'))} /tmp",
+        f"mount --bind {q(str(d / 'boot'))} /boot",
         "mount -t sysfs sysfs /sys",
         "mount -t tmpfs -o mode=0755 tmpfs /run",
         "mkdir -p /run/sshd /run/lock",
@@ -69,8 +92,21 @@ def first_boot_script(config: LabConfig, node: Node) -> str:
         "  for cmd in reboot shutdown poweroff halt; do",
         "    ln -sf /usr/local/sbin/reboot /usr/sbin/$cmd",
         "  done",
+        f"  printf '%s' {q(CHRONY_TRACKING)} > {CHRONY_REPORT}",
+        f"  printf '%s\\n' {q(CHRONYC_STANDIN)} > /usr/local/bin/chronyc",
+        "  chmod 755 /usr/local/bin/chronyc",
         "fi",
     ])
+
+
+CHRONYC_STANDIN = "\n".join([
+    "#!/bin/sh",
+    "# gpufleet lab stand-in for chronyc: the node's clock is the controller's; tracking",
+    f"# replays the chrony report in {CHRONY_REPORT}.",
+    'case " $* " in *" tracking "*) exec cat ' + CHRONY_REPORT + ";; esac",
+    "echo '506 Cannot talk to daemon'",
+    "exit 1",
+])
 
 
 def reboot_standin(config: LabConfig, node: Node) -> str:

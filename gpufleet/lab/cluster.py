@@ -115,7 +115,7 @@ class Lab:
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()
         root = self.config.root.resolve()
-        hidden = [d for d in (*OVERLAID, "tmp", "run", "dev", "proc", "sys")
+        hidden = [d for d in (*OVERLAID, "tmp", "boot", "run", "dev", "proc", "sys")
                   if root == Path("/", d) or Path("/", d) in root.parents]
         if hidden or root == Path("/"):
             raise LabError(f"lab root {root} must not lie under /{hidden[0] if hidden else ''}: "
@@ -317,7 +317,8 @@ class Lab:
 
     def _boot(self, node: Node) -> None:
         """Create the node's mount/UTS namespaces over its overlay and start its sshd."""
-        for sub in ("tmp", *(f"upper/{d}" for d in OVERLAID), *(f"work/{d}" for d in OVERLAID)):
+        for sub in ("tmp", "boot", *(f"upper/{d}" for d in OVERLAID),
+                    *(f"work/{d}" for d in OVERLAID)):
             (node.dir / sub).mkdir(parents=True, exist_ok=True)
         (node.dir / "tmp").chmod(0o1777)
         for ns_file in (node.mnt_ns, node.uts_ns):

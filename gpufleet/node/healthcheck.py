@@ -30,6 +30,8 @@ checks; each runs in the contexts it is tagged with:
   watch          periodic          gpufleet-watch (``watch_program``) reports no open
                                    finding: NIC, NVLink, PCIe and ECC counters judged over
                                    windows between runs, link flaps, links below their width
+  time_sync      periodic          the clock is synchronised (chrony, else systemd) and
+                                   within ``time_max_offset_ms`` of its source
 
 The context is ``--context``, else the name the program was run by (gpufleet-prolog,
 gpufleet-epilog: Slurm's Prolog= takes no arguments), else periodic. The prolog and epilog
@@ -92,6 +94,7 @@ DEFAULTS: dict[str, Any] = {
     "state_dir": "/var/lib/gpufleet",
     "watch_program": None,
     "watch_config": None,
+    "time_max_offset_ms": 100,
 }
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -1375,6 +1378,112 @@ def check_port_range(config: dict[str, Any], recorded: dict[str, Any] | None) ->
     return Result("port_range", "PASS", shown)
 
 
+# ---- the clock (time_sync) -------------------------------------------------------------------
+# chronyc's and timedatectl's readers as gpufleet/facts/parsers/timesync.py has them, in the
+# form this program needs (tests/unit/test_healthcheck_time_sync.py holds them to the same
+# captures); the bound's default is the slurm_healthcheck role's (held equal there too).
+
+TIME_TOOL_S = 2.0
+SYSTEMD_DIR = "/run/systemd/system"
+TIMESYNC_DIR = "/run/systemd/timesync"
+_CHRONY_FIELD = re.compile(r"^\s*(System time|Leap status)\s*:\s*(.*?)\s*$", re.MULTILINE)
+_CHRONY_OFFSET = re.compile(r"^(\d+(?:\.\d+)?) seconds (fast|slow) of NTP time$")
+_TIMESYNC_OFFSET = re.compile(r"^\s*Offset:\s*(\S.*?)\s*$", re.MULTILINE)
+_TIMESPAN = re.compile(r"(\d+(?:\.\d+)?)(ns|us|\u00b5s|ms|s|min|h|d)")
+_TIMESPAN_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0,
+               "h": 3600.0, "d": 86400.0}
+
+
+def parse_chronyc_tracking(text: str) -> tuple[bool, float]:
+    """``chronyc tracking``: (synchronised: the leap status is not "Not synchronised", the
+    offset in seconds: positive when the clock is ahead of NTP time)."""
+    fields = dict(_CHRONY_FIELD.findall(text))
+    offset = _CHRONY_OFFSET.match(fields.get("System time", ""))
+    if offset is None or not fields.get("Leap status"):
+        raise ValueError(f"not chronyc tracking's report: {last_line(text)}")
+    seconds = float(offset.group(1)) * (1 if offset.group(2) == "fast" else -1)
+    return fields["Leap status"] != "Not synchronised", seconds
+
+
+def parse_timesync_offset(text: str) -> float | None:
+    """``timedatectl timesync-status``'s Offset in seconds (``-1.087495s``, ``+1.024ms``),
+    or None before its first exchange."""
+    found = _TIMESYNC_OFFSET.search(text)
+    if found is None:
+        return None
+    value = found.group(1)
+    body = value.lstrip("+-").replace(" ", "")
+    parts = _TIMESPAN.findall(body)
+    if not body or "".join(n + u for n, u in parts) != body:
+        raise ValueError(f"timesync-status: an offset that is not a time span: {value!r}")
+    return (-1 if value.startswith("-") else 1) * sum(float(n) * _TIMESPAN_S[u]
+                                                      for n, u in parts)
+
+
+def _clock(deadline: Deadline) -> tuple[str, bool, float | None] | Result:
+    """(source, synchronised, offset in seconds or None) from chronyd where it answers,
+    else from systemd; a Result where neither can say."""
+    chrony = run(["chronyc", "-n", "tracking"], deadline, TIME_TOOL_S)
+    if chrony is not None and chrony.rc == 0:
+        try:
+            return ("chrony", *parse_chronyc_tracking(chrony.text))
+        except ValueError as exc:
+            return Result("time_sync", "FAIL", f"chronyc: {exc}")
+    if os.path.isdir(SYSTEMD_DIR):
+        return _systemd_clock(deadline)
+    said = "no chronyc" if chrony is None else f"chronyc: {last_line(chrony.text)}"
+    return Result("time_sync", "SKIP", f"no time service answers ({said}; systemd does not "
+                                       "run)")
+
+
+def _systemd_clock(deadline: Deadline) -> tuple[str, bool, float | None] | Result:
+    """systemd's synchronised flag and, where systemd-timesyncd runs, its last offset."""
+    flag = run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], deadline,
+               TIME_TOOL_S)
+    if flag is None or flag.rc != 0 or flag.text.strip() not in ("yes", "no"):
+        said = "not found" if flag is None else last_line(flag.text)
+        return Result("time_sync", "FAIL", f"timedatectl show: {said}")
+    synchronised = flag.text.strip() == "yes"
+    status = (run(["timedatectl", "timesync-status"], deadline, TIME_TOOL_S)
+              if os.path.isdir(TIMESYNC_DIR) else None)
+    if status is None or status.rc != 0:
+        return "systemd", synchronised, None
+    try:
+        return "systemd-timesyncd", synchronised, parse_timesync_offset(status.text)
+    except ValueError as exc:
+        return Result("time_sync", "FAIL", str(exc))
+
+
+def check_time_sync(run: Run) -> Result:
+    """The clock synchronised (chronyd, else systemd-timesyncd or another daemon that sets
+    the kernel's flag) and within ``time_max_offset_ms`` of its source (null: only
+    synchronised). A node with neither chronyd nor systemd to ask is skipped."""
+    bound = run.config["time_max_offset_ms"]
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                              or bound <= 0):
+        return Result("time_sync", "FAIL", f"time_max_offset_ms must be milliseconds above 0 "
+                                           f"or null, got {bound!r}")
+    clock = _clock(run.deadline)
+    return clock if isinstance(clock, Result) else time_verdict(*clock, bound)
+
+
+def time_verdict(source: str, synchronised: bool, offset: float | None,
+                 bound: float | None) -> Result:
+    """The clock's verdict from what its source says and the bound (ms, or None)."""
+    if not synchronised:
+        status, text = "FAIL", f"not synchronised ({source})"
+    elif bound is None:
+        status, text = "PASS", f"synchronised ({source})"
+    elif offset is None:
+        status, text = "FAIL", f"synchronised ({source}), with no offset to hold to {bound:g} ms"
+    else:
+        beyond = abs(offset) * 1000 > bound
+        status = "FAIL" if beyond else "PASS"
+        text = (f"{offset * 1000:+.3f} ms ({source}), {'beyond' if beyond else 'within'} "
+                f"{bound:g} ms")
+    return Result("time_sync", status, text)
+
+
 # ---- the catalogue ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -1401,6 +1510,7 @@ CATALOGUE = (
     Check("memlock", ("prolog",), check_memlock),
     Check("gpu_config", ("prolog", "epilog"), check_gpu_config),
     Check("watch", ("periodic",), check_watch),
+    Check("time_sync", ("periodic",), check_time_sync),
 )
 
 

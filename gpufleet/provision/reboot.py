@@ -20,10 +20,12 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 @dataclass(eq=False)
 class Reboot:
-    """Reboot the host so that the installed driver's kernel module is loaded.
+    """Reboot the host so that what only a boot loads is loaded: the installed driver's
+    kernel module, the pinned kernel.
 
-    Without ``--reboot`` the step only records that a reboot is pending; the host
-    is then reported as "reboot required", never as converged.
+    Without ``--reboot`` the step only records that a reboot is pending (every reason, when
+    several roles need one); the host is then reported as "reboot required", never as
+    converged. One run reboots a host once: a second role's reboot after the first is done.
     """
 
     command: str
@@ -34,13 +36,18 @@ class Reboot:
 
     def apply(self, ctx: ApplyContext) -> None:
         if not ctx.options.reboot:
-            ctx.memo["reboot_pending"] = self.reason
+            earlier = ctx.memo.get("reboot_pending")
+            ctx.memo["reboot_pending"] = f"{earlier}; {self.reason}" if earlier else self.reason
+            return
+        if ctx.memo.get("rebooted"):
+            ctx.log.append(f"reboot ({self.reason}): done by this run's reboot")
             return
         before = ctx.conn.run(BOOT_ID, timeout=30).check("reading boot id").stdout.strip()
         with contextlib.suppress(Unreachable):
             ctx.conn.run(f"({self.command}) >/dev/null 2>&1 &", timeout=30)
         ctx.conn.close()
         ctx.conn = wait_for_new_boot(ctx, before)
+        ctx.memo["rebooted"] = True
         ctx.log.append(f"rebooted ({self.reason})")
 
 

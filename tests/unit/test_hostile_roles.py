@@ -105,7 +105,9 @@ def test_bootstrap_variables_are_typed(tmp_path: Path) -> None:
         bootstrap_vars(host)
     fixed = inventory(tmp_path, 'bootstrap_supported_os: "ubuntu:24.04, debian:12"\n')
     facts = Facts("gpu01", values={"os_release": {"ID": "debian", "VERSION_ID": "12"},
-                                   "disk_free": {"/": 50e9}, "time_sync": True, "clock": 1.0})
+                                   "disk_free": {"/": 50e9}, "clock": 1.0,
+                                   "time_sync": {"source": "chrony", "synchronised": True,
+                                                 "offset_s": 0.0001, "server": None}})
     assert preflight_problems(facts, fixed.hosts["gpu01"], 1.0) == []
 
 
@@ -117,6 +119,8 @@ HOSTILE_FORMS: list[Any] = [HOSTILE, [HOSTILE], {"NCCL_X": HOSTILE}]
 # The least each role needs to be active (and valid): the walk below starts from these.
 ACTIVE = {
     "nvidia_repo": {"nvidia_repo": True, "nvidia_repo_keyring": "/dev/null"},
+    "kernel": {"kernel_version": "6.8.0-45-generic", "nvidia_driver_version": "580.95.05",
+               "gpudirect_rdma": True, "ofed_version": "24.10-1.1.4.0"},
     "driver": {"nvidia_driver_version": "580.95.05"},
     "fabricmanager": {"nvidia_driver_version": "580.95.05", "nvidia_fabricmanager": True},
     "persistenced": {"nvidia_persistence_mode": True},

@@ -24,12 +24,14 @@ from gpufleet.facts import formats, parsers
 from gpufleet.facts.parsers import (
     cuda,
     dcgm,
+    kernel,
     nccl_tests,
     network,
     nvidia_smi,
     packages,
     qos,
     system,
+    timesync,
     watch,
     xid,
 )
@@ -123,7 +125,36 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
     "link_target": (formats.link_target, ["-> /usr/lib/x\n", "missing\n", "notlink\n"]),
     "rdma_devices": (formats.rdma_devices, ["mlx5_0 1 InfiniBand ACTIVE ibp1s0\n"
                                             "mlx5_1 1 Ethernet DOWN -\n"]),
-    "time_sync": (formats.time_sync, ["NTPSynchronized=yes\n"]),
+    "time_sync": (formats.time_sync, [
+        "@chronyc\n" + (PUBLISHED / "chronyc-n-tracking-4.3-debian12-unsynchronised.txt")
+        .read_text(),
+        "@timedatectl\nNTPSynchronized=yes\nNTP=yes\n",
+        "@timedatectl\nNTPSynchronized=no\nNTP=no\n"]),
+    "chronyc_tracking": (timesync.chronyc_tracking, _files(
+        PUBLISHED / "chronyc-n-tracking-4.3-debian12-loopback-server.txt",
+        PUBLISHED / "chronyc-n-tracking-4.3-debian12-unsynchronised.txt")),
+    "timedatectl_show": (timesync.timedatectl_show, [
+        "NTPSynchronized=yes\nNTP=yes\nTimeUSec=Mon 2026-12-07 05:16:13 UTC\n"]),
+    "timesync_status": (timesync.timesync_status, _files(
+        PUBLISHED / "timedatectl-timesync-status-245.6-debian-systemd-16492.txt")),
+    "timespan_s": (timesync.timespan_s, ["+1.024ms\n", "-1min 3.5s\n"]),
+    "modinfo": (kernel.modinfo, _files(
+        PUBLISHED / "modinfo-nvidia-590.44.01-dkms-ubuntu-aikitoria-15.txt",
+        PUBLISHED / "modinfo-gdrdrv-dkms-ubuntu-gdrcopy-82.txt")),
+    "vermagic_release": (kernel.vermagic_release, ["6.8.0-90-generic SMP preempt mod_unload\n"]),
+    "dkms_status": (kernel.dkms_status, _files(
+        PUBLISHED / "dkms-status-2.x-nvidia-fedora-negativo17-56.txt",
+        PUBLISHED / "dkms-status-3.0.10-nvidia-535-rtl8852bu-7.txt",
+        PUBLISHED / "dkms-status-2.x-error-and-original-module-negativo17-56.txt")),
+    "kernel_state": (formats.kernel_state, [
+        "@running 6.8.0-90-generic\n@boot 6.8.0-90-generic\n@boot 6.8.0-94-generic\n"
+        "@headers 6.8.0-90-generic\n@module 6.8.0-90-generic nvidia\n"
+        + "".join(line + "\n" for line in (
+            PUBLISHED / "modinfo-nvidia-590.44.01-dkms-ubuntu-aikitoria-15.txt")
+            .read_text().splitlines() if line.split(":")[0] in
+            ("filename", "version", "vermagic", "name"))
+        + "@module 6.8.0-94-generic nvidia\nmodinfo: ERROR: Module nvidia not found.\n"
+        "@dkms\n" + (PUBLISHED / "dkms-status-3.0.10-nvidia-535-rtl8852bu-7.txt").read_text()]),
     "torch_files": (formats.torch_files, [
         "@venv /opt/torch/.venv\n/opt/torch/.venv/lib/python3.12/site-packages/"
         "nvidia_nccl_cu13-2.28.9.dist-info\n__version__ = '2.11.0+cu130'\ncuda = '13.0'\n"]),

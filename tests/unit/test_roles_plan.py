@@ -68,12 +68,12 @@ def header(role: str) -> str:
 
 def test_roles_are_applied_stack_first_firewall_last() -> None:
     names = [r.name for r in ALL]
-    assert names[:2] == ["nvidia_repo", "driver"] and names[-1] == "firewall"
+    assert names[:3] == ["nvidia_repo", "kernel", "driver"] and names[-1] == "firewall"
     assert names.index("cuda") < names.index("nccl") < names.index("pytorch") < \
         names.index("nccl_env")
     assert [r.name for r in select("firewall, driver")] == ["driver", "firewall"]
     with pytest.raises(Exception, match=r"unknown role\(s\) drivers; roles are nvidia_repo, "
-                                        r"driver"):
+                                        r"kernel, driver"):
         select("drivers")
 
 

@@ -40,6 +40,7 @@ SLURM = FIXTURES / "slurm"
 PROGRAM = Path(program.__file__)
 WATCH = Path(watcher.__file__)
 SMI = SLURM / "h200_nvidia_smi_query.txt"
+CHRONY = FIXTURES / "published" / "chronyc-n-tracking-4.3-debian12-loopback-server.txt"
 
 
 # ---- the program's parts ---------------------------------------------------------------------
@@ -140,6 +141,7 @@ class Node:
         _script(self.bin, "nvidia-smi", f'cat {self.smi}\n')
         _script(self.bin, "dmesg", f'cat {self.dmesg}\n')
         _script(self.bin, "dpkg-query", "printf 'hi  2.28.3-1+cuda13.0'\n")
+        _script(self.bin, "chronyc", f"cat {CHRONY}\n")
         record = ("python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
                   f"{self.calls}\n")
         _script(self.bin, "scontrol", record + f'case "$1" in --oneliner) cat {self.show};; '
@@ -195,7 +197,7 @@ def test_every_run_logs_its_verdict_to_syslog(node: Node) -> None:
     assert node.run().returncode == 0
     [ok] = node.syslog()
     assert re.fullmatch(r"<30>gpufleet-healthcheck\[\d+\]: healthcheck node04: 0 failed, "
-                        r"3 passed, 4 skipped in \d+\.\d+s", ok), ok
+                        r"4 passed, 4 skipped in \d+\.\d+s", ok), ok
     node.write_config(gpu_count=2)
     assert node.run("--drain").returncode == 1
     [failed] = node.syslog()
@@ -225,9 +227,10 @@ def test_a_healthy_node_passes_in_well_under_ten_seconds(node: Node) -> None:
     assert lines["ecc"] == "PASS ecc: no uncorrectable ECC error on 1 GPU(s)"
     assert lines["xid"] == "PASS xid: no Xid that drains since boot (0 Xid event(s) in all)"
     assert lines["driver"].startswith("SKIP driver: no recorded state")
+    assert lines["time_sync"] == "PASS time_sync: +0.003 ms (chrony), within 100 ms"
     assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range",
-                           "watch"]
-    assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 3 passed, "
+                           "watch", "time_sync"]
+    assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 4 passed, "
                                                    "4 skipped in ")
 
 
