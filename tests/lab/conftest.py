@@ -2,9 +2,10 @@
 
 One session-wide lab of 16 nodes, separate from the user's lab (its own name,
 bridge, subnet and state directory). ``provisioned`` brings node01-node04 to the
-inventory's pinned stack once per session; tests that change a node restore it. Every JSON
-document a lab test has gpufleet write on the controller is checked against its shipped
-schema.
+inventory's pinned stack once per session; tests that change a node restore it. Modules
+whose tests would hold the session lab too long bring up a lab of their own
+(``lab_up``), which CI runs beside it. Every JSON document a lab test has gpufleet
+write on the controller is checked against its shipped schema.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,9 @@ PROVISIONED = "node01:node02:node03:node04"
 # the network placement lab (test_network_placement) 7, the shared mounts lab
 # (test_shared_mounts) 8, the image conformance lab (test_image_conformance) 9, the
 # baseline lab (test_baseline) 10, the combined Slurm step lab (test_slurm_fanout) 11, the
-# Slurm jobs lab (test_slurm_jobs) 12, the watch lab (test_watch) 14, the kernel and clock
-# lab (test_kernel_time) 15.
+# Slurm jobs lab (test_slurm_jobs) 12, the line-rate lab (test_line_rate) 13, the watch lab
+# (test_watch) 14, the kernel and clock lab (test_kernel_time) 15, the bootstrap lab
+# (test_bootstrap) 16.
 # Under `pytest -n` the labs run side by side (tests/conftest.py).
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
@@ -79,17 +82,32 @@ def _require_root() -> None:
         pytest.skip("lab tests need root: they create network namespaces and mounts")
 
 
+@contextmanager
+def lab_up(tmp_path_factory: pytest.TempPathFactory, role: str, offset: int, nodes: int,
+           provision: str | None = None) -> Iterator[Lab]:
+    """A lab of ``nodes`` nodes on the lab inventory's group_vars (``role`` and ``offset`` as
+    in ``lab_config_for``), the nodes ``provision`` names provisioned with reboot as the
+    session lab's ``provisioned`` are; torn down on exit."""
+    _require_root()
+    inventory_dir = tmp_path_factory.mktemp(f"{role}-inventory") / "lab"
+    shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
+    the_lab = Lab(lab_config_for(role, offset, inventory_dir))
+    the_lab.down()
+    the_lab.up(nodes)
+    try:
+        if provision:
+            code = app.provision_cmd(str(inventory_dir), limit=provision, reboot=True)
+            assert code == 0, f"provisioning {provision} of the lab {the_lab.config.name} failed"
+        yield the_lab
+    finally:
+        the_lab.down()
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """A 16-node lab, torn down at the end of the session."""
-    _require_root()
-    inventory_dir = tmp_path_factory.mktemp("inventory") / "lab"
-    shutil.copytree(ROOT / "inventory" / "lab" / "group_vars", inventory_dir / "group_vars")
-    the_lab = Lab(lab_config_for("t", 0, inventory_dir))
-    the_lab.down()
-    the_lab.up(LAB_NODES)
-    yield the_lab
-    the_lab.down()
+    with lab_up(tmp_path_factory, "t", 0, LAB_NODES) as the_lab:
+        yield the_lab
 
 
 @pytest.fixture(scope="session")
