@@ -133,6 +133,8 @@ ACTIVE = {
     "pytorch": {"pytorch_version": "2.13.0", "pytorch_cuda": "12.6",
                 "pytorch_index_url": "https://download.pytorch.org/whl/cu126"},
     "nccl_env": {"nccl_env": {"NCCL_SOCKET_IFNAME": "eth0"}, "gloo_socket_ifname": "eth0"},
+    "host_tuning": {"fabric_interfaces": ["fab0", "fab1"], "host_thp_enabled": "never",
+                    "host_thp_defrag": "madvise", "host_max_cstate": 1},
     "slurm_healthcheck": {"slurm_healthcheck": True, "nccl_env": {"NCCL_DEBUG": "WARN"}},
     "slurm_node": {"slurm_node": True, "slurm_gres_conf_manage": True, "slurm_gres_type": "h200",
                    "slurm_cgroup_conf_manage": True, "slurm_prolog": True,
