@@ -130,6 +130,8 @@ ACTIVE = {
                      "shared_mounts": [{"path": "/data"}]},
     "ofed": {"ofed_version": "24.10-1.1.4.0", "ofed_package": "doca-ofed"},
     "peermem": {"gpudirect_rdma": True},
+    "roce_qos": {"roce_qos": True, "rdma": {"pfc_priority": 3, "trust": "dscp", "ecn": True},
+                 "roce_qos_ports": ["fab0"]},
     "pytorch": {"pytorch_version": "2.13.0", "pytorch_cuda": "12.6",
                 "pytorch_index_url": "https://download.pytorch.org/whl/cu126"},
     "nccl_env": {"nccl_env": {"NCCL_SOCKET_IFNAME": "eth0"}, "gloo_socket_ifname": "eth0"},
