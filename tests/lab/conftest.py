@@ -38,7 +38,7 @@ PROVISIONED = "node01:node02:node03:node04"
 # the network placement lab (test_network_placement) 7, the shared mounts lab
 # (test_shared_mounts) 8, the image conformance lab (test_image_conformance) 9, the
 # baseline lab (test_baseline) 10, the combined Slurm step lab (test_slurm_fanout) 11, the
-# Slurm jobs lab (test_slurm_jobs) 12.
+# Slurm jobs lab (test_slurm_jobs) 12, the host tuning lab (test_host_tuning) 18.
 # Under `pytest -n` the labs run side by side (tests/conftest.py).
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
