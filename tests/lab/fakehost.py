@@ -29,7 +29,7 @@ from tests.lab.conftest import node_sh
 KERNEL_ROOT = "/run/gpufleet-lab/kernel"
 QOS_STATE = "/run/gpufleet-lab/qos"
 PORTS = ("fab0", "fab1")
-FABRIC_SUBNET = "192.0.2"
+FABRIC_SUBNET = "198.51.100"
 CX7 = FIXTURES / "published" / "mlnx-qos-i-connectx7-mlnx-ofed-23.10-ets-strict-pfc5.txt"
 HOOK = f"{BOOT_HOOKS}/10-kernel-state"
 SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority"
