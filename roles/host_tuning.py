@@ -17,6 +17,7 @@ own; the interfaces' ARP sysctls belong to each network namespace and are always
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import shlex
@@ -61,6 +62,7 @@ _STATE_FILES = (
 )
 
 
+@functools.cache
 def state_fact(root: str, interfaces: tuple[str, ...]) -> Fact:
     """The host-state fact: one ``grep -H ''`` over the state files under ``root`` (``""`` on
     a node), /etc/fstab, and the ARP sysctls of ``all``, ``default``, every RDMA netdev and

@@ -16,6 +16,7 @@ has so far only been checked, so applying it is a site's decision.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -39,6 +40,7 @@ _PORT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}\Z")
 ECN_KINDS = ("roce_np", "roce_rp")
 
 
+@functools.cache
 def state_fact(root: str, ports: tuple[str, ...]) -> Fact:
     """Each fabric port's trust and PFC, as ``mlnx_qos`` (or else ``dcb``) reports them, and
     its ECN enables from sysfs under ``root``; the ports: ``ports``, else every netdev of an
