@@ -3,12 +3,15 @@ balancing, swap, transparent huge pages and the C-state limit; and, where severa
 interfaces share a subnet, their ARP and reverse-path sysctls, with neighbour tables sized for
 the fleet.
 
-On by default, with the defaults the vendors' training images set (DGX OS's TuneD profiles,
-AWS ParallelCluster's cookbook, Azure's HPC images, DeepOps): a node left on ``powersave``
-trains slowly and would otherwise pass. What can change at run time is set now and kept over
+On by default on the GPU nodes gpufleet manages (a pinned driver, as fabricmanager's ``auto``),
+with the defaults the vendors' training images set (DGX OS's TuneD profiles, AWS
+ParallelCluster's cookbook, Azure's HPC images, DeepOps): a node left on ``powersave`` trains
+slowly and would otherwise pass; login nodes and controllers an inventory also lists are left
+alone. What can change at run time is set now and kept over
 a reboot (a sysctl.d file; a boot unit for the governor and THP); what needs the kernel command
 line (the C-state limit) is reported for an operator, never written. Every setting can be left
-alone by setting its variable to null, the role with ``host_tuning: false``.
+alone by setting its variable to null, the role with ``host_tuning: false`` (``true`` turns it
+on where no driver is pinned).
 
 ``kernel_state_root`` names where the kernel's host-wide state is read and written: ``/`` on a
 node. Lab nodes share the controller's kernel, so the lab points it at a stand-in tree of its
@@ -31,6 +34,7 @@ from gpufleet.facts.parsers import host
 from gpufleet.provision.managed import HEADER, file_change, link_change, render
 from gpufleet.provision.plan import MANUAL, Change, Fail, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
+from gpufleet.roles.driver import driver_version
 
 SYSCTL_FILE = "/etc/sysctl.d/60-gpufleet-host-tuning.conf"
 SCRIPT = "/etc/gpufleet/host-tuning.sh"
@@ -84,7 +88,10 @@ class HostTuningRole(RoleBase):
     name = "host_tuning"
     order = 72
     variables: ClassVar[Mapping[str, Var]] = {
-        "host_tuning": Var(True, "boolean", "manage the host's performance state"),
+        "host_tuning": Var("auto", "any", "true, false, or auto: on GPU nodes (where "
+                                          "nvidia_driver_version is set)"),
+        "nvidia_driver_version": Var(None, "string", "the pinned driver that makes a host a "
+                                                     "GPU node (for auto)"),
         "host_cpu_governor": Var("performance", "string", "every CPU's cpufreq governor "
                                                            "(null: not managed)"),
         "host_numa_balancing": Var(False, "boolean", "kernel.numa_balancing on (null: not "
@@ -111,10 +118,17 @@ class HostTuningRole(RoleBase):
     }
 
     def active(self, v: RoleVars) -> bool:
+        """On when asked; with auto, on the GPU nodes gpufleet manages (a pinned driver)."""
+        if str(v.get("host_tuning")).lower() == "auto":
+            return "nvidia_driver_version" in v
         return v.boolean("host_tuning")
 
     def check(self, v: RoleVars) -> None:
         super().check(v)
+        if str(v.get("host_tuning")).lower() != "auto":
+            v.boolean("host_tuning")
+        if v.opt_string("nvidia_driver_version") is not None:
+            driver_version(v)
         if not self.active(v):
             return
         self.root(v)

@@ -53,7 +53,9 @@ def test_a_network_namespace_has_no_default_neighbour_table() -> None:
 
 
 def test_intel_pstate_on_powersave() -> None:
-    lines = capture("cpufreq-grep-intel-pstate-ubuntu-forums.txt").splitlines()[1:]  # prompt
+    read = ("scaling_governor:", "scaling_driver:", "scaling_available_governors:")
+    lines = [line for line in capture("cpufreq-grep-intel-pstate-ubuntu-forums.txt")
+             .splitlines() if line.startswith("/") and any(r in line for r in read)]
     state = host.host_state("\n".join([*lines, *capture("proc-swaps-debian12.txt")
                                        .replace("Filename", "/proc/swaps:Filename")
                                        .splitlines()]))
@@ -96,9 +98,11 @@ def test_fstab_swap_entries() -> None:
     assert host.fstab_swaps([(1, "#/swap.img none swap sw 0 0")]) == []
 
 
-def test_the_fact_is_refused_without_proc_swaps() -> None:
+def test_the_fact_is_refused_without_proc_swaps_or_with_a_file_it_does_not_read() -> None:
     with pytest.raises(ParseError, match="/proc/swaps"):
         host.host_state("/proc/sys/kernel/numa_balancing:1\n")
+    with pytest.raises(ParseError, match="a file the fact reads"):
+        host.host_state(capture("thp-grep-lkml-rientjes-2023.txt"))
 
 
 def test_a_stand_in_root_is_stripped_and_the_net_sysctls_stay_real() -> None:
@@ -115,9 +119,12 @@ def test_a_stand_in_root_is_stripped_and_the_net_sysctls_stay_real() -> None:
 
 # ---- the plan --------------------------------------------------------------------------------
 
-def inventory(tmp_path: Path, host_vars: str = "", hosts: int = 1) -> Inventory:
+def inventory(tmp_path: Path, host_vars: str = "", hosts: int = 1,
+              driver: bool = True) -> Inventory:
+    """GPU nodes (a pinned driver: host_tuning's auto turns it on) with the given variables."""
+    pinned = 'nvidia_driver_version: "580.95.05"\n' if driver else ""
     entries = "".join(f"    gpu{i:02d}:\n      ansible_host: 10.0.0.{10 + i}\n"
-                      + textwrap.indent(textwrap.dedent(host_vars), " " * 6)
+                      + textwrap.indent(pinned + textwrap.dedent(host_vars), " " * 6)
                       for i in range(1, hosts + 1))
     (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n" + entries)
     return load_inventory(tmp_path / "hosts.yml")
@@ -167,9 +174,18 @@ def rows(changes: list[Change]) -> list[tuple[str, str, str | None, str | None]]
             ("file", "link")]
 
 
-def test_on_by_default_and_converged_on_a_tuned_node(tmp_path: Path) -> None:
+def test_on_by_default_on_gpu_nodes_only(tmp_path: Path) -> None:
+    def active(inv: Inventory) -> bool:
+        return ROLE.active(RoleVars(inv.hosts["gpu01"], ROLE.defaults))
+
+    assert active(inventory(tmp_path))
+    assert not active(inventory(tmp_path, driver=False))  # a login node, a controller
+    assert active(inventory(tmp_path, "host_tuning: true\n", driver=False))
+    assert not active(inventory(tmp_path, "host_tuning: false\n"))
+
+
+def test_converged_on_a_tuned_node(tmp_path: Path) -> None:
     inv = inventory(tmp_path)
-    assert ROLE.active(RoleVars(inv.hosts["gpu01"], ROLE.defaults))
     state = base_state()
     files = converged_files(inv, state)
     assert set(files) == {SYSCTL_FILE, SCRIPT, UNIT}
@@ -340,6 +356,8 @@ def test_nothing_when_turned_off_or_every_setting_null(tmp_path: Path) -> None:
     ("host_neigh_gc_thresh: [3, 2, 1]", "auto, or three numbers"),
     ("fabric_interfaces: ['fab0; reboot']", "interface names"),
     ("kernel_state_root: relative/path", "an absolute path"),
+    ("host_tuning: sometimes", "a boolean"),
+    ("nvidia_driver_version: 'x; reboot'", "must look like 580.95.05"),
 ])
 def test_bad_values_are_refused(tmp_path: Path, line: str, message: str) -> None:
     inv = inventory(tmp_path, line + "\n")
