@@ -107,6 +107,8 @@ def test_the_fact_reads_each_port_and_its_ecn() -> None:
     assert state["tool"] == "mlnx_qos"
     assert state["ports"]["fab0"] == {"trust": "dscp", "pfc": [5], "ecn": {5: (True, False)},
                                       "error": None}
+    assert qos.roce_qos_fact("tool dcb\necn eth2 roce_rp 3 1\n")["ports"]["eth2"]["ecn"] == \
+        {3: (None, True)}
     assert state["ports"]["fab1"]["error"] == \
         "mlnx_qos failed (exit 1): Netlink error: No such device"
 

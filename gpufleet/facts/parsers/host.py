@@ -130,11 +130,13 @@ def host_state(text: str, root: str = "") -> dict[str, Any]:
 
 
 def _record(state: dict[str, Any], path: str, value: str) -> None:
-    """Keep one line of a state file (a CPU's governor, a threshold, a single-line file);
-    files the fact does not know are left out."""
+    """Keep one line of a state file (a CPU's governor, a threshold, a single-line file); a
+    file the fact does not read is refused (a line it cannot place is never dropped)."""
     if match := _CPU_GOVERNOR.match(path):
         state["governors"][int(match.group(1))] = value.strip()
     elif match := _GC_THRESH.match(path):
         state["gc_thresh"][int(match.group(1))] = _int("sysctl", value.strip(), value)
     elif path in _SINGLE:
         state[_SINGLE[path]] = value.strip()
+    else:
+        raise _error("host state", "a file the fact reads", f"{path}:{value}")

@@ -257,7 +257,8 @@ def roce_qos_fact(text: str) -> dict[str, Any]:
     NAME``, and its exit status) and ``ecn NAME roce_np|roce_rp PRIO 0|1`` lines.
 
     Returns ``tool`` and ``ports``: NAME -> ``trust`` (None under dcb), ``pfc`` (sorted
-    priorities with PFC on), ``ecn`` (prio -> (roce_np, roce_rp)) and ``error`` (why the
+    priorities with PFC on), ``ecn`` (prio -> (roce_np, roce_rp), None for one not read)
+    and ``error`` (why the
     tool's view is missing, else None). A port whose tool output is unreadable keeps its
     error; the others are read.
     """
@@ -275,10 +276,11 @@ def roce_qos_fact(text: str) -> dict[str, Any]:
             except ValueError:
                 raise _error("roce_qos", "base64 tool output", line) from None
             ports[name] = _roce_port(tool, rc, output)
-        elif fields[0] == "ecn" and len(fields) == 5 and fields[2] in ("roce_np", "roce_rp"):
+        elif fields[0] == "ecn" and len(fields) == 5 and fields[2] in ("roce_np", "roce_rp") \
+                and fields[4] in ("0", "1"):
             port = ports.setdefault(fields[1], _roce_port(tool, 127, ""))
             prio = _int("roce_qos", fields[3], line)
-            np_rp = list(port["ecn"].get(prio, (False, False)))
+            np_rp: list[bool | None] = list(port["ecn"].get(prio, (None, None)))
             np_rp[fields[2] == "roce_rp"] = fields[4] == "1"
             port["ecn"][prio] = (np_rp[0], np_rp[1])
         else:
