@@ -222,13 +222,14 @@ class HostTuningRole(RoleBase):
         if want is None or not governors:  # no cpufreq driver (a VM): nothing to govern
             return []
         command = (f"for f in {root}{GOVERNORS}; do echo {want} > \"$f\" || exit 1; done")
-        boot.append(command)
         other = sorted(cpu for cpu, governor in governors.items() if governor != want)
+        available = state["available_governors"] or []
+        if not other or want in available:  # never a boot step the driver refuses
+            boot.append(command)
         if not other:
             return []
         seen = sorted({governors[cpu] for cpu in other})
         before = f"{', '.join(seen)} on {len(other)} of {len(governors)} CPU(s)"
-        available = state["available_governors"] or []
         if want not in available:
             driver = state["cpufreq_driver"] or "unknown"
             return [Change(self.name, "cpufreq governor", "set", before, want,

@@ -211,9 +211,11 @@ def test_a_governor_the_driver_does_not_offer_fails(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "host_cpu_governor: ondemand\n")
     state = base_state(cpufreq_driver="intel_pstate",
                        available_governors=["performance", "powersave"])
-    change = next(c for c in plan(inv, facts(state)) if c.resource == "cpufreq governor")
+    changes = plan(inv, facts(state))
+    change = next(c for c in changes if c.resource == "cpufreq governor")
     assert isinstance(change.steps[0], Fail)
     assert "intel_pstate offers no ondemand governor" in change.steps[0].message
+    assert f"file {SCRIPT}" not in [c.resource for c in changes]  # no boot step it refuses
 
 
 def test_no_cpufreq_driver_nothing_to_govern(tmp_path: Path) -> None:
