@@ -1,6 +1,7 @@
 """A lab node's boot, as shell run in its new namespaces: the copy-on-write overlays and
 private mounts, the first boot's host keys, names, reboot and chronyc stand-ins, the NVIDIA
-module's stand-in, and its sshd."""
+module's stand-in, the boot hooks tests install (stand-ins of what a kernel sets at boot), and
+its sshd."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ far off."""
 
 def boot_script(config: LabConfig, node: Node) -> str:
     """What the node's new namespaces run at boot: its mounts, its first boot, the module
-    stand-in, then its sshd."""
+    stand-in, the boot hooks, then its sshd."""
     d = node.dir
     q = shlex.quote
     mounts = [
@@ -58,6 +59,7 @@ def boot_script(config: LabConfig, node: Node) -> str:
         f"hostname {q(node.name)}",
         first_boot_script(config, node),
         module_load_script(),
+        boot_hooks_script(),
         f"/usr/sbin/sshd -o ListenAddress={q(node.address)}"
         f" -o PidFile={q(str(node.sshd_pidfile))}"
         " -o HostKey=/etc/ssh/ssh_host_ed25519_key -o PasswordAuthentication=no"
@@ -121,6 +123,19 @@ def reboot_standin(config: LabConfig, node: Node) -> str:
         f"setsid nsenter -t \"$(cat {shlex.quote(str(cfg.anchor_pidfile))})\" -m -u -n -i -- "
         + shlex.join(argv)
         + " --delay 1 </dev/null >/dev/null 2>&1 &",
+    ])
+
+
+BOOT_HOOKS = "/etc/gpufleet-lab/boot.d"
+
+
+def boot_hooks_script() -> str:
+    """Stand in for what the kernel and its drivers set at every boot: each executable a test
+    put in BOOT_HOOKS runs, in name order (a hook that fails is reported, the boot goes on)."""
+    return "\n".join([
+        f"for hook in {BOOT_HOOKS}/*; do",
+        '  if [ -x "$hook" ]; then "$hook" || echo "boot hook $hook failed" >&2; fi',
+        "done",
     ])
 
 

@@ -32,6 +32,8 @@ checks; each runs in the contexts it is tagged with:
                                    windows between runs, link flaps, links below their width
   time_sync      periodic          the clock is synchronised (chrony, else systemd) and
                                    within ``time_max_offset_ms`` of its source
+  roce_qos       periodic          every port the roce_qos role declares keeps its trust,
+                                   PFC priority and ECN (mlnx_qos, else dcb)
 
 The context is ``--context``, else the name the program was run by (gpufleet-prolog,
 gpufleet-epilog: Slurm's Prolog= takes no arguments), else periodic. The prolog and epilog
@@ -1482,6 +1484,154 @@ def time_verdict(source: str, synchronised: bool, offset: float | None,
         text = (f"{offset * 1000:+.3f} ms ({source}), {'beyond' if beyond else 'within'} "
                 f"{bound:g} ms")
     return Result("time_sync", status, text)
+# ---- RoCE QoS: the roce_qos role's ports keep their trust, PFC and ECN --------------------------
+
+ROCE_QOS_CONFIG = "/etc/gpufleet/roce-qos.json"  # written by gpufleet's roce_qos role
+ROCE_QOS_CAP_S = 3.0  # one port's mlnx_qos (a Python program) or dcb; the ports run at once
+# What gpufleet/facts/parsers/qos.py reads of ``mlnx_qos -i PORT`` and ``dcb -j pfc show dev
+# PORT``, in the compact form this program needs: the trust state and the priorities with PFC
+# on (tests/unit/test_roce_qos.py holds the two copies together on the captures).
+_RQ_START = re.compile(r"^\s*DCBX mode:")
+_RQ_TRUST = re.compile(r"^\s*Priority trust state:\s*(\S*)\s*$")
+_RQ_HEADER = re.compile(r"^\s*priority((?:\s+\d+)+)\s*$")
+_RQ_ENABLED = re.compile(r"^\s*enabled\b(.*)$")
+
+
+def parse_mlnx_qos(text: str) -> tuple[str, list[int]]:
+    """(trust, sorted priorities with PFC on) from ``mlnx_qos -i PORT`` (the last report when
+    the text holds several)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if _RQ_START.match(line)]
+    trust, header, flags = None, None, None
+    for line in lines[starts[-1]:] if starts else lines:
+        if match := _RQ_TRUST.match(line):
+            trust = match.group(1)
+        elif match := _RQ_HEADER.match(line):
+            header = [int(t) for t in match.group(1).split()]
+        elif match := _RQ_ENABLED.match(line):
+            flags = match.group(1).split()
+    if trust not in ("pcp", "dscp"):
+        raise ValueError(f"mlnx_qos: no trust state pcp or dscp ({trust!r})")
+    priorities = header if header is not None else list(range(8))
+    if flags is None or len(flags) != len(priorities) or set(flags) - {"0", "1"}:
+        raise ValueError("mlnx_qos: no PFC 'enabled' row of 0 and 1 per priority")
+    return trust, sorted(p for p, f in zip(priorities, flags, strict=True) if f == "1")
+
+
+def parse_dcb_pfc(text: str) -> list[int]:
+    """Sorted priorities with PFC on from ``dcb -j pfc show dev PORT`` (``prio_pfc`` as a list
+    by priority, a list of one-entry objects, or an object by priority)."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        raise ValueError(f"dcb: no JSON document: {last_line(text)!r}")
+    try:
+        document, _ = json.JSONDecoder().raw_decode(text[start:])
+    except ValueError:
+        raise ValueError(f"dcb: not JSON: {last_line(text)!r}") from None
+    if isinstance(document, list) and len(document) == 1:
+        document = document[0]
+    value = document.get("prio_pfc") if isinstance(document, dict) else None
+    if isinstance(value, list) and all(isinstance(v, dict) and len(v) == 1 for v in value):
+        value = dict(next(iter(v.items())) for v in value)
+    items = enumerate(value) if isinstance(value, list) else \
+        value.items() if isinstance(value, dict) else None
+    if items is None:
+        raise ValueError("dcb: no prio_pfc")
+    flags = {int(p): v for p, v in items}
+    if sorted(flags) != list(range(8)) or \
+            not all(v in (True, False, "on", "off") for v in flags.values()):
+        raise ValueError("dcb: prio_pfc is not one flag per priority 0..7")
+    return sorted(p for p, v in flags.items() if v in (True, "on"))
+
+
+def run_all(argvs: list[list[str]], deadline: Deadline, cap: float) -> list[Output | None]:
+    """``run`` for several commands at once: each gets the same time left (at most ``cap``
+    s), so a node's ports cost one tool's time, not one per port."""
+    timeout = deadline.left(cap)
+    if timeout <= 0:
+        return [Output(None, f"not run: no time left of {deadline.budget:g}s") for _ in argvs]
+    env = dict(os.environ, PATH=os.environ.get("PATH") or DEFAULT_PATH, LC_ALL="C")
+    procs: list[subprocess.Popen[str] | None] = []
+    for argv in argvs:
+        try:
+            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, env=env,
+                                          start_new_session=True))
+        except FileNotFoundError:
+            procs.append(None)
+    end = time.monotonic() + timeout
+    outputs: list[Output | None] = []
+    for proc in procs:
+        if proc is None:
+            outputs.append(None)
+            continue
+        wait = max(0.0, end - time.monotonic())
+        if proc.poll() is not None:  # ended in time: only its output is left to read
+            wait = max(wait, KILL_GRACE_S)
+        try:
+            out, _ = proc.communicate(timeout=wait)
+            outputs.append(Output(proc.returncode, out))
+        except subprocess.TimeoutExpired:
+            outputs.append(_stop(proc, f"did not answer within {timeout:.1f}s"))
+    return outputs
+
+
+def _roce_port(port: str, out: Output | None, tool: str, want: dict[str, Any],
+               root: str) -> str | None:
+    """What differs on one port from the declaration, or None."""
+    if out is None or out.rc is None or out.rc != 0:
+        why = "not installed" if out is None else out.text.strip() if out.rc is None \
+            else f"failed: {last_line(out.text)}"
+        return f"{port}: {tool} {why}"
+    try:
+        trust, pfc = parse_mlnx_qos(out.text) if tool == "mlnx_qos" \
+            else (None, parse_dcb_pfc(out.text))
+    except ValueError as exc:
+        return f"{port}: {exc}"
+    found = []
+    prio = want.get("pfc_priority")
+    if want.get("trust") and tool == "mlnx_qos" and trust != want["trust"]:
+        found.append(f"trust {trust}, expected {want['trust']}")
+    if prio is not None and pfc != [prio]:
+        found.append(f"PFC on {','.join(map(str, pfc)) or 'no priority'}, expected {prio}")
+    if want.get("ecn") and prio is not None:
+        for kind in ("roce_np", "roce_rp"):
+            path = f"{root}/sys/class/net/{port}/ecn/{kind}/enable/{prio}"
+            try:
+                with open(path) as fh:
+                    on = fh.read().strip() == "1"
+            except OSError:
+                on = False
+            if not on:
+                found.append(f"ECN {kind} off on priority {prio}")
+    return f"{port}: {', '.join(found)}" if found else None
+
+
+def check_roce_qos(run: Run) -> Result:
+    """The RoCE QoS the roce_qos role declared (ROCE_QOS_CONFIG) on every one of its ports:
+    trust (with mlnx_qos), PFC on the declared priority alone, ECN on it; a NIC forgets them at
+    a reboot. mlnx_qos is asked, else dcb (PFC only), every port at once."""
+    try:
+        want = load_json(ROCE_QOS_CONFIG, "the RoCE QoS declaration")
+    except ConfigError as exc:
+        return Result("roce_qos", "FAIL", str(exc))
+    if not want or not want.get("ports"):
+        return Result("roce_qos", "SKIP", f"no RoCE QoS declared ({ROCE_QOS_CONFIG})")
+    ports = [str(p) for p in want["ports"]]
+    root = str(want.get("root") or "/").rstrip("/")
+    tool = "mlnx_qos"
+    outputs = run_all([["mlnx_qos", "-i", p] for p in ports], run.deadline, ROCE_QOS_CAP_S)
+    if all(out is None for out in outputs):
+        tool = "dcb"
+        outputs = run_all([["dcb", "-j", "pfc", "show", "dev", p] for p in ports],
+                          run.deadline, ROCE_QOS_CAP_S)
+        if all(out is None for out in outputs):
+            return Result("roce_qos", "FAIL", "neither mlnx_qos nor dcb is installed")
+    found = [problem for port, out in zip(ports, outputs, strict=True)
+             if (problem := _roce_port(port, out, tool, want, root))]
+    if found:
+        return Result("roce_qos", "FAIL", "; ".join(found))
+    return Result("roce_qos", "PASS", f"{len(ports)} port(s) as declared ({tool})")
 
 
 # ---- the catalogue ---------------------------------------------------------------------------
@@ -1511,6 +1661,7 @@ CATALOGUE = (
     Check("gpu_config", ("prolog", "epilog"), check_gpu_config),
     Check("watch", ("periodic",), check_watch),
     Check("time_sync", ("periodic",), check_time_sync),
+    Check("roce_qos", ("periodic",), check_roce_qos),
 )
 
 

@@ -9,6 +9,7 @@ generated text and on mutated real captures:
 
 from __future__ import annotations
 
+import base64
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from gpufleet.facts.parsers import (
     cuda,
     dcgm,
     kernel,
+    host,
     nccl_tests,
     network,
     nvidia_smi,
@@ -39,6 +41,11 @@ from gpufleet.facts.parsers import (
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES, H200, NVIDIA = FIXTURES / "samples", FIXTURES / "h200x2", FIXTURES / "nvidia"
 PUBLISHED = FIXTURES / "published"
+HOST = FIXTURES / "host"
+# The roce_qos fact of a node with one ConnectX-7 port (its real mlnx_qos output) and its ECN.
+ROCE_QOS_FACT = ("tool mlnx_qos\nport ens4np0 0 " + base64.b64encode(
+    (PUBLISHED / "mlnx-qos-i-connectx7-mlnx-ofed-23.10-ets-strict-pfc5.txt").read_bytes())
+    .decode() + "\necn ens4np0 roce_np 5 1\necn ens4np0 roce_rp 5 1\n")
 EXAMPLES = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -61,6 +68,15 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
                                         SAMPLES / "synthetic_dcb_pfc_show_stats.txt",
                                         PUBLISHED / "dcb-pfc-show-hns3-linux-8c1671e0d13d.txt")),
     "dcb_pfc_json": (qos.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
+    "grep_lines": (host.grep_lines, _files(HOST / "thp-grep-lkml-rientjes-2023.txt",
+                                           HOST / "host-state-debian12.txt")),
+    "host_state": (host.host_state, _files(HOST / "host-state-debian12.txt",
+                                           HOST / "host-state-netns-debian12.txt")),
+    "proc_swaps": (host.proc_swaps, _files(HOST / "proc-swaps-debian12.txt",
+                                           HOST / "proc-swaps-swap-img-kubelet-4204d4.txt",
+                                           HOST / "proc-swaps-ubuntu-forums-system-info.txt")),
+    "roce_qos_fact": (qos.roce_qos_fact, [ROCE_QOS_FACT]),
+    "selected": (lambda text: host.selected(text, "enabled"), ["always [madvise] never\n"]),
     "dcgm_diag": (dcgm.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
                                             NVIDIA / "dcgm4_diag_8gpu_dcgm215.txt")),
     "dpkg_query": (packages.dpkg_query, _files(SAMPLES / "synthetic_dpkg_query_states.txt")),
@@ -256,7 +272,8 @@ def test_the_properties_cover_every_parser() -> None:
     public = {name for module in (*tools, formats) for name in dir(module)
               if callable(getattr(module, name)) and not name.startswith("_")
               and getattr(getattr(module, name), "__module__", "") == module.__name__}
-    not_text = {"pause_and_discard_counters", "FileState", "FileDigest", "ParseError"}
+    not_text = {"pause_and_discard_counters", "FileState", "FileDigest", "ParseError",
+                "fstab_swaps"}
     assert public - not_text == set(PARSERS)
     assert set(GARBLE) >= {"nvidia_smi_query", "nvidia_topo", "nvlink_status", "nvidia_smi_q",
                            "nvidia_smi_list", "dcgm_diag", "xid_events", "proc_driver_version"}

@@ -197,7 +197,7 @@ def test_every_run_logs_its_verdict_to_syslog(node: Node) -> None:
     assert node.run().returncode == 0
     [ok] = node.syslog()
     assert re.fullmatch(r"<30>gpufleet-healthcheck\[\d+\]: healthcheck node04: 0 failed, "
-                        r"4 passed, 4 skipped in \d+\.\d+s", ok), ok
+                        r"4 passed, 5 skipped in \d+\.\d+s", ok), ok
     node.write_config(gpu_count=2)
     assert node.run("--drain").returncode == 1
     [failed] = node.syslog()
@@ -228,10 +228,11 @@ def test_a_healthy_node_passes_in_well_under_ten_seconds(node: Node) -> None:
     assert lines["xid"] == "PASS xid: no Xid that drains since boot (0 Xid event(s) in all)"
     assert lines["driver"].startswith("SKIP driver: no recorded state")
     assert lines["time_sync"] == "PASS time_sync: +0.003 ms (chrony), within 100 ms"
+    assert lines["roce_qos"].startswith("SKIP roce_qos: no RoCE QoS declared")
     assert list(lines) == ["gpus", "ecc", "xid", "driver", "nccl", "port_range",
-                           "watch", "time_sync"]
+                           "watch", "time_sync", "roce_qos"]
     assert proc.stdout.splitlines()[-1].startswith("healthcheck node04: 0 failed, 4 passed, "
-                                                   "4 skipped in ")
+                                                   "5 skipped in ")
 
 
 def test_fewer_gpus_than_expected_fails(node: Node) -> None:

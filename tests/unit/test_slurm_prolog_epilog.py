@@ -157,7 +157,7 @@ def test_the_context_comes_from_the_option_else_the_name_run_by() -> None:
     assert program.context_of("epilog", "/usr/local/sbin/gpufleet-prolog") == "epilog"
     periodic = [c.name for c in program.CATALOGUE if "periodic" in c.contexts]
     assert periodic == ["gpus", "ecc", "xid", "driver", "nccl", "port_range", "watch",
-                        "time_sync"]
+                        "time_sync", "roce_qos"]
     assert [c.name for c in program.CATALOGUE if "prolog" in c.contexts] == [
         "gpus", "gpu_processes", "ecc", "xid", "fabric_ports", "memlock", "gpu_config"]
     assert [c.name for c in program.CATALOGUE if "epilog" in c.contexts] == [

@@ -1,12 +1,15 @@
 """``mlnx_qos -i IFACE`` and iproute2's ``dcb [-j] [-s] pfc show``: an RDMA NIC's trust
-state, DSCP map, traffic classes and the priorities with PFC on."""
+state, DSCP map, traffic classes and the priorities with PFC on; and the roce_qos role's fact,
+which carries their output per port with the port's ECN settings."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.errors import ParseError
 from gpufleet.facts.parsers._capture import _error, _int, _json_document, _lines, _output_lines
 
 _PRIORITIES = range(8)
@@ -246,3 +249,62 @@ def _json_prio_map(value: Any, key: str, text: str) -> dict[int, Any]:
     if sorted(mapping) != list(_PRIORITIES):
         raise _error("dcb -j pfc", f"one value for each priority 0..7 in {key}", text)
     return mapping
+
+
+def roce_qos_fact(text: str) -> dict[str, Any]:
+    """The ``roce_qos`` fact: ``tool TOOL`` (``mlnx_qos``, ``dcb`` or ``none``), then per port
+    ``port NAME RC BASE64`` (the tool's output, ``mlnx_qos -i NAME`` or ``dcb -j pfc show dev
+    NAME``, and its exit status) and ``ecn NAME roce_np|roce_rp PRIO 0|1`` lines.
+
+    Returns ``tool`` and ``ports``: NAME -> ``trust`` (None under dcb), ``pfc`` (sorted
+    priorities with PFC on), ``ecn`` (prio -> (roce_np, roce_rp), None for one not read)
+    and ``error`` (why the
+    tool's view is missing, else None). A port whose tool output is unreadable keeps its
+    error; the others are read.
+    """
+    tool: str | None = None
+    ports: dict[str, dict[str, Any]] = {}
+    for line in _output_lines(text):
+        fields = line.split()
+        if fields[0] == "tool" and len(fields) == 2:
+            tool = fields[1]
+        elif fields[0] == "port" and len(fields) in (3, 4):
+            name, rc = fields[1], _int("roce_qos", fields[2], line)
+            try:
+                output = base64.b64decode(fields[3] if len(fields) == 4 else "",
+                                          validate=True).decode(errors="replace")
+            except ValueError:
+                raise _error("roce_qos", "base64 tool output", line) from None
+            ports[name] = _roce_port(tool, rc, output)
+        elif fields[0] == "ecn" and len(fields) == 5 and fields[2] in ("roce_np", "roce_rp") \
+                and fields[4] in ("0", "1"):
+            port = ports.setdefault(fields[1], _roce_port(tool, 127, ""))
+            prio = _int("roce_qos", fields[3], line)
+            np_rp: list[bool | None] = list(port["ecn"].get(prio, (None, None)))
+            np_rp[fields[2] == "roce_rp"] = fields[4] == "1"
+            port["ecn"][prio] = (np_rp[0], np_rp[1])
+        else:
+            raise _error("roce_qos", "tool, port or ecn lines", line)
+    if tool is None:
+        raise _error("roce_qos", "a 'tool' line", text)
+    return {"tool": tool, "ports": ports}
+
+
+def _roce_port(tool: str | None, rc: int, output: str) -> dict[str, Any]:
+    """One port's trust and PFC from its tool's output, or why they are unknown."""
+    port: dict[str, Any] = {"trust": None, "pfc": None, "ecn": {}, "error": None}
+    if tool not in ("mlnx_qos", "dcb"):
+        port["error"] = "neither mlnx_qos nor dcb on the node"
+    elif rc != 0:
+        last = [line.strip() for line in output.splitlines() if line.strip()]
+        port["error"] = f"{tool} failed (exit {rc}): {last[-1] if last else 'no output'}"
+    else:
+        try:
+            if tool == "mlnx_qos":
+                parsed = mlnx_qos(output)
+                port["trust"], port["pfc"] = parsed["trust"], parsed["pfc_enabled"]
+            else:
+                port["pfc"] = dcb_pfc_json(output)["prio_pfc"]
+        except ParseError as exc:
+            port["error"] = f"{tool} output unreadable: {exc}"
+    return port
