@@ -25,8 +25,8 @@ from gpufleet.facts import formats, parsers
 from gpufleet.facts.parsers import (
     cuda,
     dcgm,
-    kernel,
     host,
+    kernel,
     nccl_tests,
     network,
     nvidia_smi,
