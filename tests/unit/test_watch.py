@@ -1019,3 +1019,41 @@ def test_two_runs_at_once_one_waits_for_the_other_or_writes_nothing(
         assert report_second["notes"][0].startswith("another run in progress")
         assert report_second["findings"] == [] and report_second["series"] == 0
         assert kept["time"] == T0 and times == {T0}
+
+
+# ---- the report kept as a fixture for the controller's parser --------------------------------
+
+RISING_FIXTURE = FIXTURES / "watch" / "report_program_rising.json"
+
+
+def rising_node_report(node: Node, capsys: pytest.CaptureFixture[str]) -> str:
+    """The recipe of tests/fixtures/watch/report_program_rising.json: a node with two IB
+    ports, a GPU, a NIC and the H200 pair's nvidia-smi outputs, observed every 20 minutes
+    for an hour while its counters move; the report file the last run keeps."""
+    moves = [(0, 0, 0, 0, 0), (40, 10, 5, 1, 0), (90, 20, 10, 2, 2), (200, 30, 15, 4, 2)]
+    for i, (symbols, other, sequence, aer, replay) in enumerate(moves):
+        node.port("mlx5_0", symbol_error=symbols, hw={"out_of_sequence": sequence})
+        node.port("mlx5_1", symbol_error=other)
+        node.pci(GPU, aer=(aer, 0, 0))
+        node.pci(NIC, kind="NIC", width=(16, 16) if i < 3 else (8, 16))
+        node.smi(NVLINK.replace("Link 3: Replay Errors: 0", f"Link 3: Replay Errors: {replay}",
+                                1), SMI_Q)
+        node.run(T0 + 1200 * i, capsys=capsys)
+    return (node.state_dir / "watch-report.json").read_text()
+
+
+def test_the_rising_report_fixture_is_what_the_program_writes(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    written = rising_node_report(node, capsys)
+    assert written == RISING_FIXTURE.read_text(), (
+        f"the program's report changed; the new one (for {RISING_FIXTURE}):\n{written}")
+    report = json.loads(written)
+    assert [(f["id"], f["status"]) for f in report["findings"]] == [
+        ("nvlink/gpu0/link3/replay_errors", "open"), ("rdma/mlx5_0/1/symbol_error", "open"),
+        (f"pcie/{NIC}/width", "pending")]
+    assert [(r["subject"], r["counter"], r["increase"], r["rate_per_hour"], r["limit"])
+            for r in report["rising"]] == [
+        ("mlx5_0/1", "symbol_error", 200, 200, 120), ("mlx5_1/1", "symbol_error", 30, 30, 120),
+        ("mlx5_0/1", "out_of_sequence", 5, 15, 100), (GPU, "aer_correctable", 2, 6, 8),
+        ("gpu0/link3", "replay_errors", 2, 2, None)], "windows shorter than the 20 minutes " \
+        "between runs: the increase since the last run, at its average rate"
