@@ -107,18 +107,25 @@ def host_request(host: Host) -> FactRequest:
 
 # The standing watch's variables where the slurm_healthcheck role does not declare them:
 # its declarations, when it has them, come first.
+WATCH_MAX_AGE = Var(1800, "number",
+                    "seconds: a standing-watch report older than this says the watch stopped "
+                    "running (the watch check fails naming its age, drift reports it); the "
+                    "default is six missed 5-minute runs")
 WATCH_DEFAULTS = {"node_watch": True, "node_watch_path": "/usr/local/sbin/gpufleet-watch",
-                  "node_watch_config": "/etc/gpufleet/watch.json"}
+                  "node_watch_config": "/etc/gpufleet/watch.json",
+                  "watch_max_age_s": WATCH_MAX_AGE.default}
 
 
 @dataclass(frozen=True)
 class WatchSetup:
-    """Where the standing watch is on a host: the program, its configuration, and the
-    directory that keeps its state, silences and last report."""
+    """Where the standing watch is on a host: the program, its configuration, the
+    directory that keeps its state, silences and last report, and the age past which that
+    report says the watch stopped running."""
 
     program: str
     config: str
     state_dir: str
+    max_age_s: float = WATCH_MAX_AGE.default
 
 
 def watch_setup(host: Host) -> WatchSetup | None:
@@ -129,9 +136,12 @@ def watch_setup(host: Host) -> WatchSetup | None:
     v = RoleVars(host, {**WATCH_DEFAULTS, **ROLE.defaults})
     if not ROLE.active(v) or (v.get("node_watch") is not None and not v.boolean("node_watch")):
         return None
+    max_age = v.number("watch_max_age_s")
+    if max_age <= 0:
+        raise v.fail("watch_max_age_s", "a number above 0", v.get("watch_max_age_s"))
     return WatchSetup(v.path("node_watch_path", "the watch program"),
                       v.path("node_watch_config", "the watch's configuration"),
-                      v.path("slurm_healthcheck_state_dir"))
+                      v.path("slurm_healthcheck_state_dir"), max_age)
 
 
 def watch_request(host: Host) -> FactRequest:

@@ -1,6 +1,7 @@
 """Drift: how far each host is from the inventory, and how far hosts of a group are from
-each other, and the standing watch's open findings. Drift is the provisioning plan computed
-in check mode, reported; it never writes anything on a node.
+each other, and the standing watch's open findings (or a watch that stopped running).
+Drift is the provisioning plan computed in check mode, reported; it never writes anything
+on a node.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from gpufleet import roles as role_registry
 from gpufleet.connect.fleet import Outcome
 from gpufleet.facts.gather import Facts
-from gpufleet.facts.watch import Reading, Report, reading
+from gpufleet.facts.watch import Reading, reading
 from gpufleet.inventory.model import Inventory
 from gpufleet.provision.engine import HostRun
 from gpufleet.provision.plan import Change
@@ -22,6 +23,7 @@ SCHEMA = "gpufleet.drift/1"
 CONSISTENCY_ROLE = "consistency"
 WATCH_ROLE = "watch"
 WATCH_DESIRED = "no open finding"
+WATCH_STOPPED = "stopped"
 
 
 @dataclass
@@ -139,8 +141,9 @@ def check_consistency(inventory: Inventory, facts: dict[str, Facts]) -> list[Inc
     return found
 
 
-def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
-    """A host's drift from its outcome in check mode."""
+def host_drift(outcome: Outcome[HostRun], max_age_s: float | None = None) -> HostDrift:
+    """A host's drift from its outcome in check mode; ``max_age_s``: the age past which
+    its watch's report says the watch stopped running (None: not judged)."""
     run = outcome.value
     if outcome.status == "unreachable":
         return HostDrift(outcome.host, "unreachable", error=outcome.error,
@@ -151,19 +154,28 @@ def host_drift(outcome: Outcome[HostRun]) -> HostDrift:
     items = [item_from_change(outcome.host, c) for c in run.plan.changes]
     timed_out = {name: run.facts.why_absent(name) for name in sorted(run.facts.timeouts)} \
         if run.facts else {}
-    read = reading(run.facts) if run.facts else None
-    if read is not None and read.report is not None and (found := watch_item(
-            outcome.host, read.report)):
+    read = reading(run.facts, max_age_s) if run.facts else None
+    if read is not None and (found := watch_item(outcome.host, read)):
         items.append(found)
     return HostDrift(outcome.host, "drifted" if items else "clean", items,
                      duration=outcome.duration, round_trips=outcome.round_trips,
                      timed_out=timed_out, watch=read)
 
 
-def watch_item(host: str, report: Report) -> DriftItem | None:
-    """The one item of a node whose watch has an open finding: named after the first, with
-    how many are open; a silenced or pending finding makes none."""
+def watch_item(host: str, read: Reading) -> DriftItem | None:
+    """The one item of a node whose watch stopped running (``watch/stopped``: its report
+    is older than the bound, the age and the open findings of that old report named) or
+    has an open finding (named after the first, with how many are open); a silenced or
+    pending finding, or a report that could not be read, makes none."""
+    report = read.report
+    if report is None:
+        return None
     found = report.open
+    stale = read.stale
+    if stale is not None:
+        opened = f"; it had {len(found)} open: {found[0].message}" if found else ""
+        return DriftItem(host, WATCH_ROLE, WATCH_STOPPED, WATCH_ROLE,
+                         f"a report at most {read.max_age_s:g} s old", stale + opened)
     if not found:
         return None
     return DriftItem(host, WATCH_ROLE, found[0].id, WATCH_ROLE, WATCH_DESIRED,

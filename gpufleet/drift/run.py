@@ -88,11 +88,13 @@ def check_fleet(target: Target, options: DriftOptions,
     open findings; writes nothing on any node."""
     selected = list(options.roles) if options.roles is not None else list(role_registry.ALL)
     validate(target.hosts, selected)
+    max_ages = {host.name: setup.max_age_s for host in target.hosts
+                if (setup := role_registry.watch_setup(host)) is not None}
     started = time.time()
     outcomes = provision(target.inventory, target.hosts, selected,
                          RunOptions(check=True, fleet=options.fleet, extra_facts=extra_facts),
                          progress)
-    hosts = {name: compare.host_drift(o) for name, o in outcomes.items()}
+    hosts = {name: compare.host_drift(o, max_ages.get(name)) for name, o in outcomes.items()}
     facts = {n: o.value.facts for n, o in outcomes.items() if o.value and o.value.facts}
     inconsistencies = compare.check_consistency(target.inventory, facts)
     managed = {n: set(o.value.plan.roles) for n, o in outcomes.items()

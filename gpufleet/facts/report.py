@@ -77,14 +77,21 @@ def ago(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
+RISING_SHOWN = 5
+"""Rising counters the facts command shows per node (the fastest; the JSON has them all)."""
+
+
 def watch_lines(gathered: Facts) -> list[str]:
     """The watch's report as the facts command shows it, where it has anything to show: its
     counts and time, then each finding (``OPEN``, ``PENDING``, ``SILENCED``) with its
-    message, which names the counter's increase, window, rate and limit, and the watch's
-    notes. A report that could not be read is among the unknown facts."""
+    message, which names the counter's increase, window, rate and limit, the fastest
+    rising counters (``RISING``: subject, counter, increase, window, rate and the rule's
+    limit), and the watch's notes. A report that could not be read is among the unknown
+    facts."""
     found = reading(gathered)
     if found is None or found.report is None or not (found.report.findings
-                                                      or found.report.notes):
+                                                      or found.report.notes
+                                                      or found.report.rising):
         return []
     report = found.report
     when = utc(report.time) + ("" if report.age_s is None else f", {ago(report.age_s)} ago")
@@ -92,6 +99,9 @@ def watch_lines(gathered: Facts) -> list[str]:
     for finding in report.findings:
         silence = f" [silenced {finding.silence}]" if finding.status == "silenced" else ""
         lines.append(f"  {finding.status.upper()} {finding.id}: {finding.message}{silence}")
+    lines += [f"  RISING {rise.describe()}" for rise in report.rising[:RISING_SHOWN]]
+    if len(report.rising) > RISING_SHOWN:
+        lines.append(f"  (+{len(report.rising) - RISING_SHOWN} more rising counters)")
     return lines + [f"  note: {note}" for note in report.notes]
 
 

@@ -47,7 +47,8 @@ def _firewall(facts: Facts) -> str | None:
 
 
 def _watch(facts: Facts) -> str | None:
-    """``1 open, 1 pending, 1 silenced``, ``clean``, ``unknown``; None without the watch."""
+    """``1 open, 1 pending, 1 silenced``, ``clean``, ``unknown``, with ``, 3 rising`` when
+    counters rose within their window; None without the watch."""
     found = reading(facts)
     if found is None:
         return None
@@ -55,7 +56,8 @@ def _watch(facts: Facts) -> str | None:
         return "unknown"
     counts = [f"{len(found.report.having(s))} {s}" for s in ("open", "pending", "silenced")
               if found.report.having(s)]
-    return ", ".join(counts) or "clean"
+    rising = [f"{len(found.report.rising)} rising"] if found.report.rising else []
+    return ", ".join([", ".join(counts) or "clean", *rising])
 
 
 def summarize_facts(facts: Facts) -> dict[str, Any]:

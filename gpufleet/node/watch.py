@@ -28,8 +28,11 @@ makes the exit status 1.
 
 State (``state_dir``): watch.json (the series, at most ``state_limit_bytes``; a corrupt or
 oversized one is read as empty and replaced, costing one run's history), watch-report.json
-(the last --json report), watch-silences.json. Exit status: 0 no open finding, 1 an open
-finding, 2 a bad configuration. The contract is docs/watch.md.
+(the last --json report), watch-silences.json, and watch.lock: one run at a time (a run
+that finds another in progress past half its budget writes nothing and prints the last
+report with a note). Exit status: 0 no open finding, 1 an open finding (a run that found
+another in progress: the last report's), 2 a bad configuration. The contract is
+docs/watch.md.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import calendar
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -47,6 +51,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -63,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
 STATE_FILE = "watch.json"
 REPORT_FILE = "watch-report.json"
 SILENCES_FILE = "watch-silences.json"
+LOCK_FILE = "watch.lock"
 TEXTFILE = "gpufleet_watch.prom"
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -71,11 +77,15 @@ STATE_VERSION = 1
 OUTPUT_LIMIT = 4 * 1024 * 1024  # bytes a command may print; more is an unreadable source
 FILE_LIMIT = 4096  # bytes read of one sysfs file
 SILENCES_LIMIT = 262144
+REPORT_LIMIT = 1 << 20  # bytes of the last report a run that found another in progress reads
 MOST_SAMPLES = 24  # per series, spaced so that the rule's window is covered
 MOST_DOWNS = 64  # recorded downs per port
 MESSAGE_LIMIT = 150
 RISING_MOST = 64  # rising counters named in the report
 KILL_GRACE_S = 0.5
+LOCK_SHARE = 0.5  # of budget_s a run waits for another run to finish; the rest is its own
+LOCK_POLL_S = 0.05
+BUSY = "another run in progress"
 EXIT_OPEN = 1
 EXIT_USAGE = 2
 SOURCES = ("rdma", "pcie", "nvlink", "ecc")
@@ -763,7 +773,8 @@ def judge(state: dict[str, Any], reading: Reading, rules: dict[str, Rule],
         seen = windowed(series[key], now, rule.window_s)
         rates.append({"subject": subject, "counter": counter, "window": rule.window_s,
                       "increase": seen.increase,
-                      "rate_per_hour": seen.per_window * 3600 / rule.window_s})
+                      "rate_per_hour": seen.per_window * 3600 / rule.window_s,
+                      "limit": rule.limit if rule.kind == "rate" and rule.enabled else None})
         if rule.enabled:
             bad = seen.increase > 0 if rule.kind == "increase" else seen.per_window > rule.limit
             verdicts[key] = Verdict(rule, bad, rate_message(rule, subject, counter, seen)
@@ -1154,16 +1165,98 @@ def write_outputs(files: list[tuple[str, str, bool]], notes: list[str]) -> None:
             notes.append(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def observation(config: dict[str, Any], rules: dict[str, Rule], now: float,
+@contextlib.contextmanager
+def run_lock(state_dir: str, wait_s: float) -> Iterator[tuple[bool, str]]:
+    """Hold ``state_dir/watch.lock`` (flock) while the block runs: (True, "") once taken,
+    waiting at most ``wait_s`` for another run to let go; (False, BUSY...) when it did not;
+    (True, a note) when the lock file cannot be opened (the run goes on unlocked)."""
+    path = os.path.join(state_dir, LOCK_FILE)
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        yield True, f"cannot open the lock {path}: {exc.strerror or exc}; running unlocked"
+        return
+    try:
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    yield False, f"{BUSY} (it held {path} for the {wait_s:.1f}s waited)"
+                    return
+                time.sleep(LOCK_POLL_S)
+        yield True, ""
+    finally:
+        os.close(fd)  # closing lets go of the lock
+
+
+def busy_report(state_dir: str, why: str, now: float) -> dict[str, Any]:
+    """What a run that found another in progress prints: the last report kept (the other
+    run's verdict until it writes its own) with ``why`` first among its notes, else an empty
+    one."""
+    path = os.path.join(state_dir, REPORT_FILE)
+    kept, unread = read_json(path, REPORT_LIMIT)
+    findings, notes, series = kept.get("findings"), kept.get("notes"), kept.get("series")
+    if (unread or kept.get("version") != VERSION or not isinstance(findings, list)
+            or not all(isinstance(f, dict) and f.get("status") in ("open", "pending", "silenced")
+                       and isinstance(f.get("id"), str) and isinstance(f.get("message"), str)
+                       for f in findings)):
+        return {"version": VERSION, "time": now, "findings": [],
+                "notes": [f"{why}: nothing observed; no last report ({path} "
+                          f"{unread or 'not a report'})"], "series": 0, "rising": []}
+    return {**kept, "series": series if isinstance(series, int) else 0,
+            "notes": [f"{why}: nothing observed; this is the last report",
+                      *(notes if isinstance(notes, list) else [])]}
+
+
+def show(report: dict[str, Any], as_json: bool, took: float) -> int:
+    """Print the report (one JSON object, or a line per finding and note and a summary);
+    the exit status it gives."""
+    counts = {s: sum(f["status"] == s for f in report["findings"])
+              for s in ("open", "pending", "silenced")}
+    if as_json:
+        print(json.dumps(report))
+    else:
+        for finding in report["findings"]:
+            print(f"{finding['status'].upper()} {finding['id']}: {finding['message']}")
+        for line in report["notes"]:
+            print(f"NOTE {line}")
+        node = socket.gethostname().split(".")[0]
+        print(f"watch {node}: {counts['open']} open, {counts['pending']} pending, "
+              f"{counts['silenced']} silenced, {report['series']} series in {took:.2f}s")
+    return EXIT_OPEN if counts["open"] else 0
+
+
+def observation(config: dict[str, Any], rules: dict[str, Rule], now: float | None,
                 as_json: bool) -> int:
-    """One observation: read, append, judge, write, print; the exit status."""
+    """One observation under the run lock; a run that finds another in progress past its
+    share of the budget writes nothing and repeats the last report's verdict (so the health
+    check neither drains nor resumes a node for it)."""
     started = time.monotonic()
+    deadline = Deadline(float(config["budget_s"]))
+    with run_lock(config["state_dir"], config["budget_s"] * LOCK_SHARE) as (held, why):
+        if not held:
+            report = busy_report(config["state_dir"], why, time.time() if now is None else now)
+            return show(report, as_json, time.monotonic() - started)
+        return observe_and_write(config, rules, time.time() if now is None else now,
+                                 deadline, notes=[why] if why else [], as_json=as_json,
+                                 started=started)
+
+
+def observe_and_write(config: dict[str, Any], rules: dict[str, Rule], now: float,
+                      deadline: Deadline, *, notes: list[str], as_json: bool,
+                      started: float) -> int:
+    """One observation: read, append, judge, write, print; the exit status."""
     state_dir = config["state_dir"]
     state_path = os.path.join(state_dir, STATE_FILE)
     boot = read_file(BOOT_ID_FILE)
-    state, notes = load_state(state_path, config["state_limit_bytes"],
-                              boot.strip() if boot else "unknown")
-    reading = observe(config, rules, Deadline(float(config["budget_s"])))
+    state, state_notes = load_state(state_path, config["state_limit_bytes"],
+                                    boot.strip() if boot else "unknown")
+    notes += state_notes
+    reading = observe(config, rules, deadline)
     notes += reading.notes
     record(state, reading, rules, now)
     verdicts, rates = judge(state, reading, rules, now)
@@ -1180,19 +1273,7 @@ def observation(config: dict[str, Any], rules: dict[str, Rule], now: float,
     if config["textfile_dir"]:
         write_outputs([(os.path.join(config["textfile_dir"], TEXTFILE),
                         textfile(report, state, rates, rules, took), False)], report["notes"])
-    counts = {s: sum(f["status"] == s for f in report["findings"])
-              for s in ("open", "pending", "silenced")}
-    if as_json:
-        print(json.dumps(report))
-    else:
-        for finding in report["findings"]:
-            print(f"{finding['status'].upper()} {finding['id']}: {finding['message']}")
-        for line in report["notes"]:
-            print(f"NOTE {line}")
-        node = socket.gethostname().split(".")[0]
-        print(f"watch {node}: {counts['open']} open, {counts['pending']} pending, "
-              f"{counts['silenced']} silenced, {report['series']} series in {took:.2f}s")
-    return EXIT_OPEN if counts["open"] else 0
+    return show(report, as_json, took)
 
 
 def parse_until(text: str) -> float:
@@ -1260,15 +1341,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--json", action="store_true",
                             help="print the report as one JSON object")
     parsed = parser.parse_args(args)
-    now = parsed.now if parsed.now is not None else time.time()
     try:
         config, rules = load_config(parsed.config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if command is None:
-        return observation(config, rules, now, parsed.json)
-    return silence_command(config, parsed, now)
+        return observation(config, rules, parsed.now, parsed.json)
+    with run_lock(config["state_dir"], config["budget_s"]) as (held, why):
+        if not held:
+            print(f"error: {why}: try again", file=sys.stderr)
+            return EXIT_USAGE
+        return silence_command(config, parsed,
+                               parsed.now if parsed.now is not None else time.time())
 
 
 def silence_command(config: dict[str, Any], parsed: argparse.Namespace, now: float) -> int:

@@ -127,7 +127,8 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
                                               FIXTURES / "h200x1" / "torch_probe.json")),
     "watch_report": (watch.watch_report, _files(
         FIXTURES / "watch" / "report_open_pending_silenced.json",
-        FIXTURES / "watch" / "report_compact_two_open.json")),
+        FIXTURES / "watch" / "report_compact_two_open.json",
+        FIXTURES / "watch" / "report_program_rising.json")),
     "xid_events": (xid.xid_events, _files(NVIDIA / "a800_dmesg_xid13_vllm5901.txt",
                                               NVIDIA / "dmesg_T_xid_akash244.txt")),
     "disk_free": (formats.disk_free, _files(H200 / "df.txt",

@@ -4,6 +4,8 @@ synthetic sysfs tree and a stand-in nvidia-smi, observed at chosen times (--now)
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import json
 import re
 import shutil
@@ -881,3 +883,177 @@ def test_the_program_runs_as_a_script(node: Node) -> None:
                            "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["series"] == 7
+
+
+# ---- one run at a time -----------------------------------------------------------------------
+
+HOLD = ("import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n")
+
+
+@contextlib.contextmanager
+def held(node: Node, seconds: float = 60) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the watch's lock (as a run of the program does) for
+    ``seconds``, or until the block ends."""
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(node.state_dir / "watch.lock"),
+                             str(seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def locked(path: Path) -> bool:
+    """Whether a process holds the lock file (tried without waiting, let go at once)."""
+    if not path.exists():
+        return False
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def test_a_run_that_finds_another_in_progress_writes_nothing_and_repeats_the_last_verdict(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.port(symbol_error=0)
+    node.run(T0, capsys=capsys)
+    node.port(symbol_error=500)
+    assert node.run(T0 + 600, capsys=capsys)[0] == 1
+    kept = {name: (node.state_dir / name).read_bytes()
+            for name in ("watch.json", "watch-report.json")}
+    node.port(symbol_error=5000)
+    node.config = {"budget_s": 0.6}
+    with held(node):
+        started = time.monotonic()
+        rc, report = node.run(T0 + 1200, capsys=capsys)
+        waited = time.monotonic() - started
+        rc_text, text = node.text(T0 + 1200, capsys=capsys)
+    assert 0.3 <= waited < 5, "it waits half the budget, no longer"
+    assert rc == 1 and rc_text == 1, "the last report had an open finding: the same verdict"
+    assert report["time"] == T0 + 600
+    assert report["notes"][0].startswith("another run in progress (it held ")
+    assert report["notes"][0].endswith("for the 0.3s waited): nothing observed; this is the "
+                                       "last report")
+    assert [f["id"] for f in report["findings"]] == ["rdma/mlx5_0/1/symbol_error"]
+    assert "+500 in 10m0s" in report["findings"][0]["message"]
+    assert "NOTE another run in progress" in text and "OPEN rdma/mlx5_0/1/symbol_error" in text
+    assert kept == {name: (node.state_dir / name).read_bytes() for name in kept}
+    rc, report = node.run(T0 + 1800, capsys=capsys)
+    assert rc == 1 and "+5000" in report["findings"][0]["message"]
+    assert not any(n.startswith("another run") for n in report["notes"])
+
+
+def test_a_busy_run_without_an_earlier_report_passes_saying_so(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.port(symbol_error=0)
+    node.config = {"budget_s": 0.2}
+    with held(node):
+        rc, report = node.run(T0, capsys=capsys)
+        assert node.command("silence", "rdma/mlx5_0/1/flaps", "--until", "2099-01-01") == 2
+        assert "another run in progress" in capsys.readouterr().err
+        assert sorted(p.name for p in node.state_dir.iterdir()) == ["watch.lock"]
+        (node.state_dir / "watch-report.json").write_text('{"version": 1, "findings": [7]}')
+        rc_shaped, shaped = node.run(T0, capsys=capsys)
+    assert rc == 0 and report["findings"] == [] and report["series"] == 0
+    assert report["notes"] == [
+        "another run in progress (it held " + str(node.state_dir / "watch.lock") + " for the "
+        f"0.1s waited): nothing observed; no last report ({node.state_dir}/watch-report.json "
+        "absent)"]
+    assert rc_shaped == 0 and shaped["findings"] == []
+    assert shaped["notes"][0].endswith("watch-report.json not a report)")
+
+
+def test_a_run_waits_for_one_that_lets_go_within_its_share_of_the_budget(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.port(symbol_error=0)
+    with held(node, seconds=0.5):
+        rc, report = node.run(T0, capsys=capsys, budget_s=20)
+    assert rc == 0 and report["series"] == 7 and report["notes"] == []
+
+
+def _program(node: Node, now: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(PROGRAM), "--config",
+                             str(node.root / "watch.json"), "--json", "--now", str(now)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize(("budget", "second_runs"), [(4.0, False), (12.0, True)])
+def test_two_runs_at_once_one_waits_for_the_other_or_writes_nothing(
+        node: Node, budget: float, second_runs: bool) -> None:
+    """The health check and the timer start the program together; the first holds the lock
+    through a slow nvidia-smi (4 s, or its budget). The second waits half its budget: 2 s
+    is too short, and it answers with a note and writes nothing; 6 s is enough, and it
+    observes after the first, whose samples it keeps."""
+    node.port(symbol_error=0)
+    node.pci(GPU)
+    node.smi(delay=4)
+    node.write_config(budget_s=budget)
+    first = _program(node, T0)
+    lock = node.state_dir / "watch.lock"
+    deadline = time.monotonic() + 30
+    while not locked(lock):
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    second = _program(node, T0 + 60)
+    out_second, err_second = second.communicate(timeout=60)
+    out_first, err_first = first.communicate(timeout=60)
+    assert (first.returncode, second.returncode) == (0, 0), err_first + err_second
+    report_first, report_second = json.loads(out_first), json.loads(out_second)
+    assert not any("another run" in n for n in report_first["notes"])
+    kept = json.loads((node.state_dir / "watch-report.json").read_text())
+    state = json.loads((node.state_dir / "watch.json").read_text())
+    times = {sample[0] for sample in state["series"]["rdma/mlx5_0/1/symbol_error"]}
+    if second_runs:
+        assert not any("another run" in n for n in report_second["notes"])
+        assert kept["time"] == T0 + 60 and times == {T0, T0 + 60}
+    else:
+        assert report_second["notes"][0].startswith("another run in progress")
+        assert report_second["findings"] == [] and report_second["series"] == 0
+        assert kept["time"] == T0 and times == {T0}
+
+
+# ---- the report kept as a fixture for the controller's parser --------------------------------
+
+RISING_FIXTURE = FIXTURES / "watch" / "report_program_rising.json"
+
+
+def rising_node_report(node: Node, capsys: pytest.CaptureFixture[str]) -> str:
+    """The recipe of tests/fixtures/watch/report_program_rising.json: a node with two IB
+    ports, a GPU, a NIC and the H200 pair's nvidia-smi outputs, observed every 20 minutes
+    for an hour while its counters move; the report file the last run keeps."""
+    moves = [(0, 0, 0, 0, 0), (40, 10, 5, 1, 0), (90, 20, 10, 2, 2), (200, 30, 15, 4, 2)]
+    for i, (symbols, other, sequence, aer, replay) in enumerate(moves):
+        node.port("mlx5_0", symbol_error=symbols, hw={"out_of_sequence": sequence})
+        node.port("mlx5_1", symbol_error=other)
+        node.pci(GPU, aer=(aer, 0, 0))
+        node.pci(NIC, kind="NIC", width=(16, 16) if i < 3 else (8, 16))
+        node.smi(NVLINK.replace("Link 3: Replay Errors: 0", f"Link 3: Replay Errors: {replay}",
+                                1), SMI_Q)
+        node.run(T0 + 1200 * i, capsys=capsys)
+    return (node.state_dir / "watch-report.json").read_text()
+
+
+def test_the_rising_report_fixture_is_what_the_program_writes(
+        node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    written = rising_node_report(node, capsys)
+    assert written == RISING_FIXTURE.read_text(), (
+        f"the program's report changed; the new one (for {RISING_FIXTURE}):\n{written}")
+    report = json.loads(written)
+    assert [(f["id"], f["status"]) for f in report["findings"]] == [
+        ("nvlink/gpu0/link3/replay_errors", "open"), ("rdma/mlx5_0/1/symbol_error", "open"),
+        (f"pcie/{NIC}/width", "pending")]
+    assert [(r["subject"], r["counter"], r["increase"], r["rate_per_hour"], r["limit"])
+            for r in report["rising"]] == [
+        ("mlx5_0/1", "symbol_error", 200, 200, 120), ("mlx5_1/1", "symbol_error", 30, 30, 120),
+        ("mlx5_0/1", "out_of_sequence", 5, 15, 100), (GPU, "aer_correctable", 2, 6, 8),
+        ("gpu0/link3", "replay_errors", 2, 2, None)], "windows shorter than the 20 minutes " \
+        "between runs: the increase since the last run, at its average rate"

@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpufleet import app
 from gpufleet.conformance import registry
 from gpufleet.conformance.checks.watch import verdict
+from gpufleet.errors import GpufleetError
 from gpufleet.facts.parsers.watch import watch_report
 from gpufleet.facts.watch import Reading, from_fact
+from gpufleet.inventory.load import load_inventory
 from gpufleet.report.schemas import validate
-from tests.unit.test_watch_facts import CLEAN, COMPACT, MIXED
+from tests.unit.test_watch_facts import CLEAN, COMPACT, MIXED, fresh
 
 
 def _only(status: str) -> str:
@@ -45,6 +49,27 @@ def test_silenced_and_pending_findings_pass_and_are_recorded() -> None:
     assert verdict(Reading(from_fact(watch_report(CLEAN)))).failure is None
 
 
+def test_a_report_older_than_the_bound_fails_naming_its_age() -> None:
+    stale = from_fact(watch_report(COMPACT), clock=1765007200.0 + 3600)
+    judged = verdict(Reading(stale, max_age_s=1800.0))
+    assert judged.failure == (
+        "the watch's last report is 1h old (2025-12-06T07:46:40Z), more than "
+        "watch_max_age_s 1800: the watch stopped running; rdma/mlx5_1/1/flaps: mlx5_1/1 went "
+        "down 3 times in 12h0m (limit 3 within 12h) (+1 more); pcie/0000:18:00.0/aer_fatal "
+        "silenced until 2025-12-07T09:33:20Z")
+    assert verdict(Reading(stale, max_age_s=3600.0)).failure is not None  # still open
+    assert verdict(Reading(from_fact(watch_report(CLEAN), clock=1765003600.25 + 3600),
+                           max_age_s=3600.0)).failure is None
+
+
+def test_the_bound_is_a_suite_setting_above_zero(tmp_path: Path) -> None:
+    suite = registry.suite("watch")
+    assert suite.variables["watch_max_age_s"].default == 1800
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    n1:\n      watch_max_age_s: -5\n")
+    with pytest.raises(GpufleetError, match="watch_max_age_s must be a number above 0, got -5"):
+        registry.validate(load_inventory(tmp_path / "hosts.yml").hosts.values(), [suite])
+
+
 def test_a_report_that_could_not_be_read_is_unknown() -> None:
     judged = verdict(Reading(None, "unparseable output: watch report: expected version 1"))
     assert judged.failure == ("unknown: the watch's report: unparseable output: watch report: "
@@ -57,7 +82,8 @@ def test_the_suite_is_in_the_default_set_and_bootstrap_does_not_run_it() -> None
 
 
 def test_each_node_is_judged_by_its_own_report(tmp_path: Path) -> None:
-    for name, text in (("failing", MIXED), ("silenced", _only("silenced"))):
+    for name, text in (("failing", fresh(MIXED)), ("silenced", fresh(_only("silenced"))),
+                       ("stopped", fresh(CLEAN, age=7200))):
         (tmp_path / name).mkdir()
         (tmp_path / name / "watch-report.json").write_text(text)
     (tmp_path / "broken").mkdir()
@@ -74,6 +100,8 @@ def test_each_node_is_judged_by_its_own_report(tmp_path: Path) -> None:
       slurm_healthcheck_state_dir: {tmp_path}/silenced
     broken:
       slurm_healthcheck_state_dir: {tmp_path}/broken
+    stopped:
+      slurm_healthcheck_state_dir: {tmp_path}/stopped
     unwatched:
       node_watch: false
 """)
@@ -83,7 +111,13 @@ def test_each_node_is_judged_by_its_own_report(tmp_path: Path) -> None:
     validate(document)
     results = {r["host"]: r for r in document["results"]}
     assert {h: r["outcome"] for h, r in results.items()} == {
-        "failing": "fail", "silenced": "pass", "broken": "fail", "unwatched": "skip"}
+        "failing": "fail", "silenced": "pass", "broken": "fail", "stopped": "fail",
+        "unwatched": "skip"}
+    assert results["stopped"]["message"].startswith("the watch's last report is 2h old (")
+    assert results["stopped"]["message"].endswith(
+        "more than watch_max_age_s 1800: the watch stopped running")
+    assert results["stopped"]["properties"]["watch"]["stale"] == results["stopped"]["message"]
+    assert results["failing"]["properties"]["watch"]["stale"] is None
     assert results["failing"]["message"].startswith(
         "rdma/mlx5_0/1/symbol_error: mlx5_0/1 symbol_error +14 in 1h0m (14.0/h, limit 10/h "
         "over 1h); nvlink/GPU3/link7/replay silenced until ")

@@ -8,23 +8,27 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet import app
 from gpufleet.errors import ParseError, VarError
 from gpufleet.facts import catalog, script
 from gpufleet.facts.gather import Facts, parse_sections
-from gpufleet.facts.parsers.watch import REPORT_LIMIT, TEXT_LIMIT, watch_report
+from gpufleet.facts.parsers.watch import REPORT_LIMIT, RISING_LIMIT, TEXT_LIMIT, watch_report
 from gpufleet.facts.report import ago, watch_lines
 from gpufleet.facts.summary import summarize_facts
-from gpufleet.facts.watch import from_fact, reading
+from gpufleet.facts.watch import Reading, Rising, from_fact, reading
 from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.model import Inventory
-from gpufleet.report.schemas import validate
+from gpufleet.report.schemas import SchemaError, validate
 from gpufleet.roles import host_request, watch_request, watch_setup
 from tests.conftest import FIXTURES
 
@@ -32,6 +36,7 @@ WATCH = FIXTURES / "watch"
 MIXED = (WATCH / "report_open_pending_silenced.json").read_text()
 CLEAN = (WATCH / "report_clean.json").read_text()
 COMPACT = (WATCH / "report_compact_two_open.json").read_text()
+PROGRAM = (WATCH / "report_program_rising.json").read_text()
 
 
 def report(**changes: Any) -> str:
@@ -43,6 +48,19 @@ def report(**changes: Any) -> str:
 def finding(**changes: Any) -> str:
     doc = json.loads(MIXED)
     doc["findings"][0].update(changes)
+    return json.dumps(doc)
+
+
+def fresh(text: str, age: float = 60.0) -> str:
+    """The report as if written ``age`` seconds ago by this machine's clock."""
+    doc = json.loads(text)
+    doc["time"] = time.time() - age
+    return json.dumps(doc)
+
+
+def rise(index: int = 0, **changes: Any) -> str:
+    doc = json.loads(MIXED)
+    doc["rising"][index].update(changes)
     return json.dumps(doc)
 
 
@@ -69,7 +87,7 @@ def test_a_report_with_every_status_reads_in_its_order() -> None:
 def test_one_line_reports_read_the_same_as_indented_ones() -> None:
     assert watch_report(json.dumps(json.loads(MIXED))) == watch_report(MIXED)
     assert watch_report(CLEAN) == {"time": 1765003600.25, "findings": [], "notes": [],
-                                   "series": 96}
+                                   "series": 96, "rising": []}
     compact = watch_report(COMPACT)
     assert [f["status"] for f in compact["findings"]] == ["open", "open", "silenced"]
     assert compact["findings"][2]["silence_reason"] is None
@@ -125,6 +143,107 @@ def test_long_texts_are_cut_and_many_notes_counted() -> None:
 def test_a_hostile_or_broken_report_is_a_parse_error(text: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         watch_report(text)
+
+
+def test_rising_counters_are_read_with_their_rates_and_limits() -> None:
+    assert watch_report(MIXED)["rising"] == [
+        {"subject": "mlx5_0/1", "counter": "symbol_error", "increase": 14, "window": 3600.0,
+         "rate_per_hour": 14.0, "limit": 10.0},
+        {"subject": "0000:3b:00.0", "counter": "aer_correctable", "increase": 3,
+         "window": 60.0, "rate_per_hour": 36.0, "limit": 8.0}]
+    parsed = watch_report(PROGRAM)
+    assert parsed["notes"] == [] and parsed["series"] == 137
+    assert [(r["subject"], r["counter"], r["increase"], r["limit"])
+            for r in parsed["rising"]] == [
+        ("mlx5_0/1", "symbol_error", 200, 120.0), ("mlx5_1/1", "symbol_error", 30, 120.0),
+        ("mlx5_0/1", "out_of_sequence", 5, 100.0), ("0000:18:00.0", "aer_correctable", 2, 8.0),
+        ("gpu0/link3", "replay_errors", 2, None)]
+    without_limit = json.loads(MIXED)
+    del without_limit["rising"][0]["limit"]
+    assert watch_report(json.dumps(without_limit))["rising"][0]["limit"] is None
+    assert watch_report(report(rising=None))["rising"] == []
+
+
+BAD_RISING = [
+    (report(rising={"mlx5_0/1": 14}), "expected rising a list, got an object"),
+    (report(rising="symbol_error"), "expected rising a list, got 'symbol_error'"),
+    (report(rising=[None]), r"expected rising\[0\] an object, got null"),
+    (rise(subject="mlx5_0/1; reboot"), r"rising\[0\].subject of letters"),
+    (rise(subject="x" * 201), r"rising\[0\].subject of letters"),
+    (rise(subject=""), r"rising\[0\].subject of letters"),
+    (rise(1, counter="Symbol Error"), r"rising\[1\].counter a lower-case name"),
+    (rise(counter="x" * 65), r"rising\[0\].counter a lower-case name"),
+    (rise(counter=None), r"rising\[0\].counter a lower-case name \(at most 64\), got null"),
+    (rise(increase=-1), r"rising\[0\].increase a count"),
+    (rise(increase=1.5), r"rising\[0\].increase a count"),
+    (rise(increase=True), r"rising\[0\].increase a count"),
+    (rise(increase=2**64 + 1), r"rising\[0\].increase a count \(at most 2\^64\)"),
+    (rise(window=0), r"rising\[0\].window more than 0 seconds"),
+    (rise(window="1h"), r"rising\[0\].window a number of seconds, got '1h'"),
+    (rise(rate_per_hour=float("inf")), r"rising\[0\].rate_per_hour a number, 0 or more"),
+    (rise(rate_per_hour=None), r"rising\[0\].rate_per_hour a number, 0 or more"),
+    (rise(limit=-3), r"rising\[0\].limit a number, 0 or more, or null"),
+    (rise(1, limit="8"), r"rising\[1\].limit a number, 0 or more, or null, got '8'"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), BAD_RISING, ids=lambda v: v[-40:])
+def test_a_bad_rising_list_costs_the_rising_counters_only_with_a_note(text: str,
+                                                                       why: str) -> None:
+    parsed = watch_report(text)
+    assert parsed["rising"] == []
+    assert parsed["findings"] == watch_report(MIXED)["findings"]
+    assert parsed["notes"][1:] == watch_report(MIXED)["notes"]
+    assert parsed["notes"][0].startswith("rising counters not read: expected ")
+    assert re.search(why, parsed["notes"][0]), parsed["notes"][0]
+
+
+def test_more_rising_counters_than_the_watch_lists_are_cut_with_a_note() -> None:
+    entry = json.loads(MIXED)["rising"][0]
+    parsed = watch_report(report(rising=[entry] * (RISING_LIMIT + 36),
+                                 notes=[f"note {i}" for i in range(30)]))
+    assert len(parsed["rising"]) == RISING_LIMIT
+    assert parsed["notes"][0] == "rising counters: the first 64 read, 36 more left out"
+    assert len(parsed["notes"]) == 20 and parsed["notes"][-1] == "(+12 more notes)"
+    long = watch_report(rise(subject="s" * 200, counter="c" * 64))["rising"][0]
+    assert (len(long["subject"]), len(long["counter"])) == (200, 64)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
+                    | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=12), inner, max_size=6), max_leaves=30)
+ENTRY = st.fixed_dictionaries({
+    "subject": st.one_of(st.sampled_from(["mlx5_0/1", "gpu0/link3", "0000:18:00.0"]), JSON),
+    "counter": st.one_of(st.sampled_from(["symbol_error", "replay_errors"]), JSON),
+    "increase": st.one_of(st.integers(-5, 2**65), JSON),
+    "window": st.one_of(st.floats(allow_nan=True), JSON),
+    "rate_per_hour": st.one_of(st.floats(allow_nan=True, allow_infinity=True), JSON),
+    "limit": st.one_of(st.none(), st.floats(), JSON)})
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(value=st.one_of(JSON, st.lists(st.one_of(ENTRY, JSON), max_size=70)))
+def test_any_rising_value_leaves_the_findings_and_reads_whole_or_not_at_all(
+        value: Any) -> None:
+    doc = json.loads(MIXED)
+    doc["rising"] = value
+    parsed = watch_report(json.dumps(doc))
+    assert parsed["findings"] == watch_report(MIXED)["findings"]
+    if value is None:
+        assert parsed["rising"] == []
+        return
+    assert len(parsed["rising"]) <= RISING_LIMIT
+    read_all = isinstance(value, list) and len(parsed["rising"]) == min(len(value),
+                                                                       RISING_LIMIT)
+    assert read_all or (parsed["rising"] == [] and parsed["notes"][0].startswith(
+        "rising counters not read: "))
+    for entry in parsed["rising"]:
+        assert set(entry) == {"subject", "counter", "increase", "window", "rate_per_hour",
+                              "limit"}
+        assert 0 <= entry["increase"] <= 2**64 and entry["window"] > 0
+        assert len(entry["subject"]) <= 200 and len(entry["counter"]) <= 64
+        Rising(**entry).describe()
 
 
 def test_a_bad_report_costs_that_nodes_reading_only() -> None:
@@ -251,6 +370,21 @@ def test_a_reading_names_the_first_open_finding_and_the_silences() -> None:
     assert from_fact(watch_report(CLEAN)).problem() is None
 
 
+def test_a_report_older_than_the_bound_says_the_watch_stopped() -> None:
+    facts = Facts("node01", values={"watch": watch_report(CLEAN), "clock": 1765011100.0})
+    found = reading(facts, 1800.0)
+    assert found is not None and found.report is not None
+    assert found.report.age_s == 7499.75
+    assert found.stale == ("the watch's last report is 2h5m old (2025-12-06T06:46:40Z), more "
+                           "than watch_max_age_s 1800: the watch stopped running")
+    assert found.to_dict()["stale"] == found.stale
+    assert reading(facts, 7500.0).stale is None  # type: ignore[union-attr]
+    assert reading(facts).stale is None  # type: ignore[union-attr]
+    unclocked = reading(Facts("node01", values={"watch": watch_report(CLEAN)}), 1.0)
+    assert unclocked is not None and unclocked.stale is None, "no clock: its age is unknown"
+    assert Reading(None, "no watch report at /x", 1800.0).stale is None
+
+
 
 
 # ---- the facts command -------------------------------------------------------------------
@@ -264,8 +398,11 @@ def test_the_summary_counts_findings_by_status() -> None:
     assert summary() is None
     assert summary(absent={"watch": "no watch report at /x"}) == "unknown"
     assert summary(watch=watch_report(CLEAN)) == "clean"
-    assert summary(watch=watch_report(MIXED)) == "1 open, 1 pending, 1 silenced"
+    assert summary(watch=watch_report(MIXED)) == "1 open, 1 pending, 1 silenced, 2 rising"
     assert summary(watch=watch_report(COMPACT)) == "2 open, 1 silenced"
+    quiet = json.loads(PROGRAM)
+    quiet["findings"] = []
+    assert summary(watch=watch_report(json.dumps(quiet))) == "clean, 5 rising"
 
 
 def test_the_facts_command_shows_each_finding_with_its_rate_and_the_silence() -> None:
@@ -280,7 +417,25 @@ def test_the_facts_command_shows_each_finding_with_its_rate_and_the_silence() ->
         "  SILENCED nvlink/GPU3/link7/replay: GPU3 link 7 replay +412 in 1h0m (412.0/h, "
         "limit 100/h over 1h) [silenced until 2025-12-07T06:46:40Z (RMA ticket 4471, cable "
         "swap on Friday)]",
+        "  RISING mlx5_0/1 symbol_error +14 within 1h: 14/h (limit 10/h)",
+        "  RISING 0000:3b:00.0 aer_correctable +3 within 1m: 0.6/min (limit 8/min)",
         "  note: nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT: timed out after 4s"]
+    assert watch_lines(Facts("node01", values={"watch": watch_report(PROGRAM),
+                                               "clock": 1765003610.0}))[-4:] == [
+        "  RISING mlx5_1/1 symbol_error +30 within 1h: 30/h (limit 120/h)",
+        "  RISING mlx5_0/1 out_of_sequence +5 within 1s: 0.00417/s (limit 100/s)",
+        "  RISING 0000:18:00.0 aer_correctable +2 within 1m: 0.1/min (limit 8/min)",
+        "  RISING gpu0/link3 replay_errors +2 within 1h: 2/h (any increase opens)"]
+    many = json.loads(PROGRAM)
+    many["findings"], many["rising"] = [], many["rising"] * 3
+    assert watch_lines(Facts("node01", values={"watch": watch_report(json.dumps(many))})) == [
+        "watch: 0 open, 0 pending, 0 silenced, 137 series (report 2025-12-06T06:46:40Z)",
+        "  RISING mlx5_0/1 symbol_error +200 within 1h: 200/h (limit 120/h)",
+        "  RISING mlx5_1/1 symbol_error +30 within 1h: 30/h (limit 120/h)",
+        "  RISING mlx5_0/1 out_of_sequence +5 within 1s: 0.00417/s (limit 100/s)",
+        "  RISING 0000:18:00.0 aer_correctable +2 within 1m: 0.1/min (limit 8/min)",
+        "  RISING gpu0/link3 replay_errors +2 within 1h: 2/h (any increase opens)",
+        "  (+10 more rising counters)"]
     assert watch_lines(Facts("node01", values={"watch": watch_report(CLEAN)})) == []
     assert watch_lines(Facts("node01", absent={"watch": "no watch report at /x"})) == []
     assert [ago(s) for s in (0, 59, 60, 7199, 86400 * 3)] == ["0s", "59s", "1m", "1h", "3d"]
@@ -305,3 +460,29 @@ def test_facts_over_a_local_connection_show_the_watch_and_validate(tmp_path: Pat
     assert host["summary"]["watch"] == "2 open, 1 silenced"
     assert [f["id"] for f in host["facts"]["watch"]["findings"]] == [
         "rdma/mlx5_1/1/flaps", "ecc/GPU5/uncorrectable_aggregate", "pcie/0000:18:00.0/aer_fatal"]
+    assert host["facts"]["watch"]["rising"] == []
+
+
+def test_facts_show_the_rising_counters_the_program_reported(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "watch-report.json").write_text(PROGRAM)
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    node01:\n      ansible_connection: local\n"
+                   "      slurm_healthcheck: true\n"
+                   f"      slurm_healthcheck_state_dir: {tmp_path}/state\n")
+    out = io.StringIO()
+    assert app.facts(str(inv), json_path=str(tmp_path / "facts.json"), out=out) == 0
+    text = out.getvalue()
+    assert "node01:   RISING mlx5_0/1 symbol_error +200 within 1h: 200/h (limit 120/h)" in text
+    assert "node01:   RISING gpu0/link3 replay_errors +2 within 1h: 2/h (any increase " \
+           "opens)" in text
+    document = json.loads((tmp_path / "facts.json").read_text())
+    validate(document)
+    host = document["hosts"]["node01"]
+    assert host["summary"]["watch"] == "2 open, 1 pending, 5 rising"
+    assert host["facts"]["watch"]["rising"][0] == {
+        "subject": "mlx5_0/1", "counter": "symbol_error", "increase": 200, "window": 3600.0,
+        "rate_per_hour": 200.0, "limit": 120.0}
+    host["facts"]["watch"]["rising"][0]["limit"] = -1
+    with pytest.raises(SchemaError, match=r"rising\[0\]\.limit"):
+        validate(document)
