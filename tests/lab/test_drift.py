@@ -149,7 +149,7 @@ def test_new_and_resolved_since_the_last_run(lab: Lab, provisioned: Path,
     code, doc, _, _ = drift(provisioned, tmp_path, "second")
     assert code == 1
     assert doc["new_since_last"] == ["node03 nccl/hold libnccl-dev"]
-    assert doc["roles_checked"] == sorted(["consistency", *(r.name for r in roles.ALL)])
+    assert doc["roles_checked"] == sorted(["consistency", "watch", *(r.name for r in roles.ALL)])
     node_sh(lab, "node03", "apt-mark hold libnccl-dev >/dev/null")
     code, doc, _, _ = drift(provisioned, tmp_path, "third")
     assert code == 0
