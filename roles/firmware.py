@@ -40,7 +40,7 @@ _HCA_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 class FirmwareRole(RoleBase):
     name = "firmware"
-    order = 12
+    order = 22
     variables: ClassVar[Mapping[str, Var]] = {
         PINS: Var(None, "mapping", "the firmware every node must run: hca (one version, or "
                                    "HCA type / board id -> version), vbios, gsp, bios "
