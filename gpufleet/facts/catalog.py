@@ -283,6 +283,13 @@ def _under(root: str, path: str) -> str:
     return shlex.quote(root + path)
 
 
+READ_LINES = ('n=0; for f; do [ -r "$f" ] || continue; while IFS= read -r l || [ -n "$l" ]; '
+              'do printf \'%s:%s\\n\' "$f" "$l"; n=1; done 2>/dev/null <"$f"; done')
+"""Shell: each line of each readable file of ``"$@"`` as ``PATH:LINE``, the form ``grep -s -H
+''`` prints, with shell builtins alone (no process started on a node); ``n`` is 1 when a line
+was printed."""
+
+
 @functools.cache
 def hca_firmware_fact(root: str = "") -> Fact:
     """Each RDMA device's firmware version, board id and HCA type (sysfs reads under
@@ -290,7 +297,7 @@ def hca_firmware_fact(root: str = "") -> Fact:
     base = _under(root, "/sys/class/infiniband")
     return Fact("hca_firmware", f"set -- {base}/*; [ -e \"$1\" ] || "
                 "{ echo 'no RDMA devices (nothing in /sys/class/infiniband)'; exit 127; }; "
-                f"grep -s -H '' {base}/*/fw_ver {base}/*/board_id {base}/*/hca_type; exit 0",
+                f"set -- {base}/*/fw_ver {base}/*/board_id {base}/*/hca_type; {READ_LINES}",
                 lambda text: firmware.hca_firmware(text, root))
 
 
@@ -303,8 +310,8 @@ def bios_fact(root: str = "") -> Fact:
     files = " ".join(f"{base}/{name}" for name in firmware.DMI_FILES)
     return Fact("bios", f"[ -d {base} ] || {{ echo 'no DMI table (no /sys/class/dmi/id: "
                 "a VM or board without SMBIOS)'; exit 127; }; "
-                f"out=$(grep -s -H '' {files}); [ -n \"$out\" ] || "
-                "{ echo 'the DMI table is not readable'; exit 127; }; printf '%s\\n' \"$out\"",
+                f"set -- {files}; {READ_LINES}; [ \"$n\" = 1 ] || "
+                "{ echo 'the DMI table is not readable'; exit 127; }",
                 lambda text: firmware.dmi_bios(text, root))
 
 
@@ -316,7 +323,7 @@ def gsp_firmware_fact(root: str = "") -> Fact:
     base = _under(root, "/proc/driver/nvidia/gpus")
     return Fact("gsp_firmware", f"set -- {base}/*/information; [ -e \"$1\" ] || "
                 "{ echo 'no NVIDIA GPU in /proc/driver/nvidia/gpus (no NVIDIA kernel module "
-                "loaded)'; exit 127; }; grep -s -H '' \"$@\"; exit 0",
+                f"loaded)'; exit 127; }}; {READ_LINES}",
                 lambda text: firmware.gsp_firmware(text, root))
 
 
