@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 from gpufleet.facts import catalog
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.facts.parsers import firmware
 from gpufleet.provision.plan import MANUAL, Change
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
 
@@ -106,10 +105,10 @@ class FirmwareRole(RoleBase):
         hca, gsp, vbios = _hca(facts), facts.get("gsp_firmware"), _vbios(facts, bus=False)
         bios = facts.get("bios")
         return {
-            "hca_firmware": firmware.summary({d: e["fw_ver"] for d, e in hca.items()})
+            "hca_firmware": _versions({d: e["fw_ver"] for d, e in hca.items()})
             if hca else None,
-            "gpu_vbios": firmware.summary(vbios) if vbios else None,
-            "gsp_firmware": firmware.summary(gsp) if gsp else None,
+            "gpu_vbios": _versions(vbios) if vbios else None,
+            "gsp_firmware": _versions(gsp) if gsp else None,
             "bios": _bios(bios) if bios else None,
         }
 
@@ -165,6 +164,19 @@ class FirmwareRole(RoleBase):
     def _change(self, resource: str, seen: str, pinned: str, kind: str) -> Change:
         return Change(self.name, resource, MANUAL, seen, f"{pinned} ({PINS}.{kind})",
                       kind="firmware", finding_class=CLASS)
+
+
+def _versions(values: dict[str, str | None]) -> str:
+    """``28.39.1002`` where every device has that version, else each version with its
+    devices (``28.37.1014 (mlx5_1), 28.39.1002 (mlx5_0)``); ``values``: device -> version
+    (None: unknown)."""
+    by_version: dict[str, list[str]] = {}
+    for device, version in values.items():
+        by_version.setdefault("unknown" if version is None else version, []).append(device)
+    if len(by_version) == 1:
+        return next(iter(by_version))
+    return ", ".join(f"{version} ({', '.join(devices)})"
+                     for version, devices in sorted(by_version.items()))
 
 
 def _is_version(value: Any) -> bool:

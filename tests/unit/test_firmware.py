@@ -61,7 +61,7 @@ def gpu_tree(root: Path, files: dict[str, str]) -> None:
 # ---- the facts ----------------------------------------------------------------------------
 
 
-def test_hca_firmware_of_an_h100_node_with_a_bluefield() -> None:
+def test_hca_firmware_of_an_h100_node_with_a_bluefield(tmp_path: Path) -> None:
     """The gpud tree: eight ConnectX-7 (MT4129) and a BlueField-3 (MT41692)."""
     devices = gathered(catalog.hca_firmware_fact(str(GPUD)))
     assert len(devices) == 9
@@ -69,7 +69,9 @@ def test_hca_firmware_of_an_h100_node_with_a_bluefield() -> None:
                                  "hca_type": "MT4129"}
     assert devices["mlx5_bond_0"] == {"fw_ver": BF3, "board_id": "MT_0000000884",
                                       "hca_type": "MT41692"}
-    assert firmware.summary({d: e["fw_ver"] for d, e in devices.items()}) == (
+    host = inventory(tmp_path, {"n1": {}}).hosts["n1"]
+    assert ROLE.shared(Facts("n1", values={"hca_firmware": devices}),
+                       ROLE.vars(host))["hca_firmware"] == (
         f"{CX7} (mlx5_0, mlx5_1, mlx5_4, mlx5_5, mlx5_6, mlx5_7, mlx5_8, mlx5_9), "
         f"{BF3} (mlx5_bond_0)")
 

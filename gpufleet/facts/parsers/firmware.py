@@ -1,4 +1,4 @@
-"""Firmware versions as the kernel and the NVIDIA driver show them, each read with
+"""Firmware versions as the kernel and the NVIDIA driver show them, each printed as
 ``grep -s -H ''`` (``PATH:LINE`` per line) under a root (``""`` on a node, the lab's stand-in
 tree there): every RDMA device's ``fw_ver``, ``board_id`` and ``hca_type``
 (``/sys/class/infiniband/<dev>/``), the BIOS and board strings of the DMI table
@@ -12,7 +12,6 @@ devices or a value over :data:`MAX_VALUE` characters is refused, never cut."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from gpufleet.facts.parsers._capture import _error, _is_capture_note, _lines
 
@@ -107,16 +106,3 @@ def gsp_firmware(text: str, root: str = "") -> dict[str, str | None]:
     if not gpus:
         raise _error("NVIDIA GPU information", "a GPU's information lines", text)
     return dict(sorted(gpus.items()))
-
-
-def summary(values: dict[str, Any]) -> str:
-    """``28.39.1002`` where every device has that version, else each version with its
-    devices (``28.37.1014 (mlx5_1), 28.39.1002 (mlx5_0)``); ``values``: device -> version
-    (None: unknown)."""
-    by_version: dict[str, list[str]] = {}
-    for device, version in values.items():
-        by_version.setdefault("unknown" if version is None else str(version), []).append(device)
-    if len(by_version) == 1:
-        return next(iter(by_version))
-    return ", ".join(f"{version} ({', '.join(devices)})"
-                     for version, devices in sorted(by_version.items()))
