@@ -48,6 +48,10 @@ class FirmwareRole(RoleBase):
                                             "stand-in tree)"),
     }
 
+    # The firmware values are compared on every host, pinned or not: the role claims none of
+    # them (a pin may name one kind of firmware and leave the others to the group).
+    shared_keys = ()
+
     def active(self, v: RoleVars) -> bool:
         """On where the inventory pins any firmware."""
         return bool(v.get(PINS))
