@@ -5,12 +5,15 @@ snippets run over trees built from them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufleet import exitcodes
 from gpufleet.drift.compare import HostDrift, add_consistency_items, check_consistency
 from gpufleet.errors import ParseError
 from gpufleet.facts import catalog
@@ -260,3 +263,18 @@ def test_the_fixtures_are_described() -> None:
     for path in HERE.iterdir():
         if path.name != "README.md":
             assert path.name in readme
+
+
+def test_a_bad_pin_stops_drift_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Before any host is contacted: the inventory's one host is an address nothing answers."""
+    inventory(tmp_path, {"n1": {"firmware_pins": {"vbios": "96.00.A5.00.1A\nx"}}})
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    done = subprocess.run([sys.executable, "-m", "gpufleet", "drift", "-i",
+                           str(tmp_path / "hosts.json"), "--report-dir", str(tmp_path / "h")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=environment, check=False)
+    assert done.returncode == exitcodes.USAGE, done
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: host n1: variable firmware_pins must be "), line
+    assert "bad vbios version '96.00.A5.00.1A\\nx'" in line
+    assert not (tmp_path / "h").exists()
