@@ -1,0 +1,84 @@
+"""The PCIe fact: each NVIDIA GPU's and each RDMA NIC's PCI path, link width and speed and
+IOMMU group type; the kernel command line and the IOMMUs; on a node with both GPUs and NICs,
+the ACS control register of every bridge above them; where asked, the NICs' Device Control
+register (relaxed ordering, the maximum read request).
+
+Gathered only where the pcie suite or the pcie role runs, in the one facts round trip. The
+walk over ``/sys/bus/pci/devices`` reads with the shell's own ``read`` (no process per
+device); the devices kept (a few dozen on an HGX node) cost a ``readlink`` each. ACS is read
+with ``setpci`` once per bridge above a GPU or a NIC, and only on nodes with both: on an
+HGX H100/H200 board that is the PCIe switches' ports and the root ports above them (about
+thirty bridges, each a ``setpci`` run of a few milliseconds), which a shell cannot read
+otherwise (``ECAP_ACS`` sits in extended configuration space, at an offset each device
+places). The checks and the role keep the bridges that lie between each GPU and its nearest
+NICs (:func:`gpufleet.facts.parsers.pcie.gpu_nic_paths`).
+
+``root`` prefixes the sysfs and procfs paths: ``""`` on a node; the lab's stand-in tree on
+lab nodes, whose kernel is the controller's.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+
+from gpufleet.facts.catalog import Fact
+from gpufleet.facts.parsers import pcie
+
+NAME = "pcie"
+ACS_REGISTER = "ECAP_ACS+6.w"
+"""The ACS Control register: the ACS extended capability's offset 6, a 16-bit word."""
+DEVCTL_REGISTER = "CAP_EXP+8.w"
+"""The Device Control register: the PCI Express capability's offset 8, a 16-bit word."""
+_BDF = "[0-9a-f][0-9a-f][0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f].[0-7]"
+
+
+@functools.cache
+def pcie_fact(root: str = "", devctl: bool = False) -> Fact:
+    """The PCIe fact, read under ``root``; with ``devctl``, the NICs' Device Control
+    register too. One Fact per pair (requests that name it twice gather it once)."""
+    r = shlex.quote(root)
+    devctl_line = (f'[ "$k" = nic ] && echo "@devctl $b $(setpci -s "$b" {DEVCTL_REGISTER} '
+                   '2>&1 | head -n 1)"' if devctl else ":")
+    return Fact(NAME, "\n".join([
+        f"r={r}; s=\"$r/sys/bus/pci/devices\"",
+        '[ -d "$s" ] || { echo "no $s on this host"; exit 127; }',
+        'c=; { read -r c <"$r/proc/cmdline"; } 2>/dev/null; echo "@cmdline $c"',
+        'for i in "$r"/sys/class/iommu/*; do [ -e "$i" ] && echo "@iommu ${i##*/}"; done',
+        "seen=; gpus=0; nics=0",
+        'for d in "$s"/*; do',
+        '  [ -e "$d/physfn" ] && continue',
+        '  v=; c=; { read -r v <"$d/vendor"; read -r c <"$d/class"; } 2>/dev/null',
+        "  case \"$v:$c\" in",
+        "    0x10de:0x0302*|0x10de:0x0300*) k=gpu; gpus=$((gpus + 1));;",
+        "    *:0x0207*|0x15b3:0x0200*) k=nic; nics=$((nics + 1));;",
+        '    *:0x0200*) [ -d "$d/infiniband" ] || continue; k=nic; nics=$((nics + 1));;',
+        "    *) continue;;",
+        "  esac",
+        "  cw=; mw=; cs=; ms=; t=",
+        '  { read -r cw <"$d/current_link_width"; read -r mw <"$d/max_link_width"; } '
+        "2>/dev/null",
+        '  { read -r cs <"$d/current_link_speed"; read -r ms <"$d/max_link_speed"; } '
+        "2>/dev/null",
+        '  { read -r t <"$d/iommu_group/type"; } 2>/dev/null',
+        '  p=$(readlink -f "$d"); b=${d##*/}',
+        '  echo "@dev|$k|$b|$v|$c|$cw|$mw|$cs|$ms|$t|$p"',
+        f"  {devctl_line}",
+        '  q=${p%/*}',
+        '  while :; do',
+        '    case ${q##*/} in',
+        f'      {_BDF}) case " $seen " in *" ${{q##*/}} "*) ;; *) seen="$seen ${{q##*/}}";; '
+        "esac;;",
+        "      *) break;;",
+        "    esac",
+        "    q=${q%/*}",
+        "  done",
+        "done",
+        '[ "$gpus" -gt 0 ] && [ "$nics" -gt 0 ] || exit 0',
+        'if ! command -v setpci >/dev/null 2>&1; then echo "@acs-unknown setpci not found '
+        '(pciutils)"',
+        'elif [ "$(id -u)" != 0 ]; then echo "@acs-unknown not read as root: the ACS register '
+        'is in extended configuration space, which only root reads"',
+        f'else for b in $seen; do echo "@acs $b $(setpci -s "$b" {ACS_REGISTER} 2>&1 | '
+        'head -n 1)"; done; fi',
+    ]), pcie.pcie_state)
