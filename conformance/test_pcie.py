@@ -36,13 +36,15 @@ def _kinds(state: dict[str, Any]) -> set[str]:
     return {d["kind"] for d in state["devices"]}
 
 
-def _fail(record_property: RecordProperty, finding: str, problems: list[str],
+def _fail(node: Node, record_property: RecordProperty, finding: str, problems: list[str],
           unknown: list[str]) -> None:
+    """Fail naming the node and each device (``finding`` the failure's class); unknown
+    where something could not be read."""
     if problems:
         record_property("finding_class", finding)
-        pytest.fail("; ".join(problems + unknown))
+        pytest.fail(f"{node.name}: " + "; ".join(problems + unknown))
     if unknown:
-        pytest.fail("unknown: " + "; ".join(unknown))
+        pytest.fail(f"unknown: {node.name}: " + "; ".join(unknown))
 
 
 def test_acs_off_between_gpus_and_nics(node: Node, record_property: RecordProperty) -> None:
@@ -57,9 +59,9 @@ def test_acs_off_between_gpus_and_nics(node: Node, record_property: RecordProper
         pytest.skip("no GPU shares a PCIe switch with a NIC (their traffic crosses the "
                     "root complex)")
     problems, unknown = acs_problems(state)
-    _fail(record_property, "configuration",
-          [f"{p}: peer traffic redirected to the root complex (pcie_acs_disable: true "
-           "clears it)" for p in problems], unknown)
+    _fail(node, record_property, "configuration",
+          [f"{p}, expected ReqRedir- CmpltRedir- EgressCtrl- (GPUDirect traffic goes up to "
+           "the root complex; pcie_acs_disable: true clears them)" for p in problems], unknown)
 
 
 def test_iommu_passthrough(node: Node, record_property: RecordProperty) -> None:
@@ -70,7 +72,7 @@ def test_iommu_passthrough(node: Node, record_property: RecordProperty) -> None:
         pytest.skip("no NVIDIA GPU on the PCI bus")
     record_property("iommus", state["iommus"])
     problem, unknown = iommu_problem(state)
-    _fail(record_property, "configuration",
+    _fail(node, record_property, "configuration",
           [f"{problem} (pcie_iommu_passthrough)"] if problem else [],
           [unknown] if unknown else [])
 
@@ -83,7 +85,9 @@ def test_links_as_capable(node: Node, record_property: RecordProperty) -> None:
         pytest.skip("no NVIDIA GPU or RDMA NIC on the PCI bus")
     record_property("links", {d["address"]: f"x{d['width']} {d['speed']} GT/s"
                               for d in state["devices"]})
-    _fail(record_property, "hardware", link_problems(state), [])
+    _fail(node, record_property, "hardware",
+          [f"{p} (trained below its capability: reseat or replace; pcie_link_check)"
+           for p in link_problems(state)], [])
 
 
 def test_nic_device_control(node: Node, record_property: RecordProperty) -> None:
@@ -96,4 +100,4 @@ def test_nic_device_control(node: Node, record_property: RecordProperty) -> None
     if "nic" not in _kinds(state):
         pytest.skip("no RDMA NIC on the PCI bus")
     problems, unknown = devctl_problems(state, size, relaxed)
-    _fail(record_property, "configuration", problems, unknown)
+    _fail(node, record_property, "configuration", problems, unknown)
