@@ -135,6 +135,7 @@ def test_setpci_answers() -> None:
     assert pcie._word("setpci: 0000:01:00.0: Instance #0 of Extended capability 000d not "
                       "found - there are no capabilities with that id.") is None
     assert pcie._word("setpci: Unable to read 2 bytes") == "setpci: Unable to read 2 bytes"
+    assert str(pcie._word("FFFF")).startswith("ffff: the device does not answer")
 
 
 def device(kind: str, address: str, path: list[str], **fields: Any) -> dict[str, Any]:

@@ -72,8 +72,10 @@ def bridges(path: str) -> list[str]:
 
 def _word(value: str) -> int | str | None:
     """setpci's answer: the word, None where the device lacks the capability, else the
-    message."""
+    message (all ones too: what a device that fell off the bus reads as)."""
     text = value.strip()
+    if text.lower() == "ffff":
+        return "ffff: the device does not answer (configuration reads return all ones)"
     if _WORD.match(text):
         return int(text, 16)
     if NO_CAPABILITY in text:
