@@ -117,7 +117,8 @@ class PcieRole(RoleBase):
                 continue
             if isinstance(word, str):
                 changes.append(Change(self.name, f"acs {bridge}", "clear", "unknown",
-                                      "redirects off", [Fail(f"setpci: {word}")]))
+                                      "redirects off",
+                                      [Fail(f"the ACS of {bridge} cannot be read: {word}")]))
                 continue
             on = pcie.acs_redirects(word)
             if on:
