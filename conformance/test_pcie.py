@@ -20,8 +20,7 @@ from gpufleet.conformance.checks.pcie import (
 )
 from gpufleet.conformance.session import Node, RecordProperty
 from gpufleet.conformance.suites.pcie import PcieSettings
-from gpufleet.facts.parsers.pcie import gpu_nic_paths
-from gpufleet.facts.pcie import NAME
+from gpufleet.facts.pcie import NAME, gpu_nic_paths
 
 
 def _state(node: Node) -> dict[str, Any]:

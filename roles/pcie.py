@@ -7,7 +7,7 @@ transfer is sent up to the root complex: bandwidth falls or transfers hang (NCCL
 troubleshooting guide, "PCI Access Control Services (ACS)"; DGX OS disables ACS). The
 firmware or the kernel sets ACS again at every boot, so the role clears the three
 redirecting bits (``setpci ECAP_ACS+6.w=0000:002c``, the other controls left as they are)
-on the bridges of every GPU-NIC path (:func:`gpufleet.facts.parsers.pcie.gpu_nic_paths`)
+on the bridges of every GPU-NIC path (:func:`gpufleet.facts.pcie.gpu_nic_paths`)
 and writes a boot unit that does it again. Opt-in (``pcie_acs_disable: true``): ACS
 isolates devices from each other, which a node that passes devices to virtual machines
 needs.
@@ -27,9 +27,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from gpufleet.facts import pcie
 from gpufleet.facts.catalog import SYSTEMD
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.facts.parsers import pcie
 from gpufleet.facts.pcie import ACS_REGISTER, NAME, pcie_fact
 from gpufleet.provision.managed import HEADER, file_change, link_change, render
 from gpufleet.provision.plan import MANUAL, Change, Fail, Run

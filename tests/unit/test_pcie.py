@@ -17,9 +17,10 @@ from gpufleet.conformance import registry
 from gpufleet.conformance.checks import pcie as checks
 from gpufleet.conformance.suites.pcie import PcieSettings
 from gpufleet.errors import ParseError, VarError
+from gpufleet.facts import pcie
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
-from gpufleet.facts.parsers import pcie
+from gpufleet.facts.parsers import pcie as parser
 from gpufleet.facts.pcie import NAME, pcie_fact
 from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.model import Inventory
@@ -73,7 +74,7 @@ def test_acs_on_and_off_as_the_nccl_issue_shows_them() -> None:
 def test_setpci_words_of_acs_off() -> None:
     words = [line.split()[-1] for line in capture("setpci-v-acs-nccl-issue-606.txt").splitlines()]
     assert len(words) == 31
-    assert {pcie._word(w) for w in words} == {0}
+    assert {parser._word(w) for w in words} == {0}
     assert all(pcie.acs_redirects(0) == [] for _ in words)
 
 
@@ -81,27 +82,29 @@ def test_device_control_as_lspci_decodes_it() -> None:
     text = capture("lspci-devctl-a100-hwloc-issue-653.txt")
     assert "RlxdOrd+" in text and "MaxReadReq 512 bytes" in text
     word = 2 << 12 | 1 << 4 | 1 << 5 | 7  # MaxReadReq 512, RlxdOrd, MaxPayload 256 ...
-    assert pcie.devctl(word) == {"relaxed_ordering": True, "max_read_request": 512}
-    assert pcie.devctl(0x5957) == {"relaxed_ordering": True, "max_read_request": 4096}
-    assert pcie.devctl(0x2947) == {"relaxed_ordering": False, "max_read_request": 512}
+    assert pcie.device_control(word) == {"relaxed_ordering": True, "max_read_request": 512}
+    assert pcie.device_control(0x5957) == {"relaxed_ordering": True, "max_read_request": 4096}
+    assert pcie.device_control(0x2947) == {"relaxed_ordering": False, "max_read_request": 512}
 
 
 def test_sysfs_link_speeds() -> None:
     files = dict(re.findall(r"==> \S+/(\w+) <==\n(.*)\n", capture(
         "sysfs-link-nokyan-resources-512.txt")))
-    assert pcie.link_speed(files["current_link_speed"]) == 16.0
-    assert pcie.link_speed(files["max_link_speed"]) == 32.0
+    assert parser.link_speed(files["current_link_speed"]) == 16.0
+    assert parser.link_speed(files["max_link_speed"]) == 32.0
     for line in capture("sysfs-link-h100-vm.txt").splitlines():
         if "speed:" in line:
-            assert pcie.link_speed(line.rsplit(":", 1)[1]) == 32.0
-    assert pcie.link_speed("8.0 GT/s") == 8.0
-    assert pcie.link_speed("Unknown") is None and pcie.link_speed("") is None
+            assert parser.link_speed(line.rsplit(":", 1)[1]) == 32.0
+    assert parser.link_speed("8.0 GT/s") == 8.0
+    assert parser.link_speed("Unknown") is None and parser.link_speed("") is None
+    with pytest.raises(ParseError, match="sysfs link speed"):
+        parser.link_speed("fast")
 
 
 # ---- the fact's parser -----------------------------------------------------------------------
 
 def test_the_h100_machine_s_own_fact() -> None:
-    state = pcie.pcie_state(capture("pcie-fact-h100-vm.txt"))
+    state = parser.pcie_state(capture("pcie-fact-h100-vm.txt"))
     assert state["cmdline"].startswith("mitigations=auto")
     assert state["iommus"] == [] and state["acs"] is None and state["acs_unknown"] is None
     (gpu,) = state["devices"]
@@ -116,26 +119,26 @@ def test_the_h100_machine_s_own_fact() -> None:
 
 def test_the_parser_refuses_what_it_cannot_place() -> None:
     with pytest.raises(ParseError, match="@cmdline"):
-        pcie.pcie_state("@iommu dmar0\n")
+        parser.pcie_state("@iommu dmar0\n")
     with pytest.raises(ParseError, match="@cmdline, @iommu"):
-        pcie.pcie_state("@cmdline ro\nsomething else\n")
+        parser.pcie_state("@cmdline ro\nsomething else\n")
     with pytest.raises(ParseError, match="@dev"):
-        pcie.pcie_state("@cmdline ro\n@dev|gpu|0000:00:06.0|0x10de\n")
+        parser.pcie_state("@cmdline ro\n@dev|gpu|0000:00:06.0|0x10de\n")
     with pytest.raises(ParseError, match="a sysfs path ending in"):
-        pcie.pcie_state("@cmdline ro\n@dev|gpu|0000:00:06.0|0x10de|0x030200|16|16|||"
+        parser.pcie_state("@cmdline ro\n@dev|gpu|0000:00:06.0|0x10de|0x030200|16|16|||"
                         "|/sys/devices/pci0000:00/0000:00:07.0\n")
     with pytest.raises(ParseError, match="a PCI address"):
-        pcie.pcie_state("@cmdline ro\n@acs $(reboot) 0000\n")
+        parser.pcie_state("@cmdline ro\n@acs $(reboot) 0000\n")
     with pytest.raises(ParseError, match="at most"):
-        pcie.pcie_state("@cmdline ro\n" + "@iommu x\n" * (pcie.LIMIT // 8))
+        parser.pcie_state("@cmdline ro\n" + "@iommu x\n" * (parser.LIMIT // 8))
 
 
 def test_setpci_answers() -> None:
-    assert pcie._word("001d") == 0x1d
-    assert pcie._word("setpci: 0000:01:00.0: Instance #0 of Extended capability 000d not "
+    assert parser._word("001d") == 0x1d
+    assert parser._word("setpci: 0000:01:00.0: Instance #0 of Extended capability 000d not "
                       "found - there are no capabilities with that id.") is None
-    assert pcie._word("setpci: Unable to read 2 bytes") == "setpci: Unable to read 2 bytes"
-    assert str(pcie._word("FFFF")).startswith("ffff: the device does not answer")
+    assert parser._word("setpci: Unable to read 2 bytes") == "setpci: Unable to read 2 bytes"
+    assert str(parser._word("FFFF")).startswith("ffff: the device does not answer")
 
 
 def device(kind: str, address: str, path: list[str], **fields: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.facts.parsers import pcie
+from gpufleet.facts import pcie
 
 
 def acs_problems(state: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -86,7 +86,7 @@ def devctl_problems(state: dict[str, Any], max_read_request: int | None,
         if not isinstance(word, int):
             unknown.append(f"NIC {device['address']}: Device Control: {word or 'not read'}")
             continue
-        control = pcie.devctl(word)
+        control = pcie.device_control(word)
         if max_read_request is not None and control["max_read_request"] != max_read_request:
             problems.append(f"NIC {device['address']}: MaxReadReq {control['max_read_request']} "
                             f"bytes, expected {max_read_request} (pcie_nic_max_read_request)")
