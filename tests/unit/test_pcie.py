@@ -17,7 +17,7 @@ from gpufleet.conformance import registry
 from gpufleet.conformance.checks import pcie as checks
 from gpufleet.conformance.suites.pcie import PcieSettings
 from gpufleet.errors import ParseError, VarError
-from gpufleet.facts import pcie
+from gpufleet.facts import pcie, script
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
 from gpufleet.facts.parsers import pcie as parser
@@ -259,6 +259,18 @@ def test_nic_device_control(tree: Path) -> None:
     state["devctl"].pop("0000:04:00.0")
     assert checks.devctl_problems(state, None, True)[1] == [
         "NIC 0000:04:00.0: Device Control: not read"]
+
+
+def test_the_fact_in_the_composed_round_trip(tree: Path) -> None:
+    fact = pcie_fact(str(tree))
+    nonce = script.new_nonce()
+    composed = script.compose([script.Snippet(fact.name, fact.shell, fact.guard)], nonce)
+    proc = subprocess.run(["sh", "-c", composed], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PATH": f"{tree}/bin:{os.environ['PATH']}"},
+                          timeout=60)
+    section = script.split(proc.stdout, nonce)[NAME]
+    assert section.rc == 0
+    assert len(fact.parse(section.text)["devices"]) == 4
 
 
 def test_no_acs_read_without_nics(tree: Path) -> None:
