@@ -43,7 +43,8 @@ ACS_REDIRECTS = ("ReqRedir", "CmpltRedir", "EgressCtrl")
 Redirect, P2P Completion Redirect, P2P Egress Control): what breaks GPUDirect through a
 PCIe switch."""
 ACS_REDIRECT_MASK = 0x0004 | 0x0008 | 0x0020
-_BDF = "[0-9a-f][0-9a-f][0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f].[0-7]"
+_BDF = "[0-9a-f][0-9a-f][0-9a-f][0-9a-f]*:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f].[0-7]"
+"""A PCI address as a shell pattern (the resolved path's ``pciDDDD:BB`` ends the walk)."""
 
 
 @functools.cache

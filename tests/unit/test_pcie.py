@@ -133,6 +133,13 @@ def test_the_parser_refuses_what_it_cannot_place() -> None:
         parser.pcie_state("@cmdline ro\n" + "@iommu x\n" * (parser.LIMIT // 8))
 
 
+def test_a_device_behind_a_vmd_domain() -> None:
+    state = parser.pcie_state("@cmdline ro\n@dev|nic|10000:01:00.0|0x15b3|0x020700|16|16|||"
+                              "|/sys/devices/pci0000:00/0000:00:0e.0/pci10000:00/"
+                              "10000:00:02.0/10000:01:00.0\n")
+    assert state["devices"][0]["path"] == ["0000:00:0e.0", "10000:00:02.0"]
+
+
 def test_setpci_answers() -> None:
     assert parser._word("001d") == 0x1d
     assert parser._word("setpci: 0000:01:00.0: Instance #0 of Extended capability 000d not "

@@ -19,7 +19,8 @@ from gpufleet.facts.parsers._capture import _error, _lines
 
 LIMIT = 1 << 20
 """The most text the parser reads: a node's devices and bridges take a few kilobytes."""
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+"""A PCI address: a domain of four hex digits, more behind a VMD controller."""
 _WORD = re.compile(r"^[0-9a-fA-F]{4}\Z")
 _SPEED = re.compile(r"^([0-9]+(?:\.[0-9]+)?) GT/s( PCIe)?\Z")
 NO_CAPABILITY = "not found"
