@@ -53,7 +53,10 @@ def test_acs_off_between_gpus_and_nics(node: Node, record_property: RecordProper
     if _kinds(state) != {"gpu", "nic"}:
         pytest.skip("not a node with both NVIDIA GPUs and RDMA NICs on its PCI bus")
     paths = gpu_nic_paths(state["devices"])
-    record_property("gpu_nic_paths", {p["gpu"]: p["nic"] for p in paths})
+    nearest: dict[str, list[str]] = {}
+    for path in paths:
+        nearest.setdefault(path["gpu"], []).append(path["nic"])
+    record_property("gpu_nic_paths", nearest)
     if not paths:
         pytest.skip("no GPU shares a PCIe switch with a NIC (their traffic crosses the "
                     "root complex)")

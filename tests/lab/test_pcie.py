@@ -83,7 +83,7 @@ def test_the_clean_lab_passes(pcie_lab: Lab, tmp_path: Path) -> None:
         assert set(outcomes(results, check).values()) == {"pass"}, check
     assert outcomes(results, "nic_device_control") == dict.fromkeys(NODES, "skip")
     assert results[("node01", "acs_off_between_gpus_and_nics")]["properties"][
-        "gpu_nic_paths"] == {"0000:03:00.0": "0000:04:00.0", "0000:83:00.0": "0000:84:00.0"}
+        "gpu_nic_paths"] == {"0000:03:00.0": ["0000:04:00.0"], "0000:83:00.0": ["0000:84:00.0"]}
 
 
 def test_each_fault_fails_its_node_alone_naming_it(pcie_lab: Lab, faults: None,
