@@ -142,6 +142,7 @@ ACTIVE = {
     "host_tuning": {"nvidia_driver_version": "580.95.05",
                     "fabric_interfaces": ["fab0", "fab1"], "host_thp_enabled": "never",
                     "host_thp_defrag": "madvise", "host_max_cstate": 1},
+    "pcie": {"pcie_acs_disable": True},
     "slurm_healthcheck": {"slurm_healthcheck": True, "nccl_env": {"NCCL_DEBUG": "WARN"}},
     "slurm_node": {"slurm_node": True, "slurm_gres_conf_manage": True, "slurm_gres_type": "h200",
                    "slurm_cgroup_conf_manage": True, "slurm_prolog": True,
