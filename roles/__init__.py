@@ -90,6 +90,14 @@ def clock_settings() -> dict[str, Var]:
     return {key: ROLE.variables[key] for key in ("time_max_offset_ms", "time_check_offset")}
 
 
+def pcie_settings() -> dict[str, Var]:
+    """The declarations the pcie role and the pcie suite share (``pcie_sys_root``,
+    ``pcie_iommu_passthrough``)."""
+    from gpufleet.roles.pcie import ROLE  # noqa: PLC0415 - the registry's own module
+
+    return {key: ROLE.variables[key] for key in ("pcie_sys_root", "pcie_iommu_passthrough")}
+
+
 def job_memlock_kib(v: RoleVars) -> int | None:
     """``slurm_job_memlock`` in KiB, None for unlimited; a bad value fails naming it."""
     from gpufleet.roles.slurm_node import SlurmNodeRole  # noqa: PLC0415 - as above

@@ -24,6 +24,8 @@ CONSISTENCY_ROLE = "consistency"
 WATCH_ROLE = "watch"
 WATCH_DESIRED = "no open finding"
 WATCH_STOPPED = "stopped"
+CONFIGURATION = "configuration"
+"""The class of a consistency item: a node set up unlike the rest of its group."""
 
 
 @dataclass
@@ -40,6 +42,7 @@ class DriftItem:
     reboot_required: bool = False
     new: bool = False
     manual: bool = False  # an operator must make the change (provisioning cannot)
+    finding_class: str | None = None  # configuration | performance | hardware, where known
 
     @property
     def item(self) -> str:
@@ -53,12 +56,14 @@ class DriftItem:
     def to_dict(self) -> dict[str, Any]:
         return {"item": self.item, "role": self.role, "resource": self.resource,
                 "kind": self.kind, "desired": self.desired, "actual": self.actual,
-                "diff": self.diff, "reboot_required": self.reboot_required, "new": self.new}
+                "diff": self.diff, "reboot_required": self.reboot_required, "new": self.new,
+                "finding_class": self.finding_class}
 
 
 def item_from_change(host: str, change: Change) -> DriftItem:
     return DriftItem(host, change.role, change.resource, change.kind, change.after,
-                     change.before, change.diff, change.pending_reboot, manual=change.manual)
+                     change.before, change.diff, change.pending_reboot, manual=change.manual,
+                     finding_class=change.finding_class)
 
 
 @dataclass
@@ -197,7 +202,8 @@ def add_consistency_items(drift: dict[str, HostDrift], inconsistencies: list[Inc
                 entry = drift[host]
                 entry.items.append(DriftItem(
                     host, CONSISTENCY_ROLE, f"{inc.key} in group {inc.group}", "consistency",
-                    inc.majority or "one value across the group", value))
+                    inc.majority or "one value across the group", value,
+                    finding_class=CONFIGURATION))
                 if entry.status == "clean":
                     entry.status = "drifted"
 

@@ -52,7 +52,8 @@ def to_junit(run: DriftRun) -> junit.Suite:
             suite.case(name, item.item, failure=message, details=item.diff or message,
                        data={"role": item.role, "resource": item.resource, "kind": item.kind,
                              "desired": item.desired, "actual": item.actual,
-                             "reboot_required": item.reboot_required, "new": item.new})
+                             "reboot_required": item.reboot_required, "new": item.new,
+                             "finding_class": item.finding_class})
     return suite
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.facts import formats
-from gpufleet.facts.parsers import cuda, network, nvidia_smi, packages, system, watch
+from gpufleet.facts.parsers import cuda, firmware, network, nvidia_smi, packages, system, watch
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ SYSTEMD = Fact("systemd", f"{SYSTEMD_RUNS} && echo yes || echo no", _yes)
 """Whether systemd runs on the host: the one fact every role that manages a unit reads."""
 
 GPU_QUERY = ",".join([
-    "index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
+    "index", "name", "uuid", "pci.bus_id", "driver_version", "vbios_version", "memory.total",
     "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current",
     "pcie.link.width.max", "temperature.gpu", "power.draw", "power.limit", "clocks.sm",
     "clocks.max.sm", "persistence_mode", "clocks_event_reasons.active",
@@ -276,6 +276,55 @@ def sysctl_fact(key: str) -> Fact:
     stands for a '.' inside a name, e.g. the VLAN interface eth0.100)."""
     path = "/proc/sys/" + key.translate(str.maketrans("./", "/."))
     return Fact(f"sysctl:{key}", f"cat {shlex.quote(path)}", network.sysctl_value)
+
+
+def _under(root: str, path: str) -> str:
+    """``path`` under ``root`` (``""`` on a node), quoted for the shell."""
+    return shlex.quote(root + path)
+
+
+READ_LINES = ('n=0; for f; do [ -r "$f" ] || continue; while IFS= read -r l || [ -n "$l" ]; '
+              'do printf \'%s:%s\\n\' "$f" "$l"; n=1; done 2>/dev/null <"$f"; done')
+"""Shell: each line of each readable file of ``"$@"`` as ``PATH:LINE``, the form ``grep -s -H
+''`` prints, with shell builtins alone (no process started on a node); ``n`` is 1 when a line
+was printed."""
+
+
+@functools.cache
+def hca_firmware_fact(root: str = "") -> Fact:
+    """Each RDMA device's firmware version, board id and HCA type (sysfs reads under
+    ``root``); absent, saying so, on a host without RDMA devices."""
+    base = _under(root, "/sys/class/infiniband")
+    return Fact("hca_firmware", f"set -- {base}/*; [ -e \"$1\" ] || "
+                "{ echo 'no RDMA devices (nothing in /sys/class/infiniband)'; exit 127; }; "
+                f"set -- {base}/*/fw_ver {base}/*/board_id {base}/*/hca_type; {READ_LINES}",
+                lambda text: firmware.hca_firmware(text, root))
+
+
+@functools.cache
+def bios_fact(root: str = "") -> Fact:
+    """The BIOS vendor, version and date and the board's names from the DMI table (sysfs
+    reads under ``root``); absent, saying why, where the kernel shows no DMI table (a VM
+    without SMBIOS, an ARM board without it) or none of its files is readable."""
+    base = _under(root, "/sys/class/dmi/id")
+    files = " ".join(f"{base}/{name}" for name in firmware.DMI_FILES)
+    return Fact("bios", f"[ -d {base} ] || {{ echo 'no DMI table (no /sys/class/dmi/id: "
+                "a VM or board without SMBIOS)'; exit 127; }; "
+                f"set -- {files}; {READ_LINES}; [ \"$n\" = 1 ] || "
+                "{ echo 'the DMI table is not readable'; exit 127; }",
+                lambda text: firmware.dmi_bios(text, root))
+
+
+@functools.cache
+def gsp_firmware_fact(root: str = "") -> Fact:
+    """Each GPU's GSP firmware from the NVIDIA driver's per-GPU information file (procfs
+    reads under ``root``, no nvidia-smi run); absent, saying so, where no NVIDIA kernel
+    module serves a GPU."""
+    base = _under(root, "/proc/driver/nvidia/gpus")
+    return Fact("gsp_firmware", f"set -- {base}/*/information; [ -e \"$1\" ] || "
+                "{ echo 'no NVIDIA GPU in /proc/driver/nvidia/gpus (no NVIDIA kernel module "
+                f"loaded)'; exit 127; }}; {READ_LINES}",
+                lambda text: firmware.gsp_firmware(text, root))
 
 
 WATCH = "watch"

@@ -36,6 +36,29 @@ def _driver(facts: Facts) -> str | None:
     return str(gpus[0].get("driver_version")) if gpus else None
 
 
+def _versions(values: list[Any]) -> str:
+    """One version, or the distinct ones (``a/b``) where devices differ."""
+    return "/".join(sorted({str(v) for v in values}))
+
+
+def _firmware(facts: Facts) -> str | None:
+    """``HCA 28.39.1002, VBIOS 96.00.A5.00.1A, GSP 580.159.04, BIOS 2.1.V1 (board X)``: the
+    kinds the host has; None where it has none."""
+    hca = facts.get("hca_firmware") or {}
+    gpus = facts.get("gpus") or []
+    gsp = facts.get("gsp_firmware") or {}
+    bios = facts.get("bios")
+    parts = [f"HCA {_versions([d['fw_ver'] for d in hca.values()])}" if hca else "",
+             f"VBIOS {_versions([g.get('vbios_version') for g in gpus])}"
+             if any(g.get("vbios_version") for g in gpus) else "",
+             f"GSP {_versions(list(gsp.values()))}" if gsp else ""]
+    if bios:
+        board = " ".join(x for x in (bios.get("board_vendor"), bios.get("board_name")
+                                     or bios.get("product_name")) if x)
+        parts.append(f"BIOS {bios['bios_version']}" + (f" ({board})" if board else ""))
+    return ", ".join(p for p in parts if p) or None
+
+
 def _firewall(facts: Facts) -> str | None:
     fw = facts.get("firewall")
     if fw is None:
@@ -73,6 +96,7 @@ def summarize_facts(facts: Facts) -> dict[str, Any]:
         "mem_gib": round(mem / 2**30, 1) if mem else None,
         "gpus": _gpus(facts),
         "driver": _driver(facts),
+        "firmware": _firmware(facts),
         "cuda": facts.cuda_version,
         "nccl": nccl.get("version") if nccl.get("installed") else None,
         "torch": _torch(facts),

@@ -104,7 +104,9 @@ shows it and goes on, drift reports it, and it stays until the operator has made
 class Change:
     """One resource that differs from its desired state, and how to fix it. ``kind`` (for
     reports: package, hold, file, link, sysctl, reboot ...) defaults to the resource's first
-    word. A change whose action is :data:`MANUAL` has no steps."""
+    word. A change whose action is :data:`MANUAL` has no steps. ``finding_class``: what kind
+    of finding the change is, where the role says (``configuration``, ``performance``,
+    ``hardware``), carried into drift's items."""
 
     role: str
     resource: str
@@ -115,6 +117,7 @@ class Change:
     diff: str | None = None
     pending_reboot: bool = False
     kind: str = ""
+    finding_class: str | None = None
 
     def __post_init__(self) -> None:
         if not self.kind:  # "package libnccl2" is of kind package, "file /etc/x" of kind file

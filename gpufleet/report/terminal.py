@@ -193,10 +193,10 @@ def facts_table(outcomes: dict[str, Outcome[Any]]) -> Table:
     """The key facts of each host in one table; hosts with the same facts are one row."""
     table = Table(show_lines=False, pad_edge=False)
     for col in ("host", "status", "os", "kernel", "cpus", "mem GiB", "gpus", "driver",
-                "cuda", "nccl (pkg)", "torch", "firewall", "watch"):
+                "firmware", "cuda", "nccl (pkg)", "torch", "firewall", "watch"):
         table.add_column(col, overflow="fold")
-    keys = ("os", "kernel", "cpus", "mem_gib", "gpus", "driver", "cuda", "nccl", "torch",
-            "firewall", "watch")
+    keys = ("os", "kernel", "cpus", "mem_gib", "gpus", "driver", "firmware", "cuda", "nccl",
+            "torch", "firewall", "watch")
 
     def row(name: str) -> tuple[str, ...]:
         outcome = outcomes[name]

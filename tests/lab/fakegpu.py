@@ -26,7 +26,8 @@ CAPTURES = ROOT / "tests" / "fixtures" / "h200x2"
 # Fields the query capture lacks, as the same node's ``nvidia-smi -q`` (nvidia_smi_q.txt)
 # reports them; with --format=csv they carry their units.
 EXTRA = {"compute_mode": "Default", "mig.mode.current": "Disabled", "memory.used": "0 MiB",
-         "clocks.applications.graphics": "1980 MHz", "clocks.applications.memory": "3201 MHz"}
+         "clocks.applications.graphics": "1980 MHz", "clocks.applications.memory": "3201 MHz",
+         "vbios_version": "96.00.A5.00.1A"}
 REPLAYED = {"query": "query_gpu_csv.txt", "topo": "topo_m.txt", "nvlink": "nvlink_status.txt",
             "q": "nvidia_smi_q.txt", "nvlink-e": "nvlink_e.txt"}
 MEMORY_SECTIONS = ("ECC Mode", "ECC Errors", "Retired Pages", "Remapped Rows")

@@ -142,10 +142,13 @@ ACTIVE = {
     "host_tuning": {"nvidia_driver_version": "580.95.05",
                     "fabric_interfaces": ["fab0", "fab1"], "host_thp_enabled": "never",
                     "host_thp_defrag": "madvise", "host_max_cstate": 1},
+    "pcie": {"pcie_acs_disable": True},
     "slurm_healthcheck": {"slurm_healthcheck": True, "nccl_env": {"NCCL_DEBUG": "WARN"}},
     "slurm_node": {"slurm_node": True, "slurm_gres_conf_manage": True, "slurm_gres_type": "h200",
                    "slurm_cgroup_conf_manage": True, "slurm_prolog": True,
                    "slurm_epilog": True, "gpu_count": 8},
+    "firmware": {"firmware_pins": {"hca": "28.39.1002", "vbios": "96.00.A5.00.1A",
+                                   "gsp": "580.159.04", "bios": "2.1.V1"}},
     "firewall": {"firewall_enabled": True, "gpufleet_controllers": ["10.0.0.1"],
                  "firewall_ssh_cidrs": ["10.1.0.0/16"], "firewall_extra_cidrs": ["10.2.0.0/16"]},
 }

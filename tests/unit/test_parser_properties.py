@@ -25,12 +25,14 @@ from gpufleet.facts import formats, parsers
 from gpufleet.facts.parsers import (
     cuda,
     dcgm,
+    firmware,
     host,
     kernel,
     nccl_tests,
     network,
     nvidia_smi,
     packages,
+    pcie,
     qos,
     system,
     timesync,
@@ -54,6 +56,18 @@ def _files(*paths: Path) -> list[str]:
     return [path.read_text() for path in paths]
 
 
+FIRMWARE = FIXTURES / "firmware"
+# The gpud tree's RDMA devices and the H100's information file as their facts print them.
+HCA_LINES = "".join(f"/{path.relative_to(FIXTURES / 'watch' / 'gpud').as_posix()}:"
+                    f"{path.read_text().strip()}\n"
+                    for path in sorted((FIXTURES / "watch" / "gpud").glob(
+                        "sys/class/infiniband/*/*"))
+                    if path.name in firmware.HCA_FILES)
+GPU_INFORMATION = "".join(f"/proc/driver/nvidia/gpus/0000:62:00.0/information:{line}\n"
+                          for line in (FIRMWARE / "gpu-information-h100-535.txt")
+                          .read_text().splitlines())
+
+
 # Each parser with captures it reads (real ones where the repository has them).
 PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
     "apt_madison": (packages.apt_madison, _files(
@@ -68,6 +82,10 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
                                         SAMPLES / "synthetic_dcb_pfc_show_stats.txt",
                                         PUBLISHED / "dcb-pfc-show-hns3-linux-8c1671e0d13d.txt")),
     "dcb_pfc_json": (qos.dcb_pfc_json, _files(SAMPLES / "synthetic_dcb_pfc_json.txt")),
+    "hca_firmware": (firmware.hca_firmware, [HCA_LINES]),
+    "dmi_bios": (firmware.dmi_bios, _files(FIRMWARE / "dmi-bugzilla-209011-asus-tp412ua.txt",
+                                           FIRMWARE / "dmi-bugzilla-199715-hp-envy.txt")),
+    "gsp_firmware": (firmware.gsp_firmware, [GPU_INFORMATION]),
     "grep_lines": (host.grep_lines, _files(HOST / "thp-grep-lkml-rientjes-2023.txt",
                                            HOST / "host-state-debian12.txt")),
     "host_state": (host.host_state, _files(HOST / "host-state-debian12.txt",
@@ -76,6 +94,9 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
                                            HOST / "proc-swaps-swap-img-kubelet-4204d4.txt",
                                            HOST / "proc-swaps-ubuntu-forums-system-info.txt")),
     "roce_qos_fact": (qos.roce_qos_fact, [ROCE_QOS_FACT]),
+    "pcie_state": (pcie.pcie_state, _files(FIXTURES / "pcie" / "pcie-fact-h100-vm.txt",
+                                           FIXTURES / "pcie" / "pcie-fact-lab-standin-acs-on.txt")),
+    "link_speed": (pcie.link_speed, ["32.0 GT/s PCIe\n", "16.0 GT/s PCIe\n", "Unknown\n"]),
     "selected": (lambda text: host.selected(text, "enabled"), ["always [madvise] never\n"]),
     "dcgm_diag": (dcgm.dcgm_diag, _files(NVIDIA / "dcgm3_diag_8gpu_dcgm_jsonresulttests.txt",
                                             NVIDIA / "dcgm4_diag_8gpu_dcgm215.txt")),

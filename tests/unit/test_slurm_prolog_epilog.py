@@ -474,7 +474,9 @@ def test_a_hung_nvidia_smi_keeps_the_prolog_within_its_budget_and_drains(
     node.write_job_config(prolog_budget_s=5)
     started = time.monotonic()
     proc = node.job("prolog")
-    assert _seconds(proc) < 5 and time.monotonic() - started < 5 + 2
+    # the program's own clock keeps the budget; the wall clock adds its interpreter's start,
+    # seconds on a loaded machine, and stays far below the 60 s nvidia-smi would hang
+    assert _seconds(proc) < 5 and time.monotonic() - started < 5 + 5
     lines = _lines(proc)
     assert lines["gpus"] == "FAIL gpus: nvidia-smi did not answer within 3.0s"
     assert lines["gpu_processes"] == "SKIP gpu_processes: no GPU data"
