@@ -3,7 +3,7 @@ against the ports its group declares: at least rdma_port_count ACTIVE, each at
 rdma_port_rate_gbps, of width rdma_port_width, link layer rdma_port_link_layer, holding
 partition key rdma_port_pkey (index 0 or 1). Unset, they take the GPU model's defaults: an
 HGX H100/H200 (8 SXM GPUs) with InfiniBand ports has 8 ACTIVE 400 Gb/s 4X InfiniBand ports
-(NVIDIA DGX H100/H200 User Guide; DGX SuperPOD Reference Architecture). Elsewhere nothing is
+(NVIDIA DGX H100/H200 User Guide; DGX BasePOD Reference Architecture). Elsewhere nothing is
 declared and nothing is checked (skipped, saying why). The rail plan (rdma_rails: {GPU0:
 mlx5_0, ...}) is checked against nvidia-smi topo -m: each GPU's NIC among those nearest it.
 

@@ -6,11 +6,11 @@ The ports judged are those NCCL may use (``NCCL_IB_HCA`` of ``nccl_env``; every 
 unset): the same ports the line-rate gate sums. Where the inventory declares nothing, the
 GPU model's defaults apply (MODEL_DEFAULTS): an HGX H100 or H200 board (eight SXM GPUs)
 with its compute fabric has eight ACTIVE 400 Gb/s NDR InfiniBand ports of width 4X, one
-ConnectX-7 per GPU (NVIDIA DGX H100/H200 User Guide, "Network Ports"; NVIDIA DGX SuperPOD
-Reference Architecture, DGX H100 and H200, "Compute Fabric"). The default applies only where
-that fabric is seen (an InfiniBand port among the ports judged); on any other node (RoCE,
-no RDMA device, another model) nothing is declared, nothing is checked, and the check says so.
-No partition key is a default: the fabric's subnet manager sets it.
+ConnectX-7 per GPU (NVIDIA DGX H100/H200 User Guide, "Network Modules"; NVIDIA DGX BasePOD
+Reference Architecture and Deployment Guide, the compute fabric's eight ports). The default
+applies only where that fabric is seen (an InfiniBand port among the ports judged); on any
+other node (RoCE, no RDMA device, another model) nothing is declared, nothing is checked,
+and the check says so. No partition key is a default: the fabric's subnet manager sets it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ GPU_LABEL = re.compile(r"^GPU\d+$")
 VARIABLES = {"count": "rdma_port_count", "rate_gbps": "rdma_port_rate_gbps",
              "width": "rdma_port_width", "link_layer": "rdma_port_link_layer",
              "pkey": "rdma_port_pkey"}
-HGX_SOURCE = ("NVIDIA DGX H100/H200 User Guide (Network Ports: eight single-port ConnectX-7, "
-              "400 Gb/s NDR InfiniBand, one per GPU) and NVIDIA DGX SuperPOD Reference "
-              "Architecture (compute fabric: NDR InfiniBand, 8 rails)")
+HGX_SOURCE = ("NVIDIA DGX H100/H200 User Guide, Network Modules (eight single-port ConnectX-7, "
+              "one per GPU, behind four OSFP ports); NVIDIA DGX BasePOD Reference "
+              "Architecture, Core Components (up to 400 Gb/s InfiniBand) and Deployment Guide, "
+              "Network Ports (the eight ports form the InfiniBand compute fabric)")
 HGX_PORTS: dict[str, Any] = {"count": 8, "rate_gbps": 400.0, "width": "4X",
                              "link_layer": "InfiniBand"}
 MODEL_DEFAULTS: tuple[tuple[re.Pattern[str], int, dict[str, Any], str], ...] = (
