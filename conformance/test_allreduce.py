@@ -47,6 +47,7 @@ from gpufleet.conformance.measure.allreduce import (
     run_allreduce,
     threshold,
     timeout_of,
+    trained_down,
     transport_summary,
 )
 from gpufleet.conformance.nic_counters import Bounds, slow_run_note
@@ -181,6 +182,8 @@ def test_all_nodes_together(conformance: ConformanceSession,
              f"{result.budget_s:.0f}s budget" + (", budget spent" if result.search.exhausted
                                                   else ""))
     skipped = f"; failed alone and left out: {', '.join(left_out)}" if left_out else ""
+    if trained_down(result.together, rates) is not None:
+        record_property("finding_class", "hardware")
     pytest.fail(f"{len(good)}-node AllReduce failed: {failing} -- bisection ({spent}): "
                 f"{verdicts}{skipped}{slow_run_note(result.counters.get('all', {}))}")
 

@@ -29,9 +29,12 @@ connection, however few segments it sent) from pointing at anyone. The SYNs a co
 filtered port sends again are the measurement's own and count against no one.
 
 A node's line rate is what its fabric can carry: ``nic_line_rate_gbps`` where declared;
-else, on GPU nodes whose NCCL crosses nodes over RDMA, the sum of the rates of the ACTIVE
-RDMA ports NCCL may use (``NCCL_IB_HCA``); else the link speed of the interface holding the
-node's inventory address.
+else, on GPU nodes whose NCCL crosses nodes over RDMA, the declared ports (the fabric
+suite's ``rdma_port_count`` x ``rdma_port_rate_gbps``, or its GPU model's defaults) where a
+rate is declared: a port that trained down, is not ACTIVE or is missing does not lower the
+bar but is named, and fails the node's multi-node runs; else the sum of the current rates of
+the ACTIVE RDMA ports NCCL may use (``NCCL_IB_HCA``); else the link speed of the interface
+holding the node's inventory address.
 
 Shared machinery: the reachability, allreduce and network suites each read it.
 """
@@ -52,9 +55,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.conformance.checks.allreduce import expected_transports
+from gpufleet.conformance.checks.fabric import Declaration, judged_ports, nccl_usable, port_name
 from gpufleet.conformance.session import Node
 from gpufleet.conformance.suites.allreduce import AllreduceSettings
 from gpufleet.conformance.suites.common import Counters
+from gpufleet.conformance.suites.fabric import FabricSettings, declared, ports_fact
 from gpufleet.connect.connection import node_local
 from gpufleet.errors import GpufleetError, ParseError
 from gpufleet.facts import script
@@ -672,50 +677,82 @@ def slow_run_note(counters: Mapping[str, NodeCounters], most: int = 3) -> str:
 
 @dataclass(frozen=True)
 class LineRate:
-    """What one node's fabric carries, from which NICs; ``gbps`` None says why not."""
+    """What one node's fabric carries, from which NICs; ``gbps`` None says why not.
+    ``short``: the ports under the declared rate (trained down, not ACTIVE, missing), each
+    of which fails the node's multi-node runs."""
 
     node: str
     gbps: float | None
     nics: str
+    short: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "gbps": self.gbps, "nics": self.nics}
+        return {"node": self.node, "gbps": self.gbps, "nics": self.nics,
+                "short": list(self.short)}
 
 
-def _ib_hcas(spec: str) -> tuple[bool, list[tuple[str, str | None]]]:
-    """NCCL_IB_HCA as (exclude, [(device prefix, port)]); a leading ``=`` (exact names)
-    is read as a prefix too, which names the same devices for NCCL's usual names."""
-    exclude = spec.startswith("^")
-    names = spec.lstrip("^=")
-    pairs = [(n.split(":")[0], n.split(":")[1] if ":" in n else None)
-             for n in names.split(",") if n]
-    return exclude, pairs
+def declared_line_rate(node: str, ports: Iterable[Port], rate_gbps: float, count: int | None,
+                       variable: str) -> LineRate:
+    """The line rate of RDMA ports held to a declared rate: ``count`` ports (all of
+    ``ports`` when None) at ``rate_gbps`` each, whatever rate they trained to; every port
+    under it, or not ACTIVE, and every port short of ``count`` is named in ``short``."""
+    ordered = sorted(ports, key=lambda p: p.name)
+    active = [p for p in ordered if p.state == "ACTIVE"]
+    expected = len(ordered) if count is None else count
+    short = [f"{p.name} {p.state or 'state unknown'}" for p in ordered if p.state != "ACTIVE"]
+    short += [f"{p.name} at {p.rate_gbps:g} Gb/s" if p.rate_gbps is not None
+              else f"{p.name} rate unknown" for p in active
+              if p.rate_gbps is None or p.rate_gbps < rate_gbps]
+    if len(active) < expected:
+        short.append(f"{len(active)} of {expected} ports ACTIVE")
+    return LineRate(node, expected * rate_gbps,
+                    f"{expected} x {rate_gbps:g} Gb/s declared ({variable})", tuple(short))
 
 
-def _usable(port: str, spec: str) -> bool:
-    if not spec:
-        return True
-    dev, number = port.split("/")
-    exclude, pairs = _ib_hcas(spec)
-    named = any(dev.startswith(d) and (p is None or p == number) for d, p in pairs)
-    return named != exclude
+def declared_ports(node: Node) -> tuple[Declaration, dict[str, str | None]]:
+    """The RDMA ports the node's group declares (the fabric suite's variables over its GPU
+    model's defaults), and the link layer of each port NCCL may use, from its facts."""
+    settings = node.typed(FabricSettings)
+    facts = node.facts
+    ports = (facts.get(ports_fact(settings)) if facts else None) or []
+    spec = str((node.var("nccl_env") or {}).get("NCCL_IB_HCA") or "")
+    judged = judged_ports(ports, spec)
+    return (declared(settings, facts, judged),
+            {port_name(p): p.get("link_layer") for p in judged})
+
+
+def _rdma_line_rate(node: Node, sample: Sample) -> LineRate | None:
+    """The line rate of a GPU node whose NCCL crosses nodes over RDMA: its declared ports,
+    else the sum of its ACTIVE ports' current rates; None for other nodes."""
+    gpus = node.facts.get("gpus") if node.facts else None
+    _, inter = expected_transports(node.host)
+    spec = str((node.var("nccl_env") or {}).get("NCCL_IB_HCA") or "")
+    usable = [p for p in sample.ports.values() if p.rdma and nccl_usable(p.name, spec)]
+    if not gpus or inter == "socket" or not usable:
+        return None
+    decl, layers = declared_ports(node)
+    if decl.rate_gbps is not None:
+        fabric = [p for p in usable if decl.link_layer is None
+                  or layers.get(p.name, decl.link_layer) == decl.link_layer]
+        return declared_line_rate(node.name, fabric, decl.rate_gbps, decl.count,
+                                  decl.variable("rate_gbps"))
+    rails = [p for p in usable if p.state == "ACTIVE" and p.rate_gbps]
+    if not rails:
+        return None
+    return LineRate(node.name, sum(p.rate_gbps or 0 for p in rails), " + ".join(
+        f"{p.name} {p.rate_gbps:g} Gb/s" for p in sorted(rails, key=lambda p: p.name)))
 
 
 def line_rate(node: Node, sample: Sample | str) -> LineRate:
     """The node's line rate (see the module's docstring)."""
-    declared = node.typed(AllreduceSettings).nic_line_rate_gbps
-    if declared is not None:
-        return LineRate(node.name, float(declared), f"nic_line_rate_gbps {declared:g}")
+    declared_gbps = node.typed(AllreduceSettings).nic_line_rate_gbps
+    if declared_gbps is not None:
+        return LineRate(node.name, float(declared_gbps), f"nic_line_rate_gbps {declared_gbps:g}")
     if isinstance(sample, str):
         return LineRate(node.name, None, f"unknown: {sample}")
-    gpus = node.facts.get("gpus") if node.facts else None
-    _, inter = expected_transports(node.host)
-    spec = str((node.var("nccl_env") or {}).get("NCCL_IB_HCA") or "")
-    rails = [p for p in sample.ports.values() if p.rdma and p.state == "ACTIVE"
-             and p.rate_gbps and _usable(p.name, spec)]
-    if gpus and inter != "socket" and rails:
-        return LineRate(node.name, sum(p.rate_gbps or 0 for p in rails), " + ".join(
-            f"{p.name} {p.rate_gbps:g} Gb/s" for p in sorted(rails, key=lambda p: p.name)))
+    rdma = _rdma_line_rate(node, sample)
+    if rdma is not None:
+        return rdma
     held = held_interface(node, sample)
     port = sample.ports.get(held) if held else None
     if port is None:

@@ -45,6 +45,31 @@ def needs(tool: str, reason: str) -> str:
     return f"command -v {tool} >/dev/null 2>&1 || {{ echo {shlex.quote(reason)}; exit 127; }}; "
 
 
+def rdma_fact(root: str = "/sys", name: str = "rdma") -> Fact:
+    """Every port under ``<root>/class/infiniband``: one tab-separated line each (device,
+    port, link layer, state, physical state, rate, the partition keys at indexes 0 and 1
+    (a tenant's key may be either: Azure's HPC images), the device's netdevs), read with
+    the shell's own ``read`` and ``printf`` (no process per file: the cost stays flat with
+    twelve ports). ``root`` other than ``/sys`` reads a stand-in tree."""
+    base = shlex.quote(f"{root.rstrip('/')}/class/infiniband")
+    return Fact(name, "\n".join([
+        f"for d in {base}/*; do [ -d \"$d\" ] || continue",
+        '  n=; for x in "$d"/device/net/*; do [ -e "$x" ] && n="${n:+$n,}${x##*/}"; done',
+        '  for p in "$d"/ports/*; do [ -d "$p" ] || continue',
+        "    l=; s=; f=; r=; k=; j=",
+        '    { read -r l < "$p/link_layer"; } 2>/dev/null; '
+        '{ read -r s < "$p/state"; } 2>/dev/null',
+        '    { read -r f < "$p/phys_state"; } 2>/dev/null; '
+        '{ read -r r < "$p/rate"; } 2>/dev/null',
+        '    { read -r k < "$p/pkeys/0"; } 2>/dev/null; '
+        '{ read -r j < "$p/pkeys/1"; } 2>/dev/null; k="$k${j:+,$j}"',
+        "    printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"${d##*/}\" \"${p##*/}\" "
+        '"${l:--}" "${s:--}" "${f:--}" "${r:--}" "${k:--}" "${n:--}"',
+        "  done",
+        "done",
+    ]), formats.rdma_devices)
+
+
 SYSTEMD = Fact("systemd", f"{SYSTEMD_RUNS} && echo yes || echo no", _yes)
 """Whether systemd runs on the host: the one fact every role that manages a unit reads."""
 
@@ -203,12 +228,7 @@ BASE_FACTS: list[Fact] = [
          "echo \"ufw $(ufw status 2>/dev/null | head -n1 | awk '{print $2}')\"; fi; "
          "if command -v firewall-cmd >/dev/null 2>&1; then "
          "echo \"firewalld $(firewall-cmd --state 2>&1)\"; fi", formats.firewall, "firewall"),
-    Fact("rdma", "for d in /sys/class/infiniband/*; do [ -d \"$d\" ] || continue; "
-         "for p in \"$d\"/ports/*; do "
-         "n=$(ls \"$d/device/net\" 2>/dev/null | paste -sd, -); "
-         "echo \"${d##*/} ${p##*/} $(cat \"$p/link_layer\") "
-         "$(cut -d: -f2 \"$p/state\" | tr -d ' ') ${n:--}\"; done; done",
-         formats.rdma_devices),
+    rdma_fact(),
 ]
 
 

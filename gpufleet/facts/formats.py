@@ -125,21 +125,66 @@ def firewall(text: str) -> dict[str, Any]:
     }
 
 
+MAX_RDMA_PORTS = 1024
+_RDMA_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec \((\d+X)(?: ?([A-Z0-9]+))?\)$")
+_PKEY = re.compile(r"^0x[0-9a-f]{1,4}$")
+_SYSFS_ENUM = re.compile(r"^\d+: ?(\S.*)$")
+
+
+def rdma_rate(text: str) -> tuple[float, str, str | None]:
+    """A port's sysfs ``rate`` (``400 Gb/sec (4X NDR)``) as (Gb/s, width, speed): the
+    kernel prints the width and the lane speed's name, none for SDR (``10 Gb/sec (4X)``)."""
+    match = _RDMA_RATE.match(text.strip())
+    if match is None:
+        raise ParseError(f"RDMA port rate: expected 'N Gb/sec (WIDTH SPEED)', got {text!r}")
+    return float(match.group(1)), match.group(2), match.group(3)
+
+
+def _enum(text: str) -> str:
+    """``4: ACTIVE`` -> ``ACTIVE`` (sysfs's ``state`` and ``phys_state``)."""
+    match = _SYSFS_ENUM.match(text.strip())
+    return match.group(1).strip() if match else text.strip()
+
+
+def _pkeys(text: str) -> list[str]:
+    keys = []
+    for key in text.lower().split(","):
+        if not _PKEY.match(key):
+            raise ParseError(f"RDMA partition key: expected 0x and 1 to 4 hex digits, got {key!r}")
+        if int(key, 16):
+            keys.append(key)
+    return keys
+
+
 def rdma_devices(text: str) -> list[dict[str, Any]]:
-    """Lines ``DEVICE PORT LINK_LAYER STATE NETDEV[,NETDEV]`` (``-`` for none)."""
-    devices = []
+    """Tab-separated lines ``DEVICE PORT LINK_LAYER STATE PHYS_STATE RATE PKEYS NETDEVS``,
+    each value as its sysfs file holds it (``-`` for a file that could not be read): the
+    port's ``state`` and ``phys_state`` names, its rate read into ``rate_gbps``, ``width``
+    and ``speed`` (None where unreadable), the partition keys (indexes 0 and 1, comma
+    separated; an empty entry, ``0x0000``, left out) and the device's netdevs. At most
+    MAX_RDMA_PORTS ports."""
+    devices: list[dict[str, Any]] = []
     for line in text.splitlines():
-        fields = line.split()
-        if not fields:
+        if not line.strip():
             continue
-        if len(fields) != 5 or not fields[1].isdigit():
-            raise ParseError(f"expected 5 fields per RDMA port, the port a number, got {line!r}")
-        dev, port, layer, state, netdevs = fields
+        fields = line.split("\t")
+        if len(fields) != 8 or not fields[1].isdigit():
+            raise ParseError(f"expected 8 tab-separated fields per RDMA port, the port a "
+                             f"number, got {line[:120]!r}")
+        if len(devices) == MAX_RDMA_PORTS:
+            raise ParseError(f"more than {MAX_RDMA_PORTS} RDMA ports")
+        dev, port, layer, state, phys, rate, pkeys, netdevs = (f.strip() for f in fields)
+        gbps, width, speed = rdma_rate(rate) if rate != "-" else (None, None, None)
         devices.append({
             "device": dev,
             "port": int(port),
-            "link_layer": layer,
-            "state": state,
+            "link_layer": None if layer == "-" else layer,
+            "state": None if state == "-" else _enum(state),
+            "phys_state": None if phys == "-" else _enum(phys),
+            "rate_gbps": gbps,
+            "width": width,
+            "speed": speed,
+            "pkeys": [] if pkeys == "-" else _pkeys(pkeys),
             "netdevs": [] if netdevs == "-" else netdevs.split(","),
         })
     return devices

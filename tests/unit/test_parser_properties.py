@@ -161,8 +161,12 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
     "firewall": (formats.firewall, ["nft inet:gpufleet\nnft_gpufleet " + "0" * 64
                                     + "\niptables absent\n"]),
     "link_target": (formats.link_target, ["-> /usr/lib/x\n", "missing\n", "notlink\n"]),
-    "rdma_devices": (formats.rdma_devices, ["mlx5_0 1 InfiniBand ACTIVE ibp1s0\n"
-                                            "mlx5_1 1 Ethernet DOWN -\n"]),
+    "rdma_devices": (formats.rdma_devices, [
+        "mlx5_0\t1\tInfiniBand\t4: ACTIVE\t5: LinkUp\t400 Gb/sec (4X NDR)\t0x800b,0x7fff\t"
+        "ibp1s0\n",
+        "mlx5_1\t1\tEthernet\t1: DOWN\t3: Disabled\t-\t-\t-\n"]),
+    "rdma_rate": (formats.rdma_rate, ["400 Gb/sec (4X NDR)\n", "10 Gb/sec (4X)\n",
+                                      "2.5 Gb/sec (1X)\n"]),
     "time_sync": (formats.time_sync, [
         "@chronyc\n" + (PUBLISHED / "chronyc-n-tracking-4.3-debian12-unsynchronised.txt")
         .read_text(),

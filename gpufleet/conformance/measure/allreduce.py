@@ -117,7 +117,8 @@ def figure(value: float) -> str:
 def problem(run: ProbeRun, node: Node, count: int,
             rates: Mapping[str, LineRate] | None = None) -> str | None:
     """Why a run fails the check: its error, busbw under the threshold for ``count``, or
-    (across nodes, with their ``rates``) under its share of the slowest line rate."""
+    (across nodes, with their ``rates``) a node's port under its declared rate, or busbw
+    under its share of the slowest line rate."""
     error = run.error()
     if error:
         return error
@@ -127,6 +128,9 @@ def problem(run: ProbeRun, node: Node, count: int,
     if minimum is not None and largest["world_size"] > 1 and largest["busbw"] < minimum:
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
                 f"under the {minimum:g} GB/s threshold for {gpu_model(node)} x{count} node(s)")
+    short = trained_down(run, rates or {}) if count > 1 else None
+    if short is not None:
+        return short
     share = line_rate_share(run, rates or {}) if count > 1 else None
     least = node.typed(AllreduceSettings).allreduce_min_line_rate_fraction
     if share is not None and share[0] < least:
@@ -135,6 +139,18 @@ def problem(run: ProbeRun, node: Node, count: int,
                 f"{figure(fraction)} of the slowest line rate ({slowest.node}: "
                 f"{slowest.nics}), under allreduce_min_line_rate_fraction {least:g}")
     return transport_problem(run, node)
+
+
+def trained_down(run: ProbeRun, rates: Mapping[str, LineRate]) -> str | None:
+    """The run's nodes whose ports fall short of their declared rate (trained down, not
+    ACTIVE, missing), named with their ports; None when every node is at its declared rate
+    or declares none. Such a node fails whatever busbw the run reached: its bar stays at
+    the declared rate."""
+    short = [rates[n] for n in run.nodes if n in rates and rates[n].short]
+    if not short:
+        return None
+    return "; ".join(f"{r.node}: {', '.join(r.short)}, under the declared line rate "
+                     f"({r.nics})" for r in short)
 
 
 def line_rate_share(run: ProbeRun, rates: Mapping[str, LineRate]
