@@ -43,7 +43,7 @@ PROVISIONED = "node01:node02:node03:node04"
 # Slurm jobs lab (test_slurm_jobs) 12, the line-rate lab (test_line_rate) 13, the watch lab
 # (test_watch) 14, the kernel and clock lab (test_kernel_time) 15, the bootstrap lab
 # (test_bootstrap) 16, the host tuning lab (test_host_tuning) 18, the firmware lab
-# (test_firmware) 19, the PCIe lab (test_pcie) 20.
+# (test_firmware) 19, the PCIe lab (test_pcie) 20, the fabric ports lab (test_fabric_ports) 21.
 # Under `pytest -n` the labs run side by side (tests/conftest.py).
 TEST_NET = int(os.environ.get("GPUFLEET_TEST_NET", "78"))
 SUBNET = f"10.{TEST_NET}.0"
