@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet import app
 from gpufleet.conformance.checks.gpudirect import (
     NO_GDRDMA,
     causes,
@@ -343,3 +344,28 @@ def test_the_kernel_role_builds_no_peermem_for_dma_buf(tmp_path: Path) -> None:
         inv = inventory(tmp_path, f"gpudirect_rdma: true\ngpudirect_route: {route_value}\n")
         v = RoleVars(inv.hosts["gpu01"], kernel.ROLE.defaults)
         assert kernel.ROLE.modules(v) == modules
+
+
+# --------------------------------------------------------------------------- the variables
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("gpudirect_required: maybe", "variable gpudirect_required must be a boolean"),
+    ("gpudirect_nccl_log: nccl.log", "variable gpudirect_nccl_log must be an absolute path"),
+    ("kernel_state_root: run/lab", "variable kernel_state_root must be an absolute path"),
+])
+def test_the_suite_s_variables_are_checked_before_any_host_is_contacted(
+        tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(f"all:\n  hosts:\n    gpu1:\n      ansible_host: 192.0.2.1\n      {line}\n")
+    assert app.conformance_cmd(str(inv), suites="gpudirect") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: host gpu1: {message}") and err.endswith(f"({inv}:5)\n")
+
+
+def test_a_channel_over_the_network_inside_one_host_is_not_inter_node() -> None:
+    text = ("a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1a000\n"
+            "a:1:1 [1] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 1 busId 1b000\n"
+            "a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0\n")
+    assert read_log(text).used is None
+    assert read_log(text, {0: "a", 1: "b"}).used is False

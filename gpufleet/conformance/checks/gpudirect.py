@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.conformance.checks.nccl_log import Link, links
+from gpufleet.conformance.checks.nccl_log import Link, links, rank_hosts
 from gpufleet.facts.parsers.gpudirect import GDR_SETTINGS, dmabuf_route
 
 MAX_LOG_CHARS = 8 * 1024 * 1024
@@ -65,9 +65,13 @@ class GdrLog:
 
 def read_log(text: str, hosts: Mapping[int, str] | None = None) -> GdrLog:
     """The GPUDirect RDMA lines of an NCCL INFO log (at most ``MAX_LOG_CHARS`` of it, the
-    rest ignored); ``hosts`` as for ``nccl_log.links``."""
+    rest ignored); ``hosts`` (rank -> host) as for ``nccl_log.links``. Where the ranks' hosts
+    are known, only channels between hosts count; where they are not (an excerpt without
+    ``comm .. rank`` lines), every channel over an RDMA network does."""
     text = text[:MAX_LOG_CHARS]
-    net = [lk for lk in links(text, hosts) if lk.transport == "NET/IB"]
+    where = rank_hosts(text) if hosts is None else hosts
+    net = [lk for lk in links(text, where)
+           if lk.transport == "NET/IB" and not (where and lk.same_host)]
     hcas: dict[str, str] = {}
     too_far: list[str] = []
     environment: dict[str, str] = {}
