@@ -175,8 +175,8 @@ def test_all_nodes_together(conformance: ConformanceSession,
     rates = result.line_rates
     peers = {n.name: n for n in good}
     failing = problem(result.together, good[0], len(good), rates, peers) or next(
-        (r.error() or problem(r, good[0], 2, rates, peers) or "" for r in result.pairs
-         if problem(r, good[0], 2, rates, peers)), "a pair failed")
+        (found for r in result.pairs if (found := problem(r, good[0], 2, rates, peers))),
+        "a pair failed")
     if NO_GDRDMA in failing:
         record_property("finding_class", "configuration")
     verdicts = "; ".join(v.message() for v in result.verdicts) or (
