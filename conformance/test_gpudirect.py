@@ -17,7 +17,9 @@ from gpufleet.conformance.checks.gpudirect import (
     causes,
     gdr_settings,
     log_problem,
+    nvlink_node,
     read_log,
+    reads_gpu_memory,
     route,
     route_problem,
     setting_problem,
@@ -69,9 +71,10 @@ def test_gpudirect_in_nccl_log(node: Node, record_property: RecordProperty) -> N
     if log.used is None:
         pytest.fail(f"unknown: the NCCL log at {path} shows no channel over an RDMA network "
                     "(a single-node run, or NCCL used sockets)")
-    problem = log_problem(log, {}, node.name)
+    settings = gdr_settings(node.var("nccl_env"), state)
+    problem = log_problem(log, {}, node.name,
+                          reads_gpu_memory(settings, log, nvlink_node(facts.get("nvlink"))))
     if problem is not None:
         record_property("finding_class", "configuration")
-        why = causes(state, facts.why_absent("gpudirect"),
-                     gdr_settings(node.var("nccl_env"), state), log)
+        why = causes(state, facts.why_absent("gpudirect"), settings, log)
         pytest.fail(f"{node.name}: {problem} ({path}) -- cause: {'; '.join(why)}")

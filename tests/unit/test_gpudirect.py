@@ -19,7 +19,9 @@ from gpufleet.conformance.checks.gpudirect import (
     causes,
     gdr_settings,
     log_problem,
+    nvlink_node,
     read_log,
+    reads_gpu_memory,
     route,
     route_problem,
     setting_problem,
@@ -67,14 +69,31 @@ def state(**changes: Any) -> dict[str, Any]:
 def test_no_module_ib_log_of_nccl_2_1x_stages_through_host_memory() -> None:
     log = read_log(fixture("nccl-2.1x-ib-no-module-issue899.txt"))
     assert log.used is False
-    assert {lk.detail for lk in log.staged} == {"NET/IB/0"}
+    assert {lk.detail for lk in log.staged(reads=True)} == {"NET/IB/0"}
     assert log.hcas == {"mlx5_1": "disabled (no module)", "mlx5_2": "disabled (no module)",
                         "mlx5_3": "disabled (no module)"}
     assert log_problem(log, {}, "gpu01") == (
         "NCCL staged inter-node data through host memory: channel 00 : 0[1a000] -> 1[1a000] "
-        f"[receive] via NET/IB/0 {NO_GDRDMA} (and 1 more channel(s)); NCCL: GPU Direct RDMA "
+        f"[receive] via NET/IB/0 {NO_GDRDMA} (and 3 more channel(s)); NCCL: GPU Direct RDMA "
         "mlx5_1 disabled (no module), mlx5_2 disabled (no module), mlx5_3 disabled (no "
         "module)")
+
+
+def test_sends_from_host_memory_are_nccl_s_default_off_nvlink_platforms() -> None:
+    """NCCL_NET_GDR_READ is on by default on NVLink platforms only (NCCL's environment
+    documentation): elsewhere a send ``via NET/IB/0`` beside a GDRDMA receive is expected."""
+    log = read_log("h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0\n"
+                   "h:1:2 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via "
+                   "NET/IB/0/GDRDMA\n")
+    assert log_problem(log, {}, "gpu01", reads=False) is None
+    assert NO_GDRDMA in str(log_problem(log, {}, "gpu01", reads=True))
+    assert reads_gpu_memory({}, log, nvlink=True) is True
+    assert reads_gpu_memory({}, log, nvlink=False) is False
+    assert reads_gpu_memory({"NCCL_NET_GDR_READ": "1"}, log, nvlink=False) is True
+    assert reads_gpu_memory({}, read_log("h:1:2 [0] NCCL INFO NCCL_NET_GDR_READ set by "
+                                         "environment to 0\n"), nvlink=True) is False
+    assert nvlink_node({"0": [26.562, 26.562], "1": [26.562]}) is True
+    assert nvlink_node({"0": [], "1": [None]}) is nvlink_node({}) is False
 
 
 def test_roce_hcas_disabled_without_channels_is_not_a_verdict_on_use() -> None:
@@ -89,7 +108,7 @@ def test_roce_hcas_disabled_without_channels_is_not_a_verdict_on_use() -> None:
 def test_gdrdma_channels_of_three_layouts_pass(name: str) -> None:
     log = read_log(fixture(name))
     assert log.used is True
-    assert log.net and not log.staged
+    assert log.net and not log.staged(reads=True)
     assert log_problem(log, {}, "gpu01") is None
 
 

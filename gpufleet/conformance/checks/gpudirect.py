@@ -45,7 +45,6 @@ class GdrLog:
 
     version: str | None
     net: list[Link]                   # the channels over an RDMA transport (NET/IB, plugins)
-    staged: list[Link]                # those of them without GDRDMA
     hcas: dict[str, str] = field(default_factory=dict)   # HCA -> "enabled (DMABUF)" ...
     too_far: list[str] = field(default_factory=list)     # "GPU 0 / HCA 0 (distance 8 > 5)"
     environment: dict[str, str] = field(default_factory=dict)
@@ -55,7 +54,14 @@ class GdrLog:
     def used(self) -> bool | None:
         """True: every RDMA channel carried GDRDMA; False: one did not; None: no RDMA channel
         (a single node, or NCCL chose sockets)."""
-        return None if not self.net else not self.staged
+        return None if not self.net else not self.staged(reads=True)
+
+    def staged(self, reads: bool) -> list[Link]:
+        """The RDMA channels without GDRDMA; a sending one only where NCCL should read GPU
+        memory to send (``reads``: ``NCCL_NET_GDR_READ``, on by default on NVLink platforms
+        only)."""
+        return [lk for lk in self.net if "GDRDMA" not in lk.detail.split("/")
+                and (reads or " [send] " not in lk.line)]
 
     def routes(self) -> list[str]:
         """The routes NCCL named for its HCAs (``DMABUF``, ``nvidia-peermem``)."""
@@ -70,8 +76,16 @@ def read_log(text: str, hosts: Mapping[int, str] | None = None) -> GdrLog:
     ``comm .. rank`` lines), every channel over an RDMA network does."""
     text = text[:MAX_LOG_CHARS]
     where = rank_hosts(text) if hosts is None else hosts
-    net = [lk for lk in links(text, where)
-           if lk.transport == "NET/IB" and not (where and lk.same_host)]
+    net: list[Link] = []
+    seen: set[tuple[int, int, str, bool]] = set()
+    for line in text.splitlines():
+        if " via NET/" not in line:
+            continue
+        for lk in links(line, where):
+            key = (lk.src, lk.dst, lk.detail, " [send] " in lk.line)
+            if lk.transport == "NET/IB" and not (where and lk.same_host) and key not in seen:
+                seen.add(key)
+                net.append(lk)
     hcas: dict[str, str] = {}
     too_far: list[str] = []
     environment: dict[str, str] = {}
@@ -91,9 +105,8 @@ def read_log(text: str, hosts: Mapping[int, str] | None = None) -> GdrLog:
         elif match := _ENV.search(line):
             environment[match.group(1)] = match.group(2)
     version = _VERSION.search(text)
-    return GdrLog(version.group(1) if version else None, net,
-                  [lk for lk in net if "GDRDMA" not in lk.detail.split("/")], hcas, too_far,
-                  environment, bool(_DMABUF_GPU.search(text)))
+    return GdrLog(version.group(1) if version else None, net, hcas, too_far, environment,
+                  bool(_DMABUF_GPU.search(text)))
 
 
 def gdr_settings(nccl_env: Mapping[str, Any] | None, state: Mapping[str, Any] | None
@@ -103,6 +116,20 @@ def gdr_settings(nccl_env: Mapping[str, Any] | None, state: Mapping[str, Any] | 
     found = dict((state or {}).get("nccl_conf") or {})
     found.update({k: str(v) for k, v in (nccl_env or {}).items() if k in GDR_SETTINGS})
     return found
+
+
+def reads_gpu_memory(settings: Mapping[str, str], log: GdrLog | None, nvlink: bool) -> bool:
+    """Whether NCCL should send straight from GPU memory (``NCCL_NET_GDR_READ``): as the
+    job's settings say, else as NCCL's log says it read them, else NCCL's default: on NVLink
+    platforms (``nvlink``: the node's GPUs have active NVLinks), off on PCIe ones."""
+    value = settings.get("NCCL_NET_GDR_READ") or (log.environment.get("NCCL_NET_GDR_READ")
+                                                 if log else None)
+    return nvlink if value is None else value != "0"
+
+
+def nvlink_node(nvlink: Mapping[Any, Any] | None) -> bool:
+    """Whether the ``nvlink`` fact shows an active NVLink on any GPU."""
+    return any(any(speed for speed in speeds or []) for speeds in (nvlink or {}).values())
 
 
 def setting_problem(settings: Mapping[str, str]) -> str | None:
@@ -160,11 +187,13 @@ def causes(state: Mapping[str, Any] | None, why_absent: str, settings: Mapping[s
             "support"]
 
 
-def log_problem(log: GdrLog, node_of: Mapping[int, str], node: str) -> str | None:
+def log_problem(log: GdrLog, node_of: Mapping[int, str], node: str,
+                reads: bool = True) -> str | None:
     """Why ``node``'s side of the log fails: a channel over RDMA to or from one of its ranks
-    without GDRDMA (None when all carried it or none touched the node). ``node_of``: rank ->
-    node; an empty mapping counts every channel as the node's."""
-    mine = [lk for lk in log.staged
+    without GDRDMA (sending ones only with ``reads``; None when all carried it or none
+    touched the node). ``node_of``: rank -> node; an empty mapping counts every channel as
+    the node's."""
+    mine = [lk for lk in log.staged(reads)
             if not node_of or node in (node_of.get(lk.src), node_of.get(lk.dst))]
     if not mine:
         return None
@@ -181,12 +210,14 @@ def log_problem(log: GdrLog, node_of: Mapping[int, str], node: str) -> str | Non
 class NodeGdr:
     """What the verdict on one node of a run needs: whether GPUDirect RDMA is required there
     (a GPU node with RDMA devices, ``gpudirect_required``), its ``gpudirect`` fact (None:
-    unknown, with why) and the GPUDirect settings its jobs get."""
+    unknown, with why), the GPUDirect settings its jobs get and whether its GPUs have
+    NVLink (NCCL then reads GPU memory to send too)."""
 
     required: bool
     state: Mapping[str, Any] | None
     why_absent: str
     settings: Mapping[str, str]
+    nvlink: bool = False
 
 
 def run_problem(log: GdrLog, node_of: Mapping[int, str],
@@ -196,7 +227,8 @@ def run_problem(log: GdrLog, node_of: Mapping[int, str],
     problems = []
     for name in sorted(nodes):
         view = nodes[name]
-        problem = log_problem(log, node_of, name) if view.required else None
+        reads = reads_gpu_memory(view.settings, log, view.nvlink)
+        problem = log_problem(log, node_of, name, reads) if view.required else None
         if problem is not None:
             why = causes(view.state, view.why_absent, view.settings, log)
             problems.append(f"{name}: {problem} -- cause: {'; '.join(why)}")

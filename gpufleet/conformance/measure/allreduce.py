@@ -21,6 +21,7 @@ from gpufleet.conformance.checks.allreduce import expected_transports
 from gpufleet.conformance.checks.gpudirect import (
     NodeGdr,
     gdr_settings,
+    nvlink_node,
     read_log,
     required,
     run_problem,
@@ -215,7 +216,7 @@ def gdr_view(node: Node) -> NodeGdr:
     gpu_node = bool(facts.get("gpus") or facts.get("pci_gpus"))
     wanted = node.typed(GpudirectSettings).gpudirect_required
     return NodeGdr(required(gpu_node, state, wanted), state, facts.why_absent("gpudirect"),
-                   gdr_settings(node.var("nccl_env"), state))
+                   gdr_settings(node.var("nccl_env"), state), nvlink_node(facts.get("nvlink")))
 
 
 def transport_summary(run: ProbeRun) -> str:
