@@ -167,7 +167,7 @@ class KernelRole(RoleBase):
             if driver.ROLE.install(v) != "operator":  # the operator's container has them
                 found += DRIVER_MODULES
         if v.get("gpudirect_rdma") is not None and v.boolean("gpudirect_rdma") \
-                and str(v.get("gpudirect_route") or "auto").lower() != "dmabuf":
+                and peermem.route_choice(v) != "dmabuf":
             found += PEERMEM_MODULES
         if "ofed_version" in v:
             if not _RELEASE.match(v.string("ofed_version")):

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from gpufleet.facts.catalog import gpudirect_fact
 from gpufleet.facts.gather import FactRequest, Facts
-from gpufleet.facts.parsers.gpudirect import dmabuf_route
+from gpufleet.facts.gpudirect import dmabuf_route
 from gpufleet.provision.managed import HEADER, file_change
 from gpufleet.provision.plan import MANUAL, Change, Run
 from gpufleet.provision.role import PlanContext, RoleBase, RoleVars, Var
@@ -27,8 +27,9 @@ ROUTES = ("auto", "peermem", "dmabuf")
 
 
 def route_choice(v: RoleVars) -> str:
-    """``gpudirect_route``, validated (VarError names host, key and place)."""
-    value = v.string("gpudirect_route").lower()
+    """``gpudirect_route`` (``auto`` where unset), validated (VarError names host, key and
+    place)."""
+    value = "auto" if v.get("gpudirect_route") is None else v.string("gpudirect_route").lower()
     if value not in ROUTES:
         raise v.fail("gpudirect_route", "one of " + ", ".join(ROUTES), v.get("gpudirect_route"))
     return value

@@ -34,7 +34,8 @@ from gpufleet.errors import ParseError, VarError
 from gpufleet.facts.catalog import gpudirect_fact
 from gpufleet.facts.formats import FileState
 from gpufleet.facts.gather import Facts
-from gpufleet.facts.parsers.gpudirect import dmabuf_route, gpudirect_state
+from gpufleet.facts.gpudirect import dmabuf_route
+from gpufleet.facts.parsers.gpudirect import gpudirect_state
 from gpufleet.inventory.load import load_inventory
 from gpufleet.inventory.model import Inventory
 from gpufleet.provision.plan import MANUAL

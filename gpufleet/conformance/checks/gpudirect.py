@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.conformance.checks.nccl_log import Link, links, rank_hosts
-from gpufleet.facts.parsers.gpudirect import GDR_SETTINGS, dmabuf_route
+from gpufleet.facts.gpudirect import dmabuf_route
+from gpufleet.facts.parsers.gpudirect import GDR_SETTINGS
 
 MAX_LOG_CHARS = 8 * 1024 * 1024
 _HCA = re.compile(r"GPU Direct RDMA (?:\((?P<route>[\w-]+)\) )?(?P<state>Enabled|Disabled|enabled"

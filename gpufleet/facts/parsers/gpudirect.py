@@ -1,5 +1,5 @@
 """The ``gpudirect`` fact: what GPUDirect RDMA needs on a node, read in one snippet of cheap
-file reads (``catalog.gpudirect_fact``), and the route it can take.
+file reads (``catalog.gpudirect_fact``); the route it can take is ``facts.gpudirect``'s.
 
 GPUDirect RDMA lets an RDMA NIC read and write GPU memory. NCCL reaches it by one of two
 routes (NVIDIA's GPUDirect RDMA guide, NCCL's environment documentation):
@@ -33,8 +33,7 @@ KEYS = ("kernel", "peermem_loaded", "nvidia_loaded", "peermem_file", "module", "
 MAX_LOG_CHARS = 4000 * 401
 GDR_SETTINGS = ("NCCL_NET_GDR_LEVEL", "NCCL_IB_GDR_LEVEL", "NCCL_NET_GDR_READ",
                 "NCCL_DMABUF_ENABLE")
-DMABUF_KERNEL = (5, 12)
-_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+_RELEASE = re.compile(r"^\d+\.\d+")
 _SETTING = re.compile(r"^\s*([A-Z_]+)\s*=\s*(.*?)\s*$")
 
 
@@ -95,25 +94,3 @@ def _dma_buf(line: str) -> bool | None:
     if not line:
         return None
     return line.startswith("CONFIG_DMA_SHARED_BUFFER=") and not line.endswith("=n")
-
-
-def release(kernel: str) -> tuple[int, int]:
-    """``6.8.0-90-generic`` -> ``(6, 8)``."""
-    match = _RELEASE.match(kernel)
-    if match is None:
-        raise _error("the kernel release", "MAJOR.MINOR...", kernel)
-    return int(match.group(1)), int(match.group(2))
-
-
-def dmabuf_route(state: dict[str, Any]) -> str | None:
-    """Why the dma-buf route is unavailable on the node, or None when it is available: the
-    open kernel module, a kernel of 5.12 or later, and ``CONFIG_DMA_SHARED_BUFFER`` where the
-    kernel's config can be read."""
-    if state["flavor"] != "open":
-        return ("the NVIDIA kernel module is " + (state["flavor"] or "not loaded")
-                + " (dma-buf needs the open kernel module)")
-    if release(state["kernel"]) < DMABUF_KERNEL:
-        return f"kernel {state['kernel']} is older than 5.12 (dma-buf needs 5.12 or later)"
-    if state["dma_buf"] is False:
-        return f"kernel {state['kernel']} is built without CONFIG_DMA_SHARED_BUFFER"
-    return None
