@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpufleet.conformance.baseline import judge_node
+from gpufleet.conformance.checks.gpudirect import NO_GDRDMA
 from gpufleet.conformance.launch import ProbeRun
 from gpufleet.conformance.measure.allreduce import (
     Hierarchy,
@@ -173,9 +174,12 @@ def test_all_nodes_together(conformance: ConformanceSession,
     record_property("bisection_rounds", result.search.rounds)
     record_property("bisection_s", round(result.search_s, 1))
     rates = result.line_rates
-    failing = problem(result.together, good[0], len(good), rates) or next(
-        (r.error() or "under the pair threshold" for r in result.pairs
-         if problem(r, good[0], 2, rates)), "a pair failed")
+    peers = {n.name: n for n in good}
+    failing = problem(result.together, good[0], len(good), rates, peers) or next(
+        (found for r in result.pairs if (found := problem(r, good[0], 2, rates, peers))),
+        "a pair failed")
+    if NO_GDRDMA in failing:
+        record_property("finding_class", "configuration")
     verdicts = "; ".join(v.message() for v in result.verdicts) or (
         "no culprit named (the failure did not reproduce in smaller groups)")
     spent = (f"{result.search.rounds} rounds, {result.search_s:.0f}s of a "

@@ -98,6 +98,23 @@ def pcie_settings() -> dict[str, Var]:
     return {key: ROLE.variables[key] for key in ("pcie_sys_root", "pcie_iommu_passthrough")}
 
 
+def gpudirect_settings() -> dict[str, Var]:
+    """The declaration of where the node's module state is read (``kernel_state_root``),
+    shared by the peermem role and the gpudirect suite."""
+    from gpufleet.roles.peermem import ROLE  # noqa: PLC0415 - the registry's own module
+
+    return {key: ROLE.variables[key] for key in ("kernel_state_root",)}
+
+
+def gpudirect_request(host: Host) -> FactRequest:
+    """The ``gpudirect`` fact read under the host's ``kernel_state_root`` (the peermem role's
+    own reading)."""
+    from gpufleet.roles.peermem import ROLE, state_root  # noqa: PLC0415 - as above
+
+    v = RoleVars(host, ROLE.defaults)
+    return FactRequest(custom=frozenset({catalog.gpudirect_fact(state_root(v))}))
+
+
 def job_memlock_kib(v: RoleVars) -> int | None:
     """``slurm_job_memlock`` in KiB, None for unlimited; a bad value fails naming it."""
     from gpufleet.roles.slurm_node import SlurmNodeRole  # noqa: PLC0415 - as above

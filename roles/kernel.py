@@ -154,7 +154,7 @@ class KernelRole(RoleBase):
     def modules(self, v: RoleVars) -> tuple[str, ...]:
         """The modules that must be built for the kernel: ``kernel_modules``, else those of
         the roles the host has (the driver's unless the GPU Operator runs it, peer memory
-        with GPUDirect RDMA, OFED's)."""
+        with GPUDirect RDMA unless its route is dma-buf, OFED's)."""
         if v.get("kernel_modules") is not None:
             names = [str(m) for m in v.items("kernel_modules")]
             bad = [m for m in names if not _MODULE.match(m)]
@@ -166,7 +166,8 @@ class KernelRole(RoleBase):
             driver.driver_version(v)
             if driver.ROLE.install(v) != "operator":  # the operator's container has them
                 found += DRIVER_MODULES
-        if v.get("gpudirect_rdma") is not None and v.boolean("gpudirect_rdma"):
+        if v.get("gpudirect_rdma") is not None and v.boolean("gpudirect_rdma") \
+                and peermem.route_choice(v) != "dmabuf":
             found += PEERMEM_MODULES
         if "ofed_version" in v:
             if not _RELEASE.match(v.string("ofed_version")):

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.facts import formats
-from gpufleet.facts.parsers import cuda, firmware, network, nvidia_smi, packages, system, watch
+from gpufleet.facts.parsers import (
+    cuda,
+    firmware,
+    gpudirect,
+    network,
+    nvidia_smi,
+    packages,
+    system,
+    watch,
+)
 
 
 @dataclass(frozen=True)
@@ -369,6 +378,51 @@ def watch_fact(state_dir: str) -> Fact:
         f'{{ echo "$f is $n bytes, more than {limit}: not read"; exit 1; }}',
         f'head -c {limit} "$f"',
     ]), watch.watch_report)
+
+
+GPUDIRECT = "gpudirect"
+
+
+@functools.cache
+def gpudirect_fact(root: str) -> Fact:
+    """What GPUDirect RDMA needs (``parsers.gpudirect``): the peer-memory module loaded and
+    in the running kernel's modules.dep, the NVIDIA module's flavor, the kernel's dma-buf
+    config, the RDMA devices and the GPUDirect settings of /etc/nccl.conf, all under ``root``
+    (``""`` on a node, the lab's stand-in tree there). File reads and bounded greps; no
+    tool that can hang."""
+    r = shlex.quote(root.rstrip("/"))
+    settings = "|".join(gpudirect.GDR_SETTINGS)
+    return Fact(GPUDIRECT, "\n".join([
+        f"r={r}",
+        'k=$(cat "$r/proc/sys/kernel/osrelease" 2>/dev/null) || k=$(uname -r)',
+        'echo "kernel $k"',
+        'for m in nvidia_peermem nvidia; do [ -d "$r/sys/module/$m" ] && v=yes || v=no; '
+        'echo "${m#nvidia_}_loaded $v"; done',
+        'echo "peermem_file $(grep -s -m1 -o -E \'^[^:]*nvidia[-_]peermem[.]ko[^:]*\' '
+        '"$r/lib/modules/$k/modules.dep")"',
+        'echo "module $(head -n1 "$r/proc/driver/nvidia/version" 2>/dev/null)"',
+        'echo "taint $(cat "$r/sys/module/nvidia/taint" 2>/dev/null)"',
+        'echo "rdma $(ls "$r/sys/class/infiniband" 2>/dev/null | head -n64 | paste -sd, -)"',
+        'echo "dma_buf $(grep -s -m1 -E '
+        '\'^(CONFIG_DMA_SHARED_BUFFER=|# CONFIG_DMA_SHARED_BUFFER )\' "$r/boot/config-$k")"',
+        f"grep -s -m16 -E '^[[:space:]]*({settings})[[:space:]]*=' \"$r/etc/nccl.conf\" "
+        "| sed 's/^/nccl_conf /'",
+        "exit 0",
+    ]), gpudirect.gpudirect_state)
+
+
+def gpudirect_log_fact(path: str) -> Fact:
+    """The GPUDirect lines of an NCCL INFO log on the node (``gpudirect_nccl_log``: a job's
+    ``NCCL_DEBUG_FILE``): channels over the network, the GPU Direct RDMA and DMA-BUF lines,
+    the settings NCCL read and each rank's ``comm .. rank`` line; at most 4000 lines of 400
+    characters. Absent, saying so, when the file is missing."""
+    quoted = shlex.quote(path)
+    return Fact(f"gpudirect_log:{path}", "\n".join([
+        f"[ -r {quoted} ] || {{ echo 'no NCCL log at '{quoted}; exit 127; }}",
+        "grep -a -m4000 -E 'via NET/|GPU Direct RDMA|DMA-BUF|_GDR_|NCCL_DMABUF|NCCL version"
+        f"|NCCL INFO comm 0x' {quoted} | cut -c1-400",
+        "exit 0",
+    ]), gpudirect.log_lines)
 
 
 def json_safe(value: Any) -> Any:

@@ -400,7 +400,10 @@ def test_persistence_mode(tmp_path: Path) -> None:
 
 def test_peermem_loaded_now_and_at_boot(tmp_path: Path) -> None:
     inv = host_vars(tmp_path, "gpudirect_rdma: true\n")
-    facts = Facts("gpu01", values={"nvidia_peermem": False, **files(peermem.MODULES_LOAD)})
+    facts = Facts("gpu01", values={"gpudirect": {
+        "kernel": "6.8.0-90-generic", "peermem_loaded": False, "nvidia_loaded": True,
+        "peermem_file": None, "flavor": "proprietary", "dma_buf": True, "nccl_conf": {}},
+        **files(peermem.MODULES_LOAD)})
     assert [c.item for c in plan(peermem.ROLE, inv, facts)] == [
         f"peermem/file {peermem.MODULES_LOAD}", "peermem/module nvidia_peermem"]
 

@@ -26,6 +26,7 @@ from gpufleet.facts.parsers import (
     cuda,
     dcgm,
     firmware,
+    gpudirect,
     host,
     kernel,
     nccl_tests,
@@ -197,6 +198,17 @@ PARSERS: dict[str, tuple[Callable[[str], Any], list[str]]] = {
             ("filename", "version", "vermagic", "name"))
         + "@module 6.8.0-94-generic nvidia\nmodinfo: ERROR: Module nvidia not found.\n"
         "@dkms\n" + (PUBLISHED / "dkms-status-3.0.10-nvidia-535-rtl8852bu-7.txt").read_text()]),
+    # The gpudirect snippet's output: on the development controller (no GPU, no RDMA), and
+    # on an open-module node as the real H200 reports its module (real-node/).
+    "gpudirect_state": (gpudirect.gpudirect_state, [
+        "kernel 6.18.44-fc-v1272\npeermem_loaded no\nnvidia_loaded no\npeermem_file \n"
+        "module \ntaint \nrdma \ndma_buf \n",
+        "kernel 6.8.0-90-generic\npeermem_loaded no\nnvidia_loaded yes\npeermem_file "
+        "updates/dkms/nvidia-peermem.ko.zst\nmodule " + next(
+            line for line in (FIXTURES / "real-node" / "real-driver-h200x2.txt").read_text()
+            .splitlines() if line.startswith("NVRM")) + "\ntaint OE\nrdma mlx5_0,mlx5_1\n"
+        "dma_buf CONFIG_DMA_SHARED_BUFFER=y\nnccl_conf NCCL_NET_GDR_LEVEL=PHB\n"]),
+    "log_lines": (gpudirect.log_lines, _files(*sorted((FIXTURES / "nccl-gdr").glob("*.txt")))),
     "torch_files": (formats.torch_files, [
         "@venv /opt/torch/.venv\n/opt/torch/.venv/lib/python3.12/site-packages/"
         "nvidia_nccl_cu13-2.28.9.dist-info\n__version__ = '2.11.0+cu130'\ncuda = '13.0'\n"]),

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 # In brackets: the rank's CUDA device (NCCL 2.19 and later) or its PCI bus id in hex
 # (``2[c7000]``, NCCL 2.18 and earlier).
 _CHANNEL = re.compile(r"Channel (?:\d+(?:/\d+)?) : (\d+)\[([0-9a-f]+)\] -> (\d+)\[([0-9a-f]+)\]"
-                      r"(?: \[\w+\])? via (\S+)")
+                      r"(?: \[\w+\])? via (NET/[A-Za-z][\w .-]*?/\S+|\S+)")
 _DEVICE = re.compile(r"^\d{1,3}$")
 # The IB plugins of HPC-X and DOCA (nccl-rdma-sharp-plugins) name themselves IBext, IBext_v8..
-_IB_PLUGIN = re.compile(r"^IBext(?:_v\d+)?$")
+# and, from their v9, "NCCL RDMA Plugin v9" (a name with spaces: ``via NET/NCCL RDMA Plugin
+# v9/3/GDRDMA``).
+_IB_PLUGIN = re.compile(r"^(?:IBext(?:_v\d+)?|NCCL RDMA Plugin v\d+)$")
 _RANK_HOST = re.compile(r"^(\S+?):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-f]+ rank (\d+) ")
 
 

@@ -18,6 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.conformance.checks.allreduce import expected_transports
+from gpufleet.conformance.checks.gpudirect import (
+    NodeGdr,
+    gdr_settings,
+    nvlink_node,
+    read_log,
+    required,
+    run_problem,
+)
 from gpufleet.conformance.checks.nccl_log import Link, links, mismatches, observed, rank_hosts
 from gpufleet.conformance.grouptest import Fault, Group, Search, Trial, find_faults, max_rounds
 from gpufleet.conformance.launch import ProbeRun, rendezvous_port, run_probe
@@ -42,6 +50,7 @@ from gpufleet.conformance.nic_counters import (
 from gpufleet.conformance.session import Node
 from gpufleet.conformance.suites.allreduce import AllreduceSettings
 from gpufleet.conformance.suites.common import Counters, Range
+from gpufleet.conformance.suites.gpudirect import GpudirectSettings
 from gpufleet.ports import RENDEZVOUS_PORT, parse_range
 
 MIN_TRIAL_TIMEOUT_S = 20.0
@@ -115,10 +124,12 @@ def figure(value: float) -> str:
 
 
 def problem(run: ProbeRun, node: Node, count: int,
-            rates: Mapping[str, LineRate] | None = None) -> str | None:
-    """Why a run fails the check: its error, busbw under the threshold for ``count``, or
-    (across nodes, with their ``rates``) a node's port under its declared rate, or busbw
-    under its share of the slowest line rate."""
+            rates: Mapping[str, LineRate] | None = None,
+            peers: Mapping[str, Node] | None = None) -> str | None:
+    """Why a run fails the check: its error, busbw under the threshold for ``count``, (across
+    nodes, with their ``rates``) a node's port under its declared rate, busbw under its share
+    of the slowest line rate, or its transports (``transport_problem``, GPUDirect RDMA judged
+    on ``peers``: name -> node)."""
     error = run.error()
     if error:
         return error
@@ -138,7 +149,7 @@ def problem(run: ProbeRun, node: Node, count: int,
         return (f"busbw {figure(float(largest['busbw']))} GB/s at {largest['size']} bytes is "
                 f"{figure(fraction)} of the slowest line rate ({slowest.node}: "
                 f"{slowest.nics}), under allreduce_min_line_rate_fraction {least:g}")
-    return transport_problem(run, node)
+    return transport_problem(run, node, peers)
 
 
 def trained_down(run: ProbeRun, rates: Mapping[str, LineRate]) -> str | None:
@@ -190,9 +201,12 @@ def transport_unchecked(run: ProbeRun) -> str | None:
     return None
 
 
-def transport_problem(run: ProbeRun, node: Node) -> str | None:
+def transport_problem(run: ProbeRun, node: Node,
+                      peers: Mapping[str, Node] | None = None) -> str | None:
     """Channels that used a transport below ``allreduce_transport_intra``/``_inter`` (the
-    first node's), or a log without any channel; None when they match or are not checked."""
+    first node's), a log without any channel, or, with ``_inter`` ib, a channel over the
+    network without GDRDMA to or from a node of ``peers`` (else ``node``) where GPUDirect
+    RDMA is required; None when they match or are not checked."""
     if transport_unchecked(run) is not None:
         return None
     found, node_of = run_links(run)
@@ -200,7 +214,25 @@ def transport_problem(run: ProbeRun, node: Node) -> str | None:
         return ("unknown: NCCL's log shows no channel (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS="
                 "INIT,NET did not reach NCCL)")
     intra, inter = expected_transports(node.host)
-    return "; ".join(mismatches(found, intra, inter, node_of)) or None
+    problems = mismatches(found, intra, inter, node_of)
+    if inter == "ib":
+        text = "\n".join(line for out in run.outputs.values() for line in out.nccl_log)
+        views = {name: gdr_view(n) for name, n in (peers or {node.name: node}).items()
+                 if name in run.nodes}
+        gdr = run_problem(read_log(text, node_of), node_of, views)
+        problems += [gdr] if gdr else []
+    return "; ".join(problems) or None
+
+
+def gdr_view(node: Node) -> NodeGdr:
+    """What the GPUDirect RDMA verdict needs of ``node``: whether it is required there, its
+    ``gpudirect`` fact and the GPUDirect settings its jobs get."""
+    facts = node.known
+    state = facts.get("gpudirect")
+    gpu_node = bool(facts.get("gpus") or facts.get("pci_gpus"))
+    wanted = node.typed(GpudirectSettings).gpudirect_required
+    return NodeGdr(required(gpu_node, state, wanted), state, facts.why_absent("gpudirect"),
+                   gdr_settings(node.var("nccl_env"), state), nvlink_node(facts.get("nvlink")))
 
 
 def transport_summary(run: ProbeRun) -> str:
@@ -374,14 +406,14 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
         after = take_all(nodes, workers)
         out.counters["pairs"] = counted(by_name, before, after, out.pairs)
         before = after
-        known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2, rates) is None,
-                        problem(r, g[0], 2, rates))
+        known += [Trial(tuple(n.name for n in g), problem(r, g[0], 2, rates, by_name) is None,
+                        problem(r, g[0], 2, rates, by_name))
                   for g, r in zip(pair_groups, out.pairs, strict=True)]
     out.together = run_allreduce(nodes, args, timeout_of(first), port_of(first))
     out.counters["all"] = counted(by_name, before, take_all(nodes, workers), [out.together])
     attribute(out.counters.values(), {n.name: n.typed(Counters).net_max_retransmit_ratio
                                       for n in nodes})
-    failed = problem(out.together, first, len(nodes), rates)
+    failed = problem(out.together, first, len(nodes), rates, by_name)
     known.append(Trial(tuple(by_name), failed is None, failed))
     if failed is None and all(t.ok for t in known):
         return out
@@ -389,8 +421,8 @@ def hierarchical(nodes: list[Node], workers: int, alone: list[ProbeRun]) -> Hier
     def test(groups: list[Group]) -> list[Trial]:
         runs = run_groups([[by_name[n] for n in g] for g in groups], out.trial_timeout_s,
                           workers, args)
-        return [Trial(g, problem(r, by_name[g[0]], len(g), rates) is None,
-                      problem(r, by_name[g[0]], len(g), rates))
+        return [Trial(g, problem(r, by_name[g[0]], len(g), rates, by_name) is None,
+                      problem(r, by_name[g[0]], len(g), rates, by_name))
                 for g, r in zip(groups, runs, strict=True)]
 
     start = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet import roles
 from gpufleet.conformance import container
 from gpufleet.conformance.checks import allreduce as allreduce_checks
 from gpufleet.conformance.registry import Suite, always, declared, setting
@@ -65,4 +66,5 @@ SUITE = Suite(
     settings=AllreduceSettings,
     cross_node=frozenset({"all_nodes_together", "nic_counters_during_allreduce"}),
     with_peer=frozenset({"all_nodes_together"}),
-    required_when=always, records_baseline=True, check=_check)
+    required_when=always, records_baseline=True, check=_check,
+    facts=roles.gpudirect_request)
