@@ -12,9 +12,10 @@ from gpufleet.facts import gpu_state
 def declared(*, mig: bool | None, ecc: bool | None, persistence: bool | None,
              power_limit_w: float | None, app_clocks: str | None, locked_clocks: bool | None,
              compute_mode: str | None) -> gpu_state.Declared:
-    """The declared state from the suite's settings (validated before any host)."""
+    """The declared state from the suite's settings (validated before any host);
+    ``persistence`` false is not judged, as the gpu suite's variable always meant."""
     return gpu_state.Declared(
-        mig=mig, ecc=ecc, persistence=persistence, power_limit_w=power_limit_w,
+        mig=mig, ecc=ecc, persistence=persistence or None, power_limit_w=power_limit_w,
         app_clocks=None if app_clocks is None else gpu_state.parse_app_clocks(app_clocks),
         locked_clocks=bool(locked_clocks), compute_mode=compute_mode)
 
