@@ -2,7 +2,7 @@
 and no inactive link; PCIe link; no uncorrectable ECC errors, no pending or failed row
 remapping; no Xid in the kernel log since boot that NVIDIA's catalogue, read in context,
 says needs a GPU reset, a reboot or a person (gpufleet/facts/xids.py); no thermal or power
-slowdown; temperature under the limit; persistence mode on.
+slowdown; temperature under the limit (persistence mode is the gpu_state suite's).
 
 NVSwitch fabric up on every GPU and fabricmanager at the driver's version; DCGM's
 diagnostics pass where DCGM is installed. Every GPU's compute capability is supported by the
@@ -10,7 +10,7 @@ node's CUDA toolkit, driver and torch build (checks/gpu_generations.py); GPUs of
 node and per group.
 
 Variables: gpu_count, gpu_model, gpu_nvlink (expected; default: when any pair has NVLink),
-gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85), gpu_persistence_mode (true),
+gpu_pcie_gen, gpu_pcie_width, gpu_max_temp_c (85),
 gpu_critical_xids (Xids that fail whatever their class; none by default), gpu_xid_policy
 (Xid -> fail, warn or ignore, over the catalogue's class),
 gpu_xid_window_h (only Xids of the last N hours count; default: since boot),
@@ -161,7 +161,7 @@ def test_health(node: Node) -> None:
     gpus = _gpus(node)
     settings = node.typed(GpuSettings)
     found = health_problems(gpus, settings.gpu_max_temp_c, settings.gpu_pcie_gen,
-                            settings.gpu_pcie_width, settings.gpu_persistence_mode)
+                            settings.gpu_pcie_width)
     assert not found, "; ".join(found)
 
 

@@ -9,7 +9,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from gpufleet.errors import GpufleetError
-from gpufleet.facts import catalog
+from gpufleet.facts import catalog, gpu_state
 from gpufleet.facts.gather import FactRequest, Facts
 from gpufleet.inventory.model import Host, Inventory
 from gpufleet.provision.engine import active_roles, fact_request
@@ -113,6 +113,22 @@ def gpudirect_request(host: Host) -> FactRequest:
 
     v = RoleVars(host, ROLE.defaults)
     return FactRequest(custom=frozenset({catalog.gpudirect_fact(state_root(v))}))
+
+
+def gpu_state_settings() -> dict[str, Var]:
+    """The declared GPU state (``gpu_state_*``), shared by the gpu_settings role (which
+    reports and sets it) and the gpu_state suite (which judges it)."""
+    from gpufleet.roles.gpu_settings import VARIABLES  # noqa: PLC0415 - as clock_settings
+
+    return dict(VARIABLES)
+
+
+def gpu_state_declared(host: Host) -> gpu_state.Declared:
+    """``host``'s declared GPU state as the gpu_settings role reads it (persistence: None,
+    the gpu_state suite's own ``gpu_persistence_mode``)."""
+    from gpufleet.roles.gpu_settings import ROLE, declared  # noqa: PLC0415 - as above
+
+    return declared(ROLE.vars(host))
 
 
 def job_memlock_kib(v: RoleVars) -> int | None:

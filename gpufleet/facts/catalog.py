@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.facts import formats
+from gpufleet.facts import formats, gpu_state
 from gpufleet.facts.parsers import (
     cuda,
     firmware,
@@ -91,8 +91,20 @@ GPU_QUERY = ",".join([
     "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown",
     "clocks_event_reasons.sw_power_cap", "ecc.mode.current",
     "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
-    "remapped_rows.pending", "remapped_rows.failure", "compute_cap",
+    "remapped_rows.pending", "remapped_rows.failure", "compute_cap", *gpu_state.QUERY_FIELDS,
 ])
+GPU_QUERY_RETRIES = 8
+GPU_QUERY_SHELL = (
+    f"q={GPU_QUERY}; n=0; "
+    "while :; do out=$(nvidia-smi --query-gpu=$q --format=csv,nounits 2>&1) && break; rc=$?; "
+    "f=$(printf '%s\\n' \"$out\" | sed -n 's/^Field \"\\(.*\\)\" is not a valid field to "
+    "query\\.$/\\1/p' | head -n 1); k=; IFS=,; for x in $q; do [ \"$x\" = \"$f\" ] || "
+    "k=\"$k${k:+,}$x\"; done; unset IFS; "
+    f"if [ -z \"$f\" ] || [ \"$k\" = \"$q\" ] || [ $n -ge {GPU_QUERY_RETRIES} ]; then "
+    "printf '%s\\n' \"$out\"; exit $rc; fi; q=$k; n=$((n+1)); done; printf '%s\\n' \"$out\"")
+"""The GPU query, once; a driver that does not know a field (an older one) names it, and the
+query runs again without it, so that field alone is missing from the rows (at most
+GPU_QUERY_RETRIES fields dropped)."""
 NFT_DIGEST = "nft list table inet gpufleet | sha256sum | cut -c1-64"
 IPTABLES_DIGEST = ("iptables-save -t filter | grep -E 'GPUFLEET-INPUT' | "
                    "sed 's/\\[[0-9]*:[0-9]*\\]//' | sha256sum | cut -c1-64")
@@ -192,8 +204,7 @@ BASE_FACTS: list[Fact] = [
     Fact("time_sync", TIME_SYNC, formats.time_sync, "timedatectl"),
     Fact("kernel_headers", "if [ -d \"/lib/modules/$(uname -r)/build\" ]; then echo yes; "
          "else echo no; fi", _headers),
-    Fact("gpus", needs("nvidia-smi", NO_SMI)
-         + f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,nounits", nvidia_smi.nvidia_smi_query,
+    Fact("gpus", needs("nvidia-smi", NO_SMI) + GPU_QUERY_SHELL, nvidia_smi.nvidia_smi_query,
          "nvidia-smi"),
     Fact("gpu_list", needs("nvidia-smi", NO_SMI) + "nvidia-smi -L", nvidia_smi.nvidia_smi_list,
          "nvidia-smi"),

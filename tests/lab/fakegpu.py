@@ -7,7 +7,10 @@ same GPUs, in -L's format). A query of other fields gets the capture's columns b
 the compute processes a test lists (``leave_process``). ``nvidia-smi nvlink -e`` replays the
 capture with the error counts a test sets (``set_nvlink_errors``), and ``nvidia-smi -q -d
 ECC,ROW_REMAPPER,PAGE_RETIREMENT`` answers the ``-q`` capture's header and those sections of
-each GPU, with the values a test sets (``set_memory_errors``)."""
+each GPU, with the values a test sets (``set_memory_errors``). The settings commands (``-pm``,
+``-e``, ``-mig``, ``-c``, ``-pl``, ``-ac``/``-rac``, ``-lgc``/``-rgc``, ``-lmc``/``-rmc``)
+change what the query reports on every GPU of the node, as a driver would (``-e`` only its
+pending mode)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,11 @@ CAPTURES = ROOT / "tests" / "fixtures" / "h200x2"
 # reports them; with --format=csv they carry their units.
 EXTRA = {"compute_mode": "Default", "mig.mode.current": "Disabled", "memory.used": "0 MiB",
          "clocks.applications.graphics": "1980 MHz", "clocks.applications.memory": "3201 MHz",
-         "vbios_version": "96.00.A5.00.1A"}
+         "vbios_version": "96.00.A5.00.1A",
+         "mig.mode.pending": "Disabled", "ecc.mode.pending": "Enabled",
+         "power.default_limit": "700.00 W", "clocks.default_applications.graphics": "1980 MHz",
+         "clocks.default_applications.memory": "3201 MHz",
+         "clocks_event_reasons.applications_clocks_setting": "Not Active"}
 REPLAYED = {"query": "query_gpu_csv.txt", "topo": "topo_m.txt", "nvlink": "nvlink_status.txt",
             "q": "nvidia_smi_q.txt", "nvlink-e": "nvlink_e.txt"}
 MEMORY_SECTIONS = ("ECC Mode", "ECC Errors", "Retired Pages", "Remapped Rows")
@@ -43,6 +50,28 @@ SCRIPT = f"""#!/usr/bin/python3 -IS
 import json, os, re, sys, time
 d = "{STATE}"
 args = sys.argv[1:]
+ON = {{"0": "Disabled", "1": "Enabled", "DISABLED": "Disabled", "ENABLED": "Enabled"}}
+MODES = {{"0": "Default", "DEFAULT": "Default", "1": "Exclusive_Process",
+         "EXCLUSIVE_PROCESS": "Exclusive_Process", "2": "Prohibited", "PROHIBITED": "Prohibited"}}
+HELD = "clocks_event_reasons.applications_clocks_setting"
+def app_clocks(v):
+    mem, gr = v.split(",")
+    return {{"clocks.applications.memory": mem + " MHz",
+            "clocks.applications.graphics": gr + " MHz"}}
+SETTERS = {{
+    "-pm": lambda v: {{"persistence_mode": ON[v.upper()]}},
+    "-e": lambda v: {{"ecc.mode.pending": ON[v.upper()]}},
+    "-mig": lambda v: {{"mig.mode.current": ON[v.upper()], "mig.mode.pending": ON[v.upper()]}},
+    "-c": lambda v: {{"compute_mode": MODES[v.upper()]}},
+    "-pl": lambda v: {{"power.limit": "%.2f W" % float(v)}},
+    "-ac": app_clocks,
+    "-rac": lambda v: app_clocks("3201,1980"),
+    "-lgc": lambda v: {{HELD: "Active", "clocks.current.sm": v.split(",")[0] + " MHz"}},
+    "-lmc": lambda v: {{HELD: "Active"}},
+    "-rgc": lambda v: {{HELD: "Not Active", "clocks.current.sm": None}},
+    "-rmc": lambda v: {{HELD: "Not Active"}},
+}}
+TAKES_VALUE = {{"-pm", "-e", "-mig", "-c", "-pl", "-ac", "-lgc", "-lmc"}}
 if os.path.exists(d + "/hang"):
     time.sleep(3600)
 def read(name):
@@ -60,6 +89,20 @@ def emit(header, rows):
     for row in rows:
         print(", ".join(row))
 gpu_fields, app_fields = option("--query-gpu="), option("--query-compute-apps=")
+setters = [a for a in args if a in SETTERS]
+if setters:
+    extra = json.loads(read("extra") or "{{}}")
+    flag = setters[0]
+    value = args[args.index(flag) + 1] if flag in TAKES_VALUE else ""
+    for key, new in SETTERS[flag](value).items():
+        if new is None:
+            extra.pop(key, None)
+        else:
+            extra[key] = new
+    with open(d + "/extra", "w") as f:
+        f.write(json.dumps(extra))
+    print("All done.")
+    sys.exit(0)
 if gpu_fields:
     lines = read("query").splitlines()
     names = [re.sub(r" \\[.*\\]$", "", h.strip()) for h in lines[0].split(",")]

@@ -76,7 +76,7 @@ def test_rdma_with_dcb_only_reads_pfc_and_says_trust_is_unknown() -> None:
 
 def test_gpu_health_of_the_real_h200_capture_is_clean() -> None:
     gpus = nvidia_smi.nvidia_smi_query((H200 / "query_gpu_csv.txt").read_text())
-    assert gpu.health_problems(gpus, 85, 5, 16, True) == []
+    assert gpu.health_problems(gpus, 85, 5, 16) == []
     topo = nvidia_smi.nvidia_topo((H200 / "topo_m.txt").read_text())
     assert gpu.topology_problems(topo, True) == []
     assert gpu.nvlink_problems(nvidia_smi.nvlink_status(
@@ -90,15 +90,13 @@ def test_gpu_health_problems() -> None:
     bad = dict(gpus[1], **{"ecc.errors.uncorrected.volatile.total": 2,
                            "remapped_rows.pending": True,
                            "clocks_event_reasons.hw_thermal_slowdown": True,
-                           "temperature.gpu": 91, "pcie.link.width.current": 8,
-                           "persistence_mode": False})
-    assert gpu.health_problems([gpus[0], bad], 85, None, None, True) == [
+                           "temperature.gpu": 91, "pcie.link.width.current": 8})
+    assert gpu.health_problems([gpus[0], bad], 85, None, None) == [
         "GPU1: 2 uncorrectable ECC errors since boot",
         "GPU1: row remapping pending (reset the GPU)",
         "GPU1: clock slowdown active: hw_thermal_slowdown",
         "GPU1: 91 C, above 85 C",
         "GPU1: PCIe x8, expected x16",
-        "GPU1: persistence mode off",
     ]
 
 

@@ -39,9 +39,9 @@ def nvlink_problems(status: dict[int, list[float | None]]) -> list[str]:
 
 
 def health_problems(gpus: list[dict[str, Any]], max_temp_c: float,
-                    pcie_gen: int | None, pcie_width: int | None,
-                    persistence: bool) -> list[str]:
-    """ECC, row remapping, slowdowns, temperature, PCIe link and persistence per GPU."""
+                    pcie_gen: int | None, pcie_width: int | None) -> list[str]:
+    """ECC errors, row remapping, slowdowns, temperature and PCIe link per GPU (persistence
+    mode is the gpu_state suite's)."""
     problems = []
     for gpu in gpus:
         name = f"GPU{gpu.get('index')}"
@@ -65,8 +65,6 @@ def health_problems(gpus: list[dict[str, Any]], max_temp_c: float,
         expected_width = pcie_width or gpu.get("pcie.link.width.max")
         if width is not None and expected_width is not None and width != expected_width:
             problems.append(f"{name}: PCIe x{width}, expected x{expected_width}")
-        if persistence and gpu.get("persistence_mode") is False:
-            problems.append(f"{name}: persistence mode off")
     return problems
 
 

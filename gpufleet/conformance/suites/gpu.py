@@ -23,7 +23,6 @@ class GpuSettings(Settings):
     gpu_pcie_width: int | None = setting(None, "integer", "PCIe width of every GPU's link "
                                                           "(default: its maximum)")
     gpu_max_temp_c: float = setting(85, "number", "highest temperature allowed")
-    gpu_persistence_mode: bool = setting(True, "boolean", "persistence mode must be on")
     gpu_critical_xids: list[Any] = setting([], "list", "Xids that fail the node, whatever "
                                                        "NVIDIA's catalogue says")
     gpu_xid_policy: dict[Any, Any] | None = setting(None, "mapping", "Xid -> fail, warn or "
