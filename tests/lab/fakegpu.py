@@ -89,7 +89,8 @@ def emit(header, rows):
     for row in rows:
         print(", ".join(row))
 gpu_fields, app_fields = option("--query-gpu="), option("--query-compute-apps=")
-setters = [a for a in args if a in SETTERS]
+# a subcommand's own flags are not settings (``nvlink -e`` reads the error counters)
+setters = [a for a in args if a in SETTERS] if args[:1] and args[0].startswith("-") else []
 if setters:
     extra = json.loads(read("extra") or "{{}}")
     flag = setters[0]

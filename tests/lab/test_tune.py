@@ -10,6 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gpufleet import app
 from tests.lab.test_provision import override
 
@@ -17,6 +19,9 @@ TUNE = {"tune_repeats": 2, "allreduce_sizes": "64K,1M", "allreduce_iters": 1, "d
         "tune_candidates": {"OMP_NUM_THREADS": ["2"], "GLOO_SOCKET_IFNAME": ["nosuch0"]}}
 
 
+# In the scale tier (./scripts/test -m scale): minutes of candidate rounds; CI's 30 minutes
+# keep the unit tests of the rounds, the noise rule and the diff (tests/unit/test_tune.py).
+@pytest.mark.scale
 def test_tune_measures_every_candidate_and_calls_a_winner_only_beyond_the_noise(
         provisioned: Path, tmp_path: Path) -> None:
     out, patch = io.StringIO(), tmp_path / "tune.diff"

@@ -51,8 +51,10 @@ def gpudirect_state(text: str) -> dict[str, Any]:
     for line in text.splitlines():
         key, _, value = line.strip().partition(" ")
         if key == "nccl_conf":
-            if match := _SETTING.match(value):
-                conf[match.group(1)] = match.group(2).strip("\"'")
+            match = _SETTING.match(value)
+            if match is None:  # the snippet's grep keeps SETTING=VALUE lines only
+                raise _error("the gpudirect snippet", "nccl_conf SETTING=VALUE", line)
+            conf[match.group(1)] = match.group(2).strip("\"'")
         elif key in KEYS:
             seen[key] = value.strip()
     missing = [k for k in KEYS if k not in seen]
